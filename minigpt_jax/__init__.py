@@ -1,0 +1,35 @@
+"""minigpt-jax: a small GPT in JAX/Flax whose invariants are checked, not assumed."""
+
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.embeddings import (
+    POSITION_ENCODINGS,
+    Embeddings,
+    PositionEncoding,
+    check_token_ids,
+    sinusoidal_positions,
+)
+from minigpt_jax.model import (
+    GPT,
+    checked_forward,
+    count_params,
+    forward,
+    forward_with_attention,
+    init_params,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT",
+    "POSITION_ENCODINGS",
+    "Embeddings",
+    "GPTConfig",
+    "PositionEncoding",
+    "check_token_ids",
+    "checked_forward",
+    "count_params",
+    "forward",
+    "forward_with_attention",
+    "init_params",
+    "sinusoidal_positions",
+]

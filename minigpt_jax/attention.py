@@ -1,0 +1,82 @@
+"""Multi-head self-attention: pure score/mix functions and the linen module."""
+
+from __future__ import annotations
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.embeddings import INIT_STDDEV, POSITION_ENCODINGS
+
+Array = chex.Array
+
+
+def causal_mask(q_positions_BxT: Array, k_positions_BxS: Array) -> Array:
+    """mask_Bx1xTxS: query at position t may see keys at positions <= t."""
+    return k_positions_BxS[:, None, None, :] <= q_positions_BxT[:, None, :, None]
+
+
+def attention_weights(q_BxTxHxK: Array, k_BxSxHxK: Array, mask: Array | None = None) -> Array:
+    """softmax(q·kᵀ / sqrt(K)) over keys, computed in float32: weights_BxHxTxS.
+
+    mask broadcasts to (B, H, T, S); False entries get zero weight.
+    """
+    scale = q_BxTxHxK.shape[-1] ** -0.5
+    scores_BxHxTxS = jnp.einsum(
+        "bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32
+    )
+    scores_BxHxTxS = scores_BxHxTxS * scale
+    if mask is not None:
+        scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores_BxHxTxS, axis=-1)
+
+
+def mix_values(weights_BxHxTxS: Array, v_BxSxHxK: Array) -> Array:
+    """out_BxTxHxK = Σ_s weights[b, h, t, s] · v[b, s, h]."""
+    return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with H heads of width K = D / H; causal unless cfg.causal is False.
+
+    The attention weights (B, H, T, S) are sown into the 'intermediates' collection as
+    `attention_weights`; see `model.forward_with_attention`.
+    """
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(self, x_BxTxD: Array, positions_BxT: Array, *, deterministic: bool = True):
+        cfg = self.cfg
+        init = nn.initializers.normal(stddev=INIT_STDDEV)
+        qkv_BxTx3xHxK = nn.DenseGeneral(
+            (3, cfg.n_head, cfg.head_dim),
+            use_bias=cfg.use_bias,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            kernel_init=init,
+            name="qkv",
+        )(x_BxTxD)
+        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+        rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
+        if rotary is not None:
+            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
+            k_BxTxHxK = rotary(k_BxTxHxK, positions_BxT)
+        mask = causal_mask(positions_BxT, positions_BxT) if cfg.causal else None
+        weights_BxHxTxT = attention_weights(q_BxTxHxK, k_BxTxHxK, mask)
+        self.sow("intermediates", "attention_weights", weights_BxHxTxT)
+        weights_BxHxTxT = nn.Dropout(cfg.dropout)(weights_BxHxTxT, deterministic=deterministic)
+        out_BxTxHxK = mix_values(weights_BxHxTxT, v_BxTxHxK)
+        # GPT-2 scales the init of residual projections by 1/sqrt(2N) (two per block).
+        proj_init = nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
+        return nn.DenseGeneral(
+            cfg.n_embd,
+            axis=(-2, -1),
+            use_bias=cfg.use_bias,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            kernel_init=proj_init,
+            name="proj",
+        )(out_BxTxHxK)

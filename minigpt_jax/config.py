@@ -1,0 +1,85 @@
+"""GPTConfig: the frozen, hashable model configuration that jit and the model code see."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Hyperparameters of the mini-GPT; the defaults are the course's model.
+
+    Names follow nanoGPT. Validated on construction: a wrong field raises a `ValueError` that
+    names the field and what is allowed.
+    """
+
+    vocab_size: int = 512  # V: rows of the token table W_E
+    block_size: int = 64  # T_max: longest context; rows of the learned position table W_P
+    n_layer: int = 4  # N: transformer blocks
+    n_head: int = 4  # H: attention heads per block
+    n_embd: int = 128  # D: residual width
+    dropout: float = 0.1  # on embeddings, attention weights and residual branches
+    pos_encoding: str = "learned"  # a key of embeddings.POSITION_ENCODINGS
+    tie_embeddings: bool = True  # logits = h @ W_E^T through embed.attend; no lm_head param
+    causal: bool = True  # False: bidirectional attention (used by the invariant tests)
+    use_bias: bool = True  # biases in Dense layers and LayerNorms, as GPT-2
+    mlp_ratio: int = 4  # F = mlp_ratio * D
+    # GPT-2 used the tanh approximation of GELU; the exact erf form is PyTorch's default.
+    gelu_approximate: bool = False
+    dtype: str = "float32"  # activations / compute; logits and softmax are always float32
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        # Imported here: embeddings imports this module for its type hints.
+        from minigpt_jax.embeddings import POSITION_ENCODINGS
+
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
+                f"choose n_head among the divisors of n_embd, "
+                f"e.g. {[h for h in range(1, 17) if self.n_embd % h == 0]}."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
+        if self.pos_encoding not in POSITION_ENCODINGS:
+            raise ValueError(
+                f"GPTConfig.pos_encoding={self.pos_encoding!r} is unknown; "
+                f"allowed: {sorted(POSITION_ENCODINGS)}."
+            )
+        POSITION_ENCODINGS[self.pos_encoding].validate(self)
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"GPTConfig.{name}={getattr(self, name)!r} is not supported; "
+                    f"allowed: {list(_DTYPES)}."
+                )
+
+    @property
+    def head_dim(self) -> int:
+        """K: width of one attention head."""
+        return self.n_embd // self.n_head
+
+    @property
+    def mlp_dim(self) -> int:
+        """F: hidden width of the MLP."""
+        return self.mlp_ratio * self.n_embd
+
+    @property
+    def compute_dtype(self) -> Any:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def weight_dtype(self) -> Any:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> GPTConfig:
+        return dataclasses.replace(self, **changes)

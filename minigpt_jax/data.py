@@ -1,0 +1,356 @@
+"""Corpus loading, cached tokenisation, train/val split and deterministic batches (numpy only)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minigpt_jax.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+
+CORPORA = ("pydoc", "shakespeare", "text")
+SPLITS = ("train", "val")
+
+SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
+SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+DATA_DIR_ENV = "MINIGPT_JAX_DATA"
+_DOWNLOAD_TIMEOUT_S = 20
+
+TOKENIZER_FILENAME = "tokenizer.json"
+TOKENS_FILENAME = "tokens.npy"
+_MAX_UINT16_VOCAB = 1 << 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def load_text(corpus: str, path: str | os.PathLike | None = None) -> str:
+    """Returns the text of a corpus.
+
+    corpus:
+      "pydoc": CPython's bundled English docs (pydoc_data.topics); no path, no download.
+      "shakespeare": Tiny Shakespeare, found at `path` (file or directory), in
+        $MINIGPT_JAX_DATA, or in the cache dir, else downloaded into the cache dir.
+      "text": `path` is a UTF-8 .txt file, or a directory whose *.txt files are read in sorted
+        name order and joined with "\\n".
+    """
+    if corpus == "pydoc":
+        if path is not None:
+            raise ValueError(
+                f"corpus 'pydoc' is built in and takes no path (got {str(path)!r}); drop the "
+                f"path, or use corpus 'text' to train on your own files."
+            )
+        text, source = _pydoc_text(), "pydoc_data.topics"
+    elif corpus == "shakespeare":
+        source = _find_or_download_shakespeare(path)
+        text = _read_utf8(source)
+    elif corpus == "text":
+        text, source = _read_text_path(path)
+    else:
+        raise ValueError(f"unknown corpus {corpus!r}; choose one of {list(CORPORA)}.")
+    if not text.strip():
+        raise ValueError(
+            f"corpus {corpus!r} from {source} is empty (no non-whitespace text); "
+            f"point it at a file with training text."
+        )
+    return text
+
+
+def _pydoc_text() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def _read_utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid UTF-8 (invalid byte at offset {error.start}); convert it to "
+            f"UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path} > converted.txt`."
+        ) from None
+
+
+def _read_text_path(path: str | os.PathLike | None) -> tuple[str, Path]:
+    if path is None:
+        raise ValueError(
+            "corpus 'text' needs a path: a UTF-8 .txt file or a directory of .txt files."
+        )
+    path = Path(path)
+    if path.is_file():
+        return _read_utf8(path), path
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.txt") if p.is_file())
+        if not files:
+            raise ValueError(
+                f"directory {path} contains no .txt files; add UTF-8 .txt files to it or point "
+                f"path at a single text file."
+            )
+        return "\n".join(_read_utf8(file) for file in files), path
+    raise FileNotFoundError(
+        f"corpus 'text': {path} does not exist; pass a .txt file or a directory of .txt files."
+    )
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "minigpt_jax"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_shakespeare(path: Path) -> Path:
+    actual = _sha256_file(path)
+    if actual != SHAKESPEARE_SHA256:
+        raise ValueError(
+            f"{path} is not the canonical Tiny Shakespeare (sha256 {actual}, expected "
+            f"{SHAKESPEARE_SHA256}); replace it with a fresh copy of {SHAKESPEARE_URL}, or use "
+            f"corpus 'text' to train on a modified file."
+        )
+    return path
+
+
+def _download(url: str, dest: Path) -> None:
+    """Writes the bytes at `url` to `dest` (tests replace this to stay offline)."""
+    with (
+        urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response,
+        dest.open("wb") as file,
+    ):
+        shutil.copyfileobj(response, file)
+
+
+def _find_or_download_shakespeare(path: str | os.PathLike | None) -> Path:
+    """Returns a verified local Tiny Shakespeare file, downloading it if no copy is found."""
+    cached = _cache_dir() / SHAKESPEARE_FILENAME
+    candidates = []
+    if path is not None:
+        candidates.append(Path(path))
+    if os.environ.get(DATA_DIR_ENV):
+        candidates.append(Path(os.environ[DATA_DIR_ENV]))
+    candidates.append(cached)
+    searched = [c / SHAKESPEARE_FILENAME if c.is_dir() else c for c in candidates]
+    for candidate in searched:
+        if candidate.is_file():
+            return _check_shakespeare(candidate)
+
+    tmp_path = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cached.parent, suffix=".part", delete=False) as tmp:
+            tmp_path = Path(tmp.name)
+        _download(SHAKESPEARE_URL, tmp_path)
+        _check_shakespeare(tmp_path)
+        os.replace(tmp_path, cached)  # atomic: readers never see a partial file
+        return cached
+    except OSError as error:  # includes urllib's URLError and socket timeouts
+        searched_list = "\n  ".join(str(p) for p in searched)
+        raise FileNotFoundError(
+            f"Tiny Shakespeare not found and the download from {SHAKESPEARE_URL} failed "
+            f"({error}). Searched:\n  {searched_list}\nDownload that file yourself and put it "
+            f"at one of these paths as {SHAKESPEARE_FILENAME}, e.g. in a directory named by "
+            f"${DATA_DIR_ENV}, or pass its path."
+        ) from error
+    finally:
+        if tmp_path is not None and tmp_path.exists():
+            tmp_path.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens
+
+
+def _fingerprint(text: str, tokenizer: Tokenizer) -> str:
+    digest = hashlib.sha256()
+    for part in (text, tokenizer.to_json()):
+        digest.update(hashlib.sha256(part.encode("utf-8", errors="surrogatepass")).digest())
+    return digest.hexdigest()
+
+
+def _encode_uint16(text: str, tokenizer: Tokenizer) -> np.ndarray:
+    if tokenizer.vocab_size > _MAX_UINT16_VOCAB:
+        raise ValueError(
+            f"vocab_size {tokenizer.vocab_size} does not fit the uint16 token cache (at most "
+            f"{_MAX_UINT16_VOCAB} tokens); use a smaller vocab_size."
+        )
+    return tokenizer.encode(text).astype(np.uint16)
+
+
+def encode_cached(
+    text: str, tokenizer: Tokenizer, cache_path: str | os.PathLike | None
+) -> np.ndarray:
+    """Returns tokenizer.encode(text) as uint16 of shape (n,), cached as .npy at cache_path.
+
+    A sidecar `<cache_path>.fingerprint` holds sha256(text, tokenizer JSON); a missing,
+    stale or unreadable cache is rebuilt. cache_path=None encodes without caching.
+    """
+    if cache_path is None:
+        return _encode_uint16(text, tokenizer)
+    cache_path = Path(cache_path)
+    fingerprint_path = cache_path.with_name(cache_path.name + ".fingerprint")
+    fingerprint = _fingerprint(text, tokenizer)
+    try:
+        if fingerprint_path.read_text(encoding="ascii") == fingerprint:
+            tokens = np.load(cache_path, allow_pickle=False)
+            if tokens.dtype == np.uint16 and tokens.ndim == 1:
+                return tokens
+    except (OSError, ValueError, EOFError):
+        pass  # missing or corrupt cache: rebuild below
+
+    tokens = _encode_uint16(text, tokenizer)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    # Invalidate first so a crash between the two writes can never pair new tokens with an
+    # old fingerprint.
+    fingerprint_path.unlink(missing_ok=True)
+    _atomic_write(cache_path, lambda file: np.save(file, tokens, allow_pickle=False))
+    _atomic_write(fingerprint_path, lambda file: file.write(fingerprint.encode("ascii")))
+    return tokens
+
+
+def _atomic_write(path: Path, write) -> None:
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
+        try:
+            write(tmp)
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def split_tokens(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """Splits tokens of shape (n,) into contiguous (train, val): the first
+    int(n * (1 - val_fraction)) tokens, then the rest (nanoGPT's split). Returns views."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}; e.g. use 0.1.")
+    if tokens.ndim != 1:
+        raise ValueError(
+            f"tokens must be 1-D, got shape {tokens.shape}; pass one concatenated token stream."
+        )
+    n_train = int(len(tokens) * (1.0 - val_fraction))
+    return tokens[:n_train], tokens[n_train:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+
+
+def check_split_length(tokens: np.ndarray, block_size: int, split: str) -> None:
+    """Raises ValueError unless `tokens` holds at least one window of block_size + 1 tokens."""
+    if len(tokens) < block_size + 1:
+        raise ValueError(
+            f"the {split!r} split has {len(tokens)} tokens but one training window needs "
+            f"block_size + 1 = {block_size + 1}; use a smaller block_size or more text."
+        )
+
+
+def get_batch(
+    tokens: np.ndarray,
+    batch_size: int,
+    block_size: int,
+    *,
+    seed: int,
+    step: int,
+    split: str = "train",
+) -> np.ndarray:
+    """Returns int32 windows of shape (batch_size, block_size + 1) from one split's tokens.
+
+    inputs = batch[:, :-1], targets = batch[:, 1:]. Window starts are uniform over the split
+    and a pure function of (seed, step, split), so a resumed run replays the same batches.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {list(SPLITS)}.")
+    for name, value, minimum in (
+        ("batch_size", batch_size, 1),
+        ("block_size", block_size, 1),
+        ("seed", seed, 0),
+        ("step", step, 0),
+    ):
+        if not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    check_split_length(tokens, block_size, split)
+    rng = np.random.default_rng([seed, step, SPLITS.index(split)])
+    starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
+    return tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A tokenised corpus: its tokenizer and contiguous uint16 train/val token arrays."""
+
+    tokenizer: Tokenizer
+    train: np.ndarray
+    val: np.ndarray
+
+    def split(self, name: str) -> np.ndarray:
+        """Returns the token array of split `name` ("train" or "val")."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; choose one of {list(SPLITS)}.")
+        return self.train if name == "train" else self.val
+
+
+def prepare_dataset(
+    corpus: str,
+    path: str | os.PathLike | None,
+    tokenizer_kind: str,
+    vocab_size: int,
+    block_size: int,
+    workdir: str | os.PathLike | None,
+    val_fraction: float = 0.1,
+) -> Dataset:
+    """Loads, tokenises and splits a corpus; checks each split holds one window.
+
+    With a workdir, an existing workdir/tokenizer.json is reused (a resumed run keeps its
+    vocabulary), else the new tokenizer is saved there; tokens are cached in
+    workdir/tokens.npy. workdir=None writes nothing.
+    """
+    text = load_text(corpus, path)
+    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME if workdir is not None else None
+    if tokenizer_path is not None and tokenizer_path.exists():
+        tokenizer = load_tokenizer(tokenizer_path)
+        _check_reused_tokenizer(tokenizer, tokenizer_path, tokenizer_kind, vocab_size)
+    else:
+        tokenizer = make_tokenizer(tokenizer_kind, text, vocab_size)
+        if tokenizer_path is not None:
+            tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
+            tokenizer.save(tokenizer_path)
+    cache_path = Path(workdir) / TOKENS_FILENAME if workdir is not None else None
+    train, val = split_tokens(encode_cached(text, tokenizer, cache_path), val_fraction)
+    check_split_length(train, block_size, "train")
+    check_split_length(val, block_size, "val")
+    return Dataset(tokenizer=tokenizer, train=train, val=val)
+
+
+def _check_reused_tokenizer(
+    tokenizer: Tokenizer, path: Path, tokenizer_kind: str, vocab_size: int
+) -> None:
+    if tokenizer.kind != tokenizer_kind or (
+        tokenizer_kind == "bpe" and tokenizer.vocab_size != vocab_size
+    ):
+        raise ValueError(
+            f"{path} holds a {tokenizer.kind!r} tokenizer with {tokenizer.vocab_size} tokens, but "
+            f"this run asks for {tokenizer_kind!r}"
+            + (f" with vocab_size {vocab_size}" if tokenizer_kind == "bpe" else "")
+            + "; use a fresh workdir, or match the settings of the run that created it."
+        )

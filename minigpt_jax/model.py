@@ -1,0 +1,166 @@
+"""The mini-GPT: pre-LayerNorm transformer blocks over tied token embeddings.
+
+Shape letters, used as array-name suffixes throughout the package (`x_BxTxD`):
+  B batch, T sequence (queries), S sequence (keys), D width (n_embd), H heads, K head dim,
+  F MLP width, V vocab, N layers.
+
+References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
+Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from minigpt_jax.attention import MultiHeadAttention
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.embeddings import INIT_STDDEV, Embeddings, check_token_ids
+
+Array = chex.Array
+Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
+
+# PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use.
+LAYERNORM_EPS = 1e-5
+
+
+def _layer_norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=LAYERNORM_EPS,
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        name=name,
+    )
+
+
+class MLP(nn.Module):
+    """Position-wise D -> F -> GELU -> D."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
+        cfg = self.cfg
+        dense = dict(use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+        h_BxTxF = nn.Dense(
+            cfg.mlp_dim, kernel_init=nn.initializers.normal(INIT_STDDEV), name="fc", **dense
+        )(x_BxTxD)
+        h_BxTxF = nn.gelu(h_BxTxF, approximate=cfg.gelu_approximate)
+        proj_init = nn.initializers.normal(INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
+        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=proj_init, name="proj", **dense)(h_BxTxF)
+        return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
+
+
+class Block(nn.Module):
+    """x + Attn(LN(x)), then x + MLP(LN(x)) (pre-LayerNorm, GPT-2)."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(self, x_BxTxD: Array, positions_BxT: Array, *, deterministic: bool = True):
+        cfg = self.cfg
+        h_BxTxD = MultiHeadAttention(cfg, name="attn")(
+            _layer_norm(cfg, "ln_1")(x_BxTxD), positions_BxT, deterministic=deterministic
+        )
+        x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
+        h_BxTxD = MLP(cfg, name="mlp")(
+            _layer_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic
+        )
+        return x_BxTxD + h_BxTxD
+
+
+class GPT(nn.Module):
+    """tokens_BxT -> logits_BxTxV (float32).
+
+    Params: `embed/tok/embedding` (V, D), `embed/pos/embedding` (block_size, D) for learned
+    positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, V) only when untied.
+    """
+
+    cfg: GPTConfig
+
+    def setup(self):
+        cfg = self.cfg
+        self.embed = Embeddings(cfg)
+        self.blocks = [Block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
+        self.ln_f = _layer_norm(cfg, "ln_f")
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=jnp.float32,
+                param_dtype=cfg.weight_dtype,
+                kernel_init=nn.initializers.normal(INIT_STDDEV),
+            )
+
+    def __call__(
+        self, tokens_BxT: Array, positions_BxT: Array | None = None, *, deterministic: bool = True
+    ) -> Array:
+        cfg = self.cfg
+        x_BxTxD = self.embed(tokens_BxT, positions_BxT, deterministic=deterministic)
+        if positions_BxT is None:
+            positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
+        for block in self.blocks:
+            x_BxTxD = block(x_BxTxD, positions_BxT, deterministic=deterministic)
+        h_BxTxD = self.ln_f(x_BxTxD)
+        if cfg.tie_embeddings:
+            logits_BxTxV = self.embed.attend(h_BxTxD)
+        else:
+            logits_BxTxV = self.lm_head(h_BxTxD.astype(jnp.float32))
+        chex.assert_shape(logits_BxTxV, (*tokens_BxT.shape, cfg.vocab_size))
+        return logits_BxTxV
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def init_params(cfg: GPTConfig, rng: Array) -> Params:
+    """Fresh parameters for `cfg` (their shapes do not depend on the sequence length)."""
+    return GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+
+
+def forward(
+    params: Params,
+    tokens_BxT: Array,
+    cfg: GPTConfig,
+    *,
+    train: bool = False,
+    rng: Array | None = None,
+) -> Array:
+    """logits_BxTxV (float32) for ids tokens_BxT.
+
+    With `train=True` dropout is on and its randomness comes only from `rng`. Ids must lie in
+    [0, V): under jit an out-of-range id is not an error but a garbage row, so validate
+    untrusted ids with `checked_forward` or `embeddings.check_token_ids`.
+    """
+    if train and cfg.dropout > 0 and rng is None:
+        raise ValueError("forward(train=True) with dropout > 0 needs an `rng` for dropout.")
+    rngs = {"dropout": rng} if train and rng is not None else {}
+    return GPT(cfg).apply({"params": params}, tokens_BxT, deterministic=not train, rngs=rngs)
+
+
+def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:
+    """`forward` after a host-side check that every id lies in [0, V) (not jit-able)."""
+    check_token_ids(tokens_BxT, cfg.vocab_size)
+    return forward(params, tokens_BxT, cfg, **kwargs)
+
+
+def forward_with_attention(
+    params: Params, tokens_BxT: Array, cfg: GPTConfig
+) -> tuple[Array, list[Array]]:
+    """Deterministic forward that also returns each layer's attention weights_BxHxTxT."""
+    logits_BxTxV, state = GPT(cfg).apply({"params": params}, tokens_BxT, mutable=["intermediates"])
+    inter = state["intermediates"]
+    weights = [inter[f"block_{i}"]["attn"]["attention_weights"][0] for i in range(cfg.n_layer)]
+    return logits_BxTxV, weights
+
+
+def count_params(cfg: GPTConfig) -> int:
+    """Number of parameters of `cfg`, from shapes alone (`jax.eval_shape`, nothing allocated)."""
+    shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+    return sum(x.size for x in jax.tree_util.tree_leaves(shapes))

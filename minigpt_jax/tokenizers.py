@@ -1,0 +1,244 @@
+"""Text <-> token-id tokenizers: character-level and byte-level BPE, saved as JSON.
+
+Every tokenizer maps a str to a 1-D int32 array of ids in [0, vocab_size) and back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+TOKENIZER_KINDS = ("char", "bpe")
+_BYTE_ALPHABET_SIZE = 256
+
+# GPT-2's pre-tokenizer regex never joins a newline that follows a non-space character with
+# the non-space character after it, so cutting the text there encodes each chunk exactly as
+# the whole text would be encoded; encode_batch then uses all cores.
+_BPE_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+_BPE_CHUNK_CHARS = 1 << 16
+
+
+class Tokenizer(Protocol):
+    """What the data pipeline and the model need from a tokenizer."""
+
+    kind: str  # one of TOKENIZER_KINDS; also the "type" field of its JSON
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def decode(self, ids: np.ndarray | list[int]) -> str: ...
+
+    def to_json(self) -> str: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def _check_ids(ids: np.ndarray | list[int], vocab_size: int) -> np.ndarray:
+    """Returns ids as a 1-D int64 array, or raises if any id is outside [0, vocab_size)."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise ValueError(
+            f"decode expects a 1-D sequence of integer ids, got shape {ids.shape} and dtype "
+            f"{ids.dtype}; decode one sequence at a time (e.g. decode(batch[i]))."
+        )
+    ids = ids.astype(np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        raise ValueError(
+            f"token id {ids[bad[0]]} at position {bad[0]} is outside the vocabulary "
+            f"[0, {vocab_size}); decode only ids produced by this tokenizer (check that the "
+            f"model's vocab_size matches the tokenizer's)."
+        )
+    return ids
+
+
+class CharTokenizer:
+    """Character-level tokenizer; the vocabulary is the sorted set of a corpus's characters."""
+
+    kind = "char"
+
+    def __init__(self, chars: str):
+        if not chars:
+            raise ValueError(
+                "CharTokenizer needs at least one character; build it from a non-empty corpus."
+            )
+        if len(set(chars)) != len(chars) or "".join(sorted(chars)) != chars:
+            raise ValueError(
+                "CharTokenizer vocabulary must be sorted distinct characters; "
+                "use CharTokenizer.from_text(corpus) to build one."
+            )
+        self.chars = chars
+        # Sorted code points, so encode is a vectorised binary search.
+        self._codepoints = _codepoints(chars)
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        """Builds the vocabulary from every distinct character of `text`."""
+        if not text:
+            raise ValueError("cannot build a CharTokenizer from empty text; pass the corpus.")
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Returns int32 ids of shape (len(text),)."""
+        codepoints = _codepoints(text)
+        ids = np.searchsorted(self._codepoints, codepoints)
+        clipped = np.minimum(ids, self.vocab_size - 1)
+        unknown = np.flatnonzero(self._codepoints[clipped] != codepoints)
+        if unknown.size:
+            position = int(unknown[0])
+            raise ValueError(
+                f"character {text[position]!r} at position {position} is not in the "
+                f"CharTokenizer vocabulary: this run's tokenizer was built from its training "
+                f"corpus, which does not contain it. Encode only text from that corpus's "
+                f"alphabet, rebuild the tokenizer (a fresh workdir) from a corpus that contains "
+                f"it, or use the 'bpe' tokenizer, which encodes any text."
+            )
+        return ids.astype(np.int32)
+
+    def decode(self, ids: np.ndarray | list[int]) -> str:
+        """Inverse of encode: ids of shape (n,) -> str of length n."""
+        ids = _check_ids(ids, self.vocab_size)
+        return self._codepoints[ids].tobytes().decode("utf-32-le", errors="surrogatepass")
+
+    def to_json(self) -> str:
+        return json.dumps({"type": self.kind, "chars": self.chars}, ensure_ascii=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _codepoints(text: str) -> np.ndarray:
+    """Returns the code points of `text` as a uint32 array of shape (len(text),)."""
+    return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style): 256 byte tokens plus learned merges; encodes any text."""
+
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer: HFTokenizer):
+        self._hf = hf_tokenizer
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int = 512) -> BPETokenizer:
+        """Learns vocab_size - 256 merges from `text`; the result has exactly vocab_size tokens.
+
+        Raises ValueError if the corpus is too small to learn that many merges.
+        """
+        if vocab_size < _BYTE_ALPHABET_SIZE:
+            raise ValueError(
+                f"BPE vocab_size must be at least {_BYTE_ALPHABET_SIZE} (one token per byte), "
+                f"got {vocab_size}; raise vocab_size or use the 'char' tokenizer."
+            )
+        if not text:
+            raise ValueError("cannot train a BPE tokenizer on empty text; pass the corpus.")
+        hf = HFTokenizer(models.BPE())
+        # add_prefix_space=False keeps decode(encode(s)) == s, leading spaces included.
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[],
+            show_progress=False,
+        )
+        hf.train_from_iterator([text], trainer=trainer)
+        learned = hf.get_vocab_size()
+        if learned != vocab_size:
+            raise ValueError(
+                f"the corpus ({len(text)} characters) only supports {learned - 256} BPE merges, "
+                f"so the vocabulary has {learned} tokens instead of the requested {vocab_size}; "
+                f"use vocab_size <= {learned} or a larger corpus."
+            )
+        return cls(hf)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """Returns int32 ids of shape (n,); never fails (every byte is in the vocabulary)."""
+        encodings = self._hf.encode_batch(_bpe_chunks(text))
+        ids = [token_id for encoding in encodings for token_id in encoding.ids]
+        return np.asarray(ids, dtype=np.int32)
+
+    def decode(self, ids: np.ndarray | list[int]) -> str:
+        """Inverse of encode: decode(encode(s)) == s for every str s."""
+        return self._hf.decode(_check_ids(ids, self.vocab_size).tolist())
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"type": self.kind, "hf_tokenizer": self._hf.to_str()}, ensure_ascii=False
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def _bpe_chunks(text: str) -> list[str]:
+    """Splits text at safe cuts into pieces of about _BPE_CHUNK_CHARS characters."""
+    chunks, current, current_chars = [], [], 0
+    for piece in _BPE_SAFE_CUT.split(text):
+        current.append(piece)
+        current_chars += len(piece)
+        if current_chars >= _BPE_CHUNK_CHARS:
+            chunks.append("".join(current))
+            current, current_chars = [], 0
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+def make_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:
+    """Builds a tokenizer of `kind` from `text`; vocab_size is used by 'bpe' only."""
+    if kind == "char":
+        return CharTokenizer.from_text(text)
+    if kind == "bpe":
+        return BPETokenizer.train(text, vocab_size)
+    raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(TOKENIZER_KINDS)}.")
+
+
+def tokenizer_from_json(serialized: str) -> Tokenizer:
+    """Inverse of Tokenizer.to_json."""
+    try:
+        spec = json.loads(serialized)
+        kind = spec["type"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(
+            "not a saved minigpt_jax tokenizer (expected a JSON object with a 'type' field); "
+            "create one with tokenizer.save(path)."
+        ) from error
+    if kind == "char":
+        return CharTokenizer(spec["chars"])
+    if kind == "bpe":
+        return BPETokenizer(HFTokenizer.from_str(spec["hf_tokenizer"]))
+    raise ValueError(
+        f"saved tokenizer has unknown type {kind!r}; expected one of {list(TOKENIZER_KINDS)}. "
+        f"Recreate it with make_tokenizer(...).save(path)."
+    )
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Loads a tokenizer written by .save(path), returning the matching class."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no tokenizer file at {path}; create one with make_tokenizer(...).save({str(path)!r})."
+        )
+    try:
+        return tokenizer_from_json(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error

@@ -1,0 +1,236 @@
+"""GPT: shapes, equivariance, causality, weight tying, parameter counts, bad inputs."""
+
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl.testing import parameterized
+
+from minigpt_jax import (
+    GPT,
+    GPTConfig,
+    checked_forward,
+    count_params,
+    forward,
+    forward_with_attention,
+    init_params,
+)
+
+DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, V=64, N=2)
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+@functools.cache
+def _params(cfg: GPTConfig, seed: int = 0):
+    return init_params(cfg, jax.random.key(seed))
+
+
+def _tokens(seed=1, shape=None):
+    return jax.random.randint(jax.random.key(seed), shape or DIMS["BT"], 0, DIMS.V)
+
+
+def _loss(params, cfg, tokens_BxT):
+    logits = forward(params, tokens_BxT[:, :-1], cfg)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens_BxT[:, 1:]).mean()
+
+
+class ForwardTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(
+        ("learned", "learned"), ("sinusoidal", "sinusoidal"), ("rope", "rope"), ("none", "none")
+    )
+    def test_shapes_dtypes_finite(self, scheme):
+        cfg = CFG.replace(pos_encoding=scheme)
+        logits = self.variant(functools.partial(forward, cfg=cfg))(_params(cfg), _tokens())
+        chex.assert_shape(logits, DIMS["BTV"])
+        chex.assert_type(logits, jnp.float32)
+        chex.assert_tree_all_finite(logits)
+
+    def test_module_api_matches_pure_function(self):
+        tokens = _tokens()
+        variables = GPT(CFG).init(jax.random.key(0), tokens)
+        chex.assert_trees_all_close(
+            GPT(CFG).apply(variables, tokens, deterministic=True),
+            forward(variables["params"], tokens, CFG),
+            rtol=0,
+            atol=0,
+        )
+
+    def test_bfloat16_compute_keeps_float32_params_and_logits(self):
+        cfg = CFG.replace(dtype="bfloat16")
+        params = _params(cfg)
+        chex.assert_trees_all_equal_dtypes(params, jax.tree_util.tree_map(jnp.float32, params))
+        logits = forward(params, _tokens(), cfg)
+        chex.assert_type(logits, jnp.float32)
+        ref = forward(params, _tokens(), CFG)
+        chex.assert_trees_all_close(logits, ref, atol=5e-2, rtol=5e-2)
+
+    def test_loss_at_init_is_about_log_vocab(self):
+        loss = float(_loss(_params(CFG), CFG, _tokens(shape=(8, 17))))
+        self.assertAlmostEqual(loss, math.log(DIMS.V), delta=0.1)
+
+    def test_batch_permutation_equivariance(self):
+        tokens = _tokens(shape=(4, DIMS.T))
+        perm_B = jnp.array([2, 0, 3, 1])
+        logits = forward(_params(CFG), tokens, CFG)
+        chex.assert_trees_all_close(
+            forward(_params(CFG), tokens[perm_B], CFG), logits[perm_B], atol=1e-5, rtol=1e-5
+        )
+
+    def test_attention_weights_are_returned_per_layer(self):
+        logits, weights = forward_with_attention(_params(CFG), _tokens(), CFG)
+        self.assertLen(weights, DIMS.N)
+        for w in weights:
+            chex.assert_shape(w, DIMS["BHTT"])
+            np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+        chex.assert_trees_all_close(logits, forward(_params(CFG), _tokens(), CFG), atol=0, rtol=0)
+
+
+class DropoutTest(chex.TestCase):
+    def test_randomness_comes_only_from_rng(self):
+        cfg = CFG.replace(dropout=0.5)
+        params, tokens = _params(cfg), _tokens()
+        run = functools.partial(forward, params, tokens, cfg, train=True)
+        chex.assert_trees_all_equal(run(rng=jax.random.key(3)), run(rng=jax.random.key(3)))
+        self.assertFalse(np.allclose(run(rng=jax.random.key(3)), run(rng=jax.random.key(4))))
+        # Evaluation ignores dropout entirely.
+        self.assertFalse(np.allclose(run(rng=jax.random.key(3)), forward(params, tokens, cfg)))
+
+    def test_training_without_rng_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "needs an `rng`"):
+            forward(
+                _params(CFG.replace(dropout=0.5)), _tokens(), CFG.replace(dropout=0.5), train=True
+            )
+
+
+class PositionInvarianceTest(chex.TestCase):
+    """Without positions and without a mask the model cannot tell token order apart."""
+
+    def _max_permutation_error(self, cfg):
+        tokens = _tokens()
+        perm_T = jax.random.permutation(jax.random.key(5), DIMS.T)
+        params = _params(cfg)
+        logits = forward(params, tokens, cfg)
+        return float(jnp.abs(forward(params, tokens[:, perm_T], cfg) - logits[:, perm_T]).max())
+
+    def test_bidirectional_model_without_positions_is_equivariant(self):
+        self.assertLess(
+            self._max_permutation_error(CFG.replace(causal=False, pos_encoding="none")), 1e-5
+        )
+
+    @parameterized.named_parameters(("learned", "learned"), ("sinusoidal", "sinusoidal"))
+    def test_positions_break_equivariance(self, scheme):
+        self.assertGreater(
+            self._max_permutation_error(CFG.replace(causal=False, pos_encoding=scheme)), 1e-3
+        )
+
+
+class CausalityTest(chex.TestCase):
+    @parameterized.named_parameters(
+        ("learned", "learned"), ("sinusoidal", "sinusoidal"), ("rope", "rope"), ("none", "none")
+    )
+    def test_editing_position_t_leaves_earlier_logits_unchanged(self, scheme):
+        cfg = CFG.replace(pos_encoding=scheme)
+        tokens = _tokens()
+        logits = forward(_params(cfg), tokens, cfg)
+        for t in (0, 3, DIMS.T - 1):
+            edited = forward(_params(cfg), tokens.at[:, t].set((tokens[:, t] + 1) % DIMS.V), cfg)
+            chex.assert_trees_all_close(edited[:, :t], logits[:, :t], atol=0, rtol=0)
+            self.assertGreater(float(jnp.abs(edited[:, t:] - logits[:, t:]).max()), 1e-6)
+
+    def test_gradient_of_early_logits_ignores_later_embeddings(self):
+        """nanodo's test: d logits[:, t] / d x[:, s] = 0 for s > t, through the whole model."""
+        params, tokens = _params(CFG), _tokens()
+        t = 3
+
+        def early_logit_sum(pos_table):
+            p = {**params, "embed": {**params["embed"], "pos": {"embedding": pos_table}}}
+            return forward(p, tokens, CFG)[:, t].sum()
+
+        grad_TmaxxD = jax.grad(early_logit_sum)(params["embed"]["pos"]["embedding"])
+        self.assertEqual(float(jnp.abs(grad_TmaxxD[t + 1 :]).max()), 0.0)
+        self.assertGreater(float(jnp.abs(grad_TmaxxD[: t + 1]).min(axis=-1).max()), 0.0)
+
+
+class TyingTest(chex.TestCase):
+    def _untied_twin(self):
+        untied = CFG.replace(tie_embeddings=False)
+        params = dict(_params(CFG))
+        params["lm_head"] = {"kernel": params["embed"]["tok"]["embedding"].T}
+        chex.assert_trees_all_equal_shapes(params, init_params(untied, jax.random.key(9)))
+        return untied, params
+
+    def test_params_hold_one_vocab_matrix_and_no_head(self):
+        params = _params(CFG)
+        self.assertNotIn("lm_head", params)
+        vocab_mats = [
+            x for x in jax.tree_util.tree_leaves(params) if DIMS.V in x.shape and x.ndim == 2
+        ]
+        self.assertLen(vocab_mats, 1)
+        chex.assert_shape(params["embed"]["tok"]["embedding"], DIMS["VD"])
+        chex.assert_shape(
+            init_params(CFG.replace(tie_embeddings=False), jax.random.key(0))["lm_head"]["kernel"],
+            DIMS["DV"],
+        )
+
+    def test_tied_logits_equal_h_times_table_transpose(self):
+        _, params = self._untied_twin()
+        untied = CFG.replace(tie_embeddings=False)
+        chex.assert_trees_all_close(
+            forward(_params(CFG), _tokens(), CFG),
+            forward(params, _tokens(), untied),
+            atol=1e-6,
+            rtol=1e-6,
+        )
+
+    def test_shared_table_gradient_is_the_sum_of_both_uses(self):
+        untied, twin = self._untied_twin()
+        tokens = _tokens(shape=(2, 9))
+        tied_grad = jax.grad(_loss)(_params(CFG), CFG, tokens)["embed"]["tok"]["embedding"]
+        twin_grads = jax.grad(_loss)(twin, untied, tokens)
+        summed = twin_grads["embed"]["tok"]["embedding"] + twin_grads["lm_head"]["kernel"].T
+        chex.assert_trees_all_close(tied_grad, summed, atol=1e-6, rtol=1e-5)
+        # Both uses really contribute.
+        self.assertGreater(float(jnp.abs(twin_grads["lm_head"]["kernel"]).max()), 1e-4)
+        self.assertGreater(float(jnp.abs(twin_grads["embed"]["tok"]["embedding"]).max()), 1e-4)
+
+    def test_gradients_match_param_structure(self):
+        grads = jax.grad(_loss)(_params(CFG), CFG, _tokens(shape=(2, 9)))
+        chex.assert_trees_all_equal_shapes_and_dtypes(grads, _params(CFG))
+        chex.assert_tree_all_finite(grads)
+
+
+class ParamCountTest(chex.TestCase):
+    GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+
+    def test_gpt2_small(self):
+        self.assertEqual(count_params(self.GPT2_SMALL), 124_439_808)
+
+    def test_gpt2_small_token_table_and_untying(self):
+        shapes = jax.eval_shape(functools.partial(init_params, self.GPT2_SMALL), jax.random.key(0))
+        self.assertEqual(shapes["embed"]["tok"]["embedding"].size, 38_597_376)
+        untied = count_params(self.GPT2_SMALL.replace(tie_embeddings=False))
+        self.assertEqual(untied - 124_439_808, 38_597_376)
+
+    def test_count_matches_materialised_params(self):
+        leaves = jax.tree_util.tree_leaves(_params(CFG))
+        self.assertEqual(count_params(CFG), sum(x.size for x in leaves))
+
+
+class BadInputTest(chex.TestCase):
+    def test_too_long_for_learned_positions(self):
+        with self.assertRaisesRegex(ValueError, "sequence length 17 exceeds block_size 16"):
+            forward(_params(CFG), _tokens(shape=(1, 17)), CFG)
+
+    def test_out_of_range_ids_raise_with_the_checked_entry_point(self):
+        tokens = _tokens().at[1, 4].set(DIMS.V)
+        with self.assertRaisesRegex(ValueError, r"token id 64 at index \(1, 4\)"):
+            checked_forward(_params(CFG), tokens, CFG)
+
+    def test_wrong_rank_is_refused(self):
+        with self.assertRaises(AssertionError):
+            forward(_params(CFG), jnp.zeros((DIMS.T,), jnp.int32), CFG)
