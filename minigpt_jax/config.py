@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 import jax.numpy as jnp
@@ -83,3 +84,62 @@ class GPTConfig:
 
     def replace(self, **changes: Any) -> GPTConfig:
         return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------- experiment configs
+
+# The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
+# model key: the tokenizer decides it (data.vocab_size sets the BPE size).
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size")
+EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        "seed",
+        "batch_size",
+        "num_steps",
+        "steps_per_call",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "model",
+        "optim",
+        "data",
+    ),
+    "model": MODEL_KEYS,
+    "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
+    "data": ("corpus", "path", "tokenizer", "vocab_size", "val_fraction"),
+}
+
+
+def unknown_key_message(path: str, key: str) -> str:
+    """Names an unknown config key `path.key` and lists the valid keys at that level."""
+    valid = EXPERIMENT_KEYS.get(path, ())
+    close = difflib.get_close_matches(key, valid, n=1)
+    where = f"config.{path}" if path else "config"
+    return (
+        f"unknown config key {where}.{key}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; valid keys of {where}: {', '.join(valid)}."
+    )
+
+
+def check_experiment_config(config: Any) -> None:
+    """Raises ValueError for a missing or unknown key in an experiment ConfigDict."""
+    for path, valid in EXPERIMENT_KEYS.items():
+        group = config if not path else config.get(path)
+        if group is None:
+            raise ValueError(f"the config has no group {path!r}; it needs {', '.join(valid)}.")
+        for key in group.keys():
+            if key not in valid:
+                raise ValueError(unknown_key_message(path, key))
+        missing = [k for k in valid if k not in group]
+        if missing:
+            where = f"config.{path}" if path else "config"
+            raise ValueError(f"{where} lacks {', '.join(missing)}: start from configs/default.py.")
+
+
+def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
+    """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees."""
+    check_experiment_config(config)
+    return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())

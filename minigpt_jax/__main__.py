@@ -1,0 +1,5 @@
+"""`python -m minigpt_jax train|sample ...`: the same as the `minigpt-jax` command."""
+
+from minigpt_jax.cli import main
+
+main()
