@@ -53,4 +53,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.tokenizer = "bpe"  # char | bpe (byte-level)
     config.data.vocab_size = 512  # BPE vocabulary (256 bytes + merges); char ignores it
     config.data.val_fraction = 0.1  # the last 10% of the tokens is the validation split
+
+    # Device mesh (minigpt_jax/sharding.py): the batch splits over data × fsdp, params over
+    # fsdp, heads / MLP units / vocabulary over tensor. -1: all remaining devices.
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.data = -1
+    config.mesh.fsdp = 1
+    config.mesh.tensor = 1
     return config

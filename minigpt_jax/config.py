@@ -105,10 +105,12 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
         "model",
         "optim",
         "data",
+        "mesh",
     ),
     "model": MODEL_KEYS,
     "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
     "data": ("corpus", "path", "tokenizer", "vocab_size", "val_fraction"),
+    "mesh": ("data", "fsdp", "tensor"),
 }
 
 

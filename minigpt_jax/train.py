@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
-from minigpt_jax import data
+from minigpt_jax import data, sharding
 from minigpt_jax.checkpoint import Checkpointer, CheckpointError
 from minigpt_jax.config import GPTConfig, check_experiment_config, gpt_config_from
 from minigpt_jax.metrics import MetricsWriter
@@ -116,15 +117,42 @@ def train_step(
     return new_state, metrics
 
 
-def make_train_chunk(cfg: GPTConfig, tx: optax.GradientTransformation, schedule: optax.Schedule):
+def state_shardings(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
+    """NamedShardings of the whole train state on `mesh` (from shapes; nothing allocated)."""
+    abstract = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
+    return sharding.tree_shardings(abstract, mesh)
+
+
+def make_init_state(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh):
+    """jit(rng -> TrainState), created directly in its sharded layout on `mesh`."""
+    return jax.jit(
+        functools.partial(init_state, cfg, tx), out_shardings=state_shardings(cfg, tx, mesh)
+    )
+
+
+def make_train_chunk(
+    cfg: GPTConfig,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    mesh: Mesh | None = None,
+):
     """jit((state, batches_KxBxT1) -> (state, metrics of shape (K,))): K steps per compiled call
-    through `lax.scan`, the state donated. Dispatching once per K steps cuts per-call overhead."""
+    through `lax.scan`, the state donated. Dispatching once per K steps cuts per-call overhead.
+    With a mesh, the state keeps its sharding and the batches split over data × fsdp."""
     step = functools.partial(train_step, cfg=cfg, tx=tx, schedule=schedule)
 
     def train_chunk(state, batches_KxBxT1):
         return jax.lax.scan(step, state, batches_KxBxT1)
 
-    return jax.jit(train_chunk, donate_argnums=0)
+    if mesh is None:
+        return jax.jit(train_chunk, donate_argnums=0)
+    state_sharding = state_shardings(cfg, tx, mesh)
+    return jax.jit(
+        train_chunk,
+        in_shardings=(state_sharding, sharding.batch_sharding(mesh, 3)),
+        out_shardings=(state_sharding, sharding.replicated(mesh)),
+        donate_argnums=0,
+    )
 
 
 def eval_step(params: Params, batch_BxT1: Array, *, cfg: GPTConfig) -> tuple[Array, Array]:
@@ -134,11 +162,20 @@ def eval_step(params: Params, batch_BxT1: Array, *, cfg: GPTConfig) -> tuple[Arr
     return losses_BxT.sum(), jnp.asarray(losses_BxT.size, jnp.int32)
 
 
-def make_eval_step(cfg: GPTConfig):
-    return jax.jit(functools.partial(eval_step, cfg=cfg))
+def make_eval_step(cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None):
+    """jit((params, batch_BxT1) -> (loss sum, token count)), sharded like training on a mesh."""
+    if mesh is None:
+        return jax.jit(functools.partial(eval_step, cfg=cfg))
+    return jax.jit(
+        functools.partial(eval_step, cfg=cfg),
+        in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
+        out_shardings=sharding.replicated(mesh),
+    )
 
 
-def evaluate(eval_fn, params: Params, tokens: np.ndarray, config: Any, split: str) -> float:
+def evaluate(
+    eval_fn, params: Params, tokens: np.ndarray, config: Any, split: str, mesh: Mesh | None = None
+) -> float:
     """Mean loss over config.eval_batches fixed batches of a split (the same ones every time)."""
     total, count = 0.0, 0
     for i in range(config.eval_batches):
@@ -150,6 +187,8 @@ def evaluate(eval_fn, params: Params, tokens: np.ndarray, config: Any, split: st
             step=i,
             split=split,
         )
+        if mesh is not None:
+            batch = sharding.put_batch(batch, sharding.batch_sharding(mesh, 2))
         loss_sum, n = jax.device_get(eval_fn(params, batch))
         total, count = total + float(loss_sum), count + int(n)
     return total / count
@@ -242,7 +281,9 @@ def train_and_evaluate(
     )
     cfg = gpt_config_from(config, dataset.tokenizer.vocab_size)
     tx, schedule = make_optimizer(config.optim, config.num_steps)
-    state = init_state(cfg, tx, jax.random.key(config.seed))
+    mesh = sharding.make_mesh(config.mesh)
+    sharding.check_batch_size(config.batch_size, mesh)
+    state = make_init_state(cfg, tx, mesh)(jax.random.key(config.seed))
     meta = {"gpt_config": dataclasses.asdict(cfg), "config": config.to_dict()}
 
     checkpointer = Checkpointer(workdir, config.keep_checkpoints)
@@ -263,19 +304,23 @@ def train_and_evaluate(
         raise ValueError(f"stop_at={stop_at} must be a positive multiple of steps_per_call={k}.")
     last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
 
-    def batches_from(first_step: int) -> np.ndarray:
-        return np.stack(
+    def batches_from(first_step: int) -> jax.Array:
+        """Steps [first_step, first_step + k) of every process's identical global batches."""
+        batches = np.stack(
             [
                 data.get_batch(dataset.train, batch_size, block_size, seed=config.seed, step=s)
                 for s in range(first_step, first_step + k)
             ]
         )
+        return sharding.put_batch(batches, sharding.batch_sharding(mesh, 3))
 
     compile_start = time.perf_counter()
     train_chunk = (
-        make_train_chunk(cfg, tx, schedule).lower(state, batches_from(int(state.step))).compile()
+        make_train_chunk(cfg, tx, schedule, mesh)
+        .lower(state, batches_from(int(state.step)))
+        .compile()
     )
-    eval_fn = make_eval_step(cfg)
+    eval_fn = make_eval_step(cfg, mesh, state_shardings(cfg, tx, mesh).params)
     compile_time = time.perf_counter() - compile_start
 
     start_step = int(state.step)
@@ -347,9 +392,11 @@ def train_and_evaluate(
                 record(*pending)
                 pending = None
                 if evaluate_now:
-                    last["val_loss"] = evaluate(eval_fn, state.params, dataset.val, config, "val")
+                    last["val_loss"] = evaluate(
+                        eval_fn, state.params, dataset.val, config, "val", mesh
+                    )
                     last["eval_train_loss"] = evaluate(
-                        eval_fn, state.params, dataset.train, config, "train"
+                        eval_fn, state.params, dataset.train, config, "train", mesh
                     )
                     writer.write(
                         end,
