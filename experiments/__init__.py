@@ -1,0 +1,1 @@
+"""Experiments: one runnable study per module (`python -m experiments.NAME --outdir DIR`)."""

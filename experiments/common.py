@@ -1,0 +1,130 @@
+"""Helpers shared by the experiments: command line, result tables, figures, timing, toy data."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # figures are only ever written to files
+
+from matplotlib.figure import Figure  # noqa: E402
+
+# The figures committed under experiments/figures/ stay small at this resolution.
+FIGURE_DPI = 100
+
+# ----------------------------------------------------------------------------- toy vocabulary
+
+# Six Polish words with readable 6-d vectors, shared by `one_step` and `context`. The
+# `kamienny` row is chosen so that the one-step lab lands on its target numbers (see one_step).
+TOY_VOCAB = ("oto", "kamienny", "zamek", "metalowy", "klucz", "drzwi")
+TOY_TABLE = np.array(
+    [
+        [0.1, 0.0, -0.3, 0.2, 0.4, -0.1],  # oto ("here is")
+        [-0.2, 0.1, 0.3, 0.5, -0.4, 0.2],  # kamienny ("stone", adj.)
+        [0.6, -0.2, 0.1, -0.3, 0.0, 0.4],  # zamek ("castle" or "lock")
+        [0.3, 0.5, -0.2, 0.1, 0.2, -0.4],  # metalowy ("metal", adj.)
+        [0.4, -0.1, 0.2, -0.5, 0.3, 0.1],  # klucz ("key")
+        [-0.3, 0.2, 0.0, 0.1, -0.2, 0.5],  # drzwi ("door")
+    ],
+    dtype=np.float32,
+)
+
+
+def toy_ids(sentence: str) -> np.ndarray:
+    """Ids (1, T) of a sentence written in TOY_VOCAB words."""
+    return np.array([[TOY_VOCAB.index(word) for word in sentence.split()]], dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def make_parser(name: str, description: str | None) -> argparse.ArgumentParser:
+    """A parser with `--outdir`, defaulting to results/NAME."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m experiments.{name}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--outdir", type=Path, default=Path("results") / name, help="where figures go"
+    )
+    return parser
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return f"{int(value):,}"
+    if isinstance(value, float | np.floating):
+        return f"{float(value):.4g}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: left-aligned text, right-aligned numbers."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    numeric = [
+        all(isinstance(row[i], int | float | np.number) for row in rows)
+        for i in range(len(headers))
+    ]
+
+    def line(values):
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    print(f"\n{title}\n{format_table(headers, rows)}")
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (6.0, 4.0)):
+    """(figure, axes) without pyplot's global state."""
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def save_figure(fig: Figure, outdir: Path | None, name: str) -> Path | None:
+    """Write outdir/name.png (nothing when outdir is None) and return its path."""
+    if outdir is None:
+        return None
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / f"{name}.png"
+    fig.savefig(path, dpi=FIGURE_DPI)
+    print(f"saved {path}")
+    return path
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
+    """Median wall time of fn(*args) after one warm-up (compile) call; waits for the device."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
