@@ -1,0 +1,1 @@
+"""Throughput benchmarks and side-by-side comparisons of minigpt-jax (not part of the package)."""
