@@ -166,7 +166,7 @@ def _find_or_download_shakespeare(path: str | os.PathLike | None) -> Path:
             f"Tiny Shakespeare not found and the download from {SHAKESPEARE_URL} failed "
             f"({error}). Searched:\n  {searched_list}\nDownload that file yourself and put it "
             f"at one of these paths as {SHAKESPEARE_FILENAME}, e.g. in a directory named by "
-            f"${DATA_DIR_ENV}, or pass its path."
+            f"${DATA_DIR_ENV}, or pass its path (--config.data.path=...)."
         ) from error
     finally:
         if tmp_path is not None and tmp_path.exists():
