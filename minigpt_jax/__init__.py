@@ -8,6 +8,7 @@ from minigpt_jax.embeddings import (
     check_token_ids,
     sinusoidal_positions,
 )
+from minigpt_jax.generate import generate
 from minigpt_jax.model import (
     GPT,
     checked_forward,
@@ -30,6 +31,7 @@ __all__ = [
     "count_params",
     "forward",
     "forward_with_attention",
+    "generate",
     "init_params",
     "sinusoidal_positions",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import chex
 import flax.linen as nn
 import jax
@@ -16,6 +18,29 @@ Array = chex.Array
 def causal_mask(q_positions_BxT: Array, k_positions_BxS: Array) -> Array:
     """mask_Bx1xTxS: query at position t may see keys at positions <= t."""
     return k_positions_BxS[:, None, None, :] <= q_positions_BxT[:, None, :, None]
+
+
+class KVCache(NamedTuple):
+    """One layer's keys and values for S slots, written in order from slot 0.
+
+    positions_BxS holds each slot's token position; -1 marks a slot that is empty or holds left
+    padding, and such a slot is never attended to. `index` is the next slot to write.
+    """
+
+    k_BxSxHxK: Array
+    v_BxSxHxK: Array
+    positions_BxS: Array
+    index: Array
+
+    @classmethod
+    def empty(cls, cfg: GPTConfig, batch: int, length: int) -> KVCache:
+        kv_BxSxHxK = jnp.zeros((batch, length, cfg.n_head, cfg.head_dim), cfg.compute_dtype)
+        return cls(
+            kv_BxSxHxK,
+            kv_BxSxHxK,
+            jnp.full((batch, length), -1, jnp.int32),
+            jnp.zeros((), jnp.int32),
+        )
 
 
 def attention_weights(q_BxTxHxK: Array, k_BxSxHxK: Array, mask: Array | None = None) -> Array:
@@ -43,12 +68,23 @@ class MultiHeadAttention(nn.Module):
 
     The attention weights (B, H, T, S) are sown into the 'intermediates' collection as
     `attention_weights`; see `model.forward_with_attention`.
+
+    With a `cache` the T new keys and values are written at `cache.index` and the queries attend
+    to every filled slot (positions_BxT must then be (B, T); negative ones mark padding); the
+    call returns `(out_BxTxD, cache)`.
     """
 
     cfg: GPTConfig
 
     @nn.compact
-    def __call__(self, x_BxTxD: Array, positions_BxT: Array, *, deterministic: bool = True):
+    def __call__(
+        self,
+        x_BxTxD: Array,
+        positions_BxT: Array,
+        *,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+    ):
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
         qkv_BxTx3xHxK = nn.DenseGeneral(
@@ -64,14 +100,23 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
             k_BxTxHxK = rotary(k_BxTxHxK, positions_BxT)
-        mask = causal_mask(positions_BxT, positions_BxT) if cfg.causal else None
-        weights_BxHxTxT = attention_weights(q_BxTxHxK, k_BxTxHxK, mask)
-        self.sow("intermediates", "attention_weights", weights_BxHxTxT)
-        weights_BxHxTxT = nn.Dropout(cfg.dropout)(weights_BxHxTxT, deterministic=deterministic)
-        out_BxTxHxK = mix_values(weights_BxHxTxT, v_BxTxHxK)
+        if cache is None:
+            mask = causal_mask(positions_BxT, positions_BxT) if cfg.causal else None
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxTxHxK, mask)
+            v_BxSxHxK = v_BxTxHxK
+        else:
+            cache = _write(cache, k_BxTxHxK, v_BxTxHxK, positions_BxT)
+            mask = (cache.positions_BxS >= 0)[:, None, None, :]
+            if cfg.causal:
+                mask = mask & causal_mask(positions_BxT, cache.positions_BxS)
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, cache.k_BxSxHxK, mask)
+            v_BxSxHxK = cache.v_BxSxHxK
+        self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+        weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
+        out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
         # GPT-2 scales the init of residual projections by 1/sqrt(2N) (two per block).
         proj_init = nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
-        return nn.DenseGeneral(
+        out_BxTxD = nn.DenseGeneral(
             cfg.n_embd,
             axis=(-2, -1),
             use_bias=cfg.use_bias,
@@ -80,3 +125,19 @@ class MultiHeadAttention(nn.Module):
             kernel_init=proj_init,
             name="proj",
         )(out_BxTxHxK)
+        return out_BxTxD if cache is None else (out_BxTxD, cache)
+
+
+def _write(cache: KVCache, k_BxTxHxK: Array, v_BxTxHxK: Array, positions_BxT: Array) -> KVCache:
+    """The cache with T new keys, values and positions in slots index .. index+T-1."""
+    chex.assert_shape(positions_BxT, k_BxTxHxK.shape[:2])
+
+    def put(buf, new):
+        return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), cache.index, 1)
+
+    return KVCache(
+        put(cache.k_BxSxHxK, k_BxTxHxK),
+        put(cache.v_BxSxHxK, v_BxTxHxK),
+        put(cache.positions_BxS, positions_BxT),
+        cache.index + positions_BxT.shape[1],
+    )

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.attention import MultiHeadAttention
+from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.embeddings import INIT_STDDEV, Embeddings, check_token_ids
 
@@ -63,16 +63,30 @@ class Block(nn.Module):
     cfg: GPTConfig
 
     @nn.compact
-    def __call__(self, x_BxTxD: Array, positions_BxT: Array, *, deterministic: bool = True):
+    def __call__(
+        self,
+        x_BxTxD: Array,
+        positions_BxT: Array,
+        *,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+    ):
+        """x_BxTxD, or `(x_BxTxD, cache)` when given the layer's KV cache."""
         cfg = self.cfg
         h_BxTxD = MultiHeadAttention(cfg, name="attn")(
-            _layer_norm(cfg, "ln_1")(x_BxTxD), positions_BxT, deterministic=deterministic
+            _layer_norm(cfg, "ln_1")(x_BxTxD),
+            positions_BxT,
+            deterministic=deterministic,
+            cache=cache,
         )
+        if cache is not None:
+            h_BxTxD, cache = h_BxTxD
         x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
         h_BxTxD = MLP(cfg, name="mlp")(
             _layer_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic
         )
-        return x_BxTxD + h_BxTxD
+        x_BxTxD = x_BxTxD + h_BxTxD
+        return x_BxTxD if cache is None else (x_BxTxD, cache)
 
 
 class GPT(nn.Module):
@@ -99,21 +113,44 @@ class GPT(nn.Module):
             )
 
     def __call__(
-        self, tokens_BxT: Array, positions_BxT: Array | None = None, *, deterministic: bool = True
-    ) -> Array:
+        self,
+        tokens_BxT: Array,
+        positions_BxT: Array | None = None,
+        *,
+        deterministic: bool = True,
+        cache: list[KVCache] | None = None,
+    ):
+        """logits_BxTxV; with one KV cache per layer, `(logits_BxTxV, caches)`.
+
+        With caches, positions_BxT is required and a negative position marks left padding: the
+        token is embedded at position 0 and never attended to.
+        """
         cfg = self.cfg
-        x_BxTxD = self.embed(tokens_BxT, positions_BxT, deterministic=deterministic)
+        if cache is not None:
+            chex.assert_shape(positions_BxT, tokens_BxT.shape)
+            chex.assert_equal(len(cache), cfg.n_layer)
+            embed_positions_BxT = jnp.maximum(positions_BxT, 0)
+        else:
+            embed_positions_BxT = positions_BxT
+        x_BxTxD = self.embed(tokens_BxT, embed_positions_BxT, deterministic=deterministic)
         if positions_BxT is None:
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
-        for block in self.blocks:
-            x_BxTxD = block(x_BxTxD, positions_BxT, deterministic=deterministic)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x_BxTxD = block(x_BxTxD, positions_BxT, deterministic=deterministic)
+            else:
+                x_BxTxD, layer_cache = block(
+                    x_BxTxD, positions_BxT, deterministic=deterministic, cache=cache[i]
+                )
+                new_cache.append(layer_cache)
         h_BxTxD = self.ln_f(x_BxTxD)
         if cfg.tie_embeddings:
             logits_BxTxV = self.embed.attend(h_BxTxD)
         else:
             logits_BxTxV = self.lm_head(h_BxTxD.astype(jnp.float32))
         chex.assert_shape(logits_BxTxV, (*tokens_BxT.shape, cfg.vocab_size))
-        return logits_BxTxV
+        return logits_BxTxV if cache is None else (logits_BxTxV, new_cache)
 
 
 # ----------------------------------------------------------------------------- pure functions

@@ -1,0 +1,276 @@
+"""generate: cached decoding equals recomputation, sampling filters, bounded compiles, bad input."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+
+from minigpt_jax import GPTConfig, forward, generate, init_params
+from minigpt_jax.generate import _generate_padded, sample_token, top_k_filter, top_p_filter
+
+DIMS = chex.Dimensions(B=2, V=32)
+CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+NUM_NEW = 20  # with 11-token prompts, crosses block_size=16
+
+
+@functools.cache
+def _params(cfg: GPTConfig):
+    """Random weights in cfg's param tree, drawn with numpy (jax's initialisers compile slowly on
+    CPU); 4x the 0.02 init, so that logits are far from ties and attention is sharp."""
+    shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+    rng = np.random.default_rng(0)
+
+    def draw(path, leaf):
+        mean = 1.0 if path[-1].key == "scale" else 0.0  # LayerNorm scales stay near 1
+        return jnp.asarray(mean + 0.08 * rng.standard_normal(leaf.shape), leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.cache
+def _jit_forward(cfg: GPTConfig):
+    return jax.jit(functools.partial(forward, cfg=cfg))
+
+
+def _reference_greedy(params, cfg, prompts, num_new):
+    """nanoGPT's loop: each step runs `forward` on the whole sequence, cropped to the last
+    block_size tokens for learned positions, and appends the argmax. Rows are right-padded to
+    one width (causality makes the padding invisible), so forward compiles once."""
+    crop = cfg.block_size if cfg.pos_encoding == "learned" else None
+    seqs = [list(p) for p in prompts]
+    width = cfg.block_size if crop else max(map(len, seqs)) + num_new
+    logits = []
+    for _ in range(num_new):
+        contexts = [s[-crop:] if crop else s for s in seqs]
+        tokens_BxW = np.zeros((len(seqs), width), np.int32)
+        for b, context in enumerate(contexts):
+            tokens_BxW[b, : len(context)] = context
+        logits_BxWxV = np.asarray(_jit_forward(cfg)(params, tokens_BxW))
+        step_BxV = np.stack([logits_BxWxV[b, len(c) - 1] for b, c in enumerate(contexts)])
+        logits.append(step_BxV)
+        for seq, token in zip(seqs, step_BxV.argmax(-1), strict=True):
+            seq.append(int(token))
+    return [np.array(s) for s in seqs], np.stack(logits, axis=1)
+
+
+def _prompts_BxT(length=11, seed=1):
+    return np.random.default_rng(seed).integers(0, DIMS.V, (DIMS.B, length), np.int32)
+
+
+def _nucleus(probs_V, p):
+    """Ids of the fewest most likely tokens whose probability reaches p (numpy reference)."""
+    order = np.argsort(-probs_V)
+    num_kept = int(np.searchsorted(np.cumsum(probs_V[order]), p) + 1)
+    return set(order[:num_kept].tolist())
+
+
+class CachedDecodingTest(chex.TestCase):
+    """Greedy cached decoding reproduces the recompute-everything loop, token for token."""
+
+    def _assert_matches_reference(self, cfg, prompts):
+        params = _params(cfg)
+        out, logits = generate(
+            params, cfg, prompts, NUM_NEW, rng=jax.random.key(0), temperature=0.0,
+            return_logits=True,
+        )  # fmt: skip
+        ref_seqs, ref_logits = _reference_greedy(params, cfg, list(prompts), NUM_NEW)
+        chex.assert_shape(logits, (DIMS.B, NUM_NEW, DIMS.V))
+        for seq, ref in zip(out, ref_seqs, strict=True):
+            np.testing.assert_array_equal(seq, ref)
+        chex.assert_trees_all_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+        return out
+
+    @parameterized.named_parameters(
+        ("learned", "learned"), ("sinusoidal", "sinusoidal"), ("rope", "rope")
+    )
+    def test_batch_array_crossing_block_size(self, scheme):
+        prompts_BxT = _prompts_BxT()
+        out = self._assert_matches_reference(CFG.replace(pos_encoding=scheme), prompts_BxT)
+        self.assertIsInstance(out, np.ndarray)
+        chex.assert_shape(out, (DIMS.B, prompts_BxT.shape[1] + NUM_NEW))
+        np.testing.assert_array_equal(out[:, : prompts_BxT.shape[1]], prompts_BxT)
+
+    @parameterized.named_parameters(("learned", "learned"), ("rope", "rope"))
+    def test_prompts_of_different_lengths_are_left_padded(self, scheme):
+        """Each row equals its own unpadded run; learned positions crop the 18-token prompt."""
+        lengths = (3, 18) if scheme == "learned" else (3, 11)
+        prompts = [_prompts_BxT(length, seed=length)[0] for length in lengths]
+        out = self._assert_matches_reference(CFG.replace(pos_encoding=scheme), prompts)
+        self.assertEqual([len(s) for s in out], [n + NUM_NEW for n in lengths])
+        for seq, prompt in zip(out, prompts, strict=True):
+            np.testing.assert_array_equal(seq[: len(prompt)], prompt)
+
+    def test_zero_new_tokens_returns_the_prompt(self):
+        prompts_BxT = _prompts_BxT()
+        np.testing.assert_array_equal(
+            generate(_params(CFG), CFG, prompts_BxT, 0, rng=jax.random.key(0)), prompts_BxT
+        )
+
+
+class SamplingTest(chex.TestCase):
+    def _logits_BxV(self, batch=4):
+        return jnp.asarray(3.0 * np.random.default_rng(2).standard_normal((batch, DIMS.V)))
+
+    @parameterized.parameters(1, 5, DIMS.V)
+    def test_top_k_filter_keeps_exactly_the_k_largest(self, k):
+        logits_BxV = self._logits_BxV()
+        kept_BxV = np.isfinite(np.asarray(top_k_filter(logits_BxV, k)))
+        expected_BxV = np.zeros_like(kept_BxV)
+        np.put_along_axis(expected_BxV, np.argsort(-np.asarray(logits_BxV))[:, :k], True, -1)
+        np.testing.assert_array_equal(kept_BxV, expected_BxV)
+
+    @parameterized.parameters(0.05, 0.5, 0.9, 1.0)
+    def test_top_p_filter_keeps_exactly_the_nucleus(self, p):
+        logits_BxV = self._logits_BxV()
+        kept_BxV = np.isfinite(np.asarray(top_p_filter(logits_BxV, p)))
+        probs_BxV = np.asarray(jax.nn.softmax(logits_BxV, axis=-1))
+        for kept_V, probs_V in zip(kept_BxV, probs_BxV, strict=True):
+            self.assertEqual(set(np.flatnonzero(kept_V).tolist()), _nucleus(probs_V, p))
+
+    def _draws_NxB(self, logits_BxV, **kwargs):
+        rngs = jax.random.split(jax.random.key(3), 1000)
+        draw = jax.jit(lambda rng: sample_token(logits_BxV, rng, **kwargs))
+        return np.asarray(jax.vmap(draw)(rngs))
+
+    def test_samples_never_leave_the_top_k(self):
+        logits_BxV = self._logits_BxV()
+        draws_NxB = self._draws_NxB(logits_BxV, temperature=2.0, top_k=4)
+        top4_Bx4 = np.argsort(-np.asarray(logits_BxV))[:, :4]
+        for b in range(logits_BxV.shape[0]):
+            self.assertEqual(set(draws_NxB[:, b].tolist()), set(top4_Bx4[b].tolist()))
+
+    def test_samples_never_leave_the_nucleus(self):
+        logits_BxV = self._logits_BxV()
+        draws_NxB = self._draws_NxB(logits_BxV, temperature=1.0, top_p=0.8)
+        probs_BxV = np.asarray(jax.nn.softmax(logits_BxV, axis=-1))
+        for b in range(logits_BxV.shape[0]):
+            nucleus = _nucleus(probs_BxV[b], 0.8)
+            self.assertLessEqual(set(draws_NxB[:, b].tolist()), nucleus)
+            self.assertGreater(len(set(draws_NxB[:, b].tolist())), 1 if len(nucleus) > 1 else 0)
+
+    @parameterized.named_parameters(
+        ("plain", {}), ("filtered", {"top_k": 3, "top_p": 0.5})
+    )  # fmt: skip
+    def test_temperature_zero_is_argmax(self, filters):
+        logits_BxV = self._logits_BxV()
+        sample = jax.jit(functools.partial(sample_token, logits_BxV, temperature=0.0, **filters))
+        for seed in range(3):
+            tokens_B = sample(jax.random.key(seed))
+            np.testing.assert_array_equal(tokens_B, jnp.argmax(logits_BxV, axis=-1))
+
+    def test_generate_is_reproducible_from_rng(self):
+        run = functools.partial(
+            generate, _params(CFG), CFG, _prompts_BxT(), NUM_NEW, temperature=1.0,
+            return_logits=True,
+        )  # fmt: skip
+        first, _ = run(rng=jax.random.key(7))
+        np.testing.assert_array_equal(first, run(rng=jax.random.key(7))[0])
+        self.assertFalse(np.array_equal(first, run(rng=jax.random.key(8))[0]))
+
+    def test_generate_samples_inside_top_k_and_nucleus(self):
+        """Every new token lies in the top-k of its step's logits and in the nucleus of the
+        tempered, top-k-filtered distribution."""
+        k, p, temperature = 3, 0.7, 1.5
+        out, logits_BxNxV = generate(
+            _params(CFG), CFG, _prompts_BxT(), NUM_NEW, rng=jax.random.key(0),
+            temperature=temperature, top_k=k, top_p=p, return_logits=True,
+        )  # fmt: skip
+        new_BxN = out[:, -NUM_NEW:]
+        for b, j in np.ndindex(new_BxN.shape):
+            order = np.argsort(-logits_BxNxV[b, j])
+            self.assertIn(new_BxN[b, j], order[:k])
+            top_k_probs = np.asarray(jax.nn.softmax(logits_BxNxV[b, j, order[:k]] / temperature))
+            nucleus = {int(order[i]) for i in _nucleus(top_k_probs, p)}
+            self.assertIn(new_BxN[b, j], nucleus)
+
+
+class CompileCountTest(chex.TestCase):
+    def test_one_compile_per_prompt_length_bucket(self):
+        """Calls with different prompt lengths, new-token counts and temperatures compile once
+        per prompt-length bucket (8 and 16 here; one new-token bucket, 32)."""
+        cfg = CFG.replace(pos_encoding="rope")  # learned positions always pad to block_size
+        params, sizes, buckets_seen = _params(cfg), [_generate_padded._cache_size()], set()
+        for i, length in enumerate((1, 5, 8, 9, 12, 16, 3, 15, 2)):
+            prompts = [np.arange(length) % DIMS.V, np.arange(1 + i % 8) % DIMS.V]
+            out, _ = generate(
+                params, cfg, prompts, 17 + i, rng=jax.random.key(i), temperature=i / 4,
+                return_logits=True,
+            )  # fmt: skip
+            self.assertLen(out[0], length + 17 + i)
+            sizes.append(_generate_padded._cache_size())
+            bucket = 8 if length <= 8 else 16
+            if bucket in buckets_seen:  # Same bucket as an earlier call: nothing new compiled.
+                self.assertEqual(sizes[-1], sizes[-2], f"call {i} (length {length}) recompiled")
+            buckets_seen.add(bucket)
+        # Other tests may have compiled these entries already, hence at most.
+        self.assertLessEqual(sizes[-1] - sizes[0], 2)
+
+    def test_sampling_values_do_not_recompile(self):
+        """temperature, top_k and top_p are traced: new values reuse the compiled loop."""
+        run = functools.partial(
+            generate, _params(CFG), CFG, _prompts_BxT(), NUM_NEW, rng=jax.random.key(0),
+            return_logits=True,
+        )  # fmt: skip
+        run(temperature=1.5, top_k=3, top_p=0.7)
+        size = _generate_padded._cache_size()
+        for temperature, k, p in ((0.5, 5, 0.9), (0.0, 1, 0.3), (2.0, DIMS.V + 9, 1.0)):
+            run(temperature=temperature, top_k=k, top_p=p)
+        self.assertEqual(_generate_padded._cache_size(), size)
+
+
+class BadInputTest(chex.TestCase):
+    def _generate(self, prompts, max_new_tokens=4, cfg=CFG, **kwargs):
+        return generate(_params(cfg), cfg, prompts, max_new_tokens, rng=jax.random.key(0), **kwargs)
+
+    def test_out_of_range_id_is_named(self):
+        with self.assertRaisesRegex(ValueError, r"prompt 1: token id 32 at index \(2,\)"):
+            self._generate([np.array([1, 2]), np.array([0, 1, 32])])
+
+    def test_float_ids_are_refused(self):
+        with self.assertRaisesRegex(TypeError, r"integer dtype, got float32.*astype\(np.int32\)"):
+            self._generate(np.zeros((2, 3), np.float32))
+
+    @parameterized.named_parameters(
+        ("empty_array", np.zeros((2, 0), np.int32)),
+        ("empty_row", [np.array([1, 2]), np.array([], np.int32)]),
+        ("no_prompts", []),
+    )
+    def test_empty_prompt(self, prompts):
+        with self.assertRaisesRegex(ValueError, "empty prompt.*at least one token"):
+            self._generate(prompts)
+
+    def test_one_dimensional_array_is_refused(self):
+        with self.assertRaisesRegex(ValueError, r"shape \(3,\).*prompt_ids\[None, :\]"):
+            self._generate(np.array([1, 2, 3]))
+
+    def test_negative_max_new_tokens(self):
+        with self.assertRaisesRegex(ValueError, "max_new_tokens=-1 is negative"):
+            self._generate(_prompts_BxT(), max_new_tokens=-1)
+
+    @parameterized.named_parameters(
+        ("temperature", {"temperature": -1.0}, "temperature=-1.0 must be finite and >= 0"),
+        ("top_k", {"top_k": 0}, "top_k=0 must be a positive int"),
+        ("top_p", {"top_p": 1.5}, r"top_p=1.5 must be in \(0, 1\]"),
+    )
+    def test_bad_sampling_settings(self, kwargs, message):
+        with self.assertRaisesRegex(ValueError, message):
+            self._generate(_prompts_BxT(), **kwargs)
+
+    def test_max_len_exceeded(self):
+        cfg = CFG.replace(pos_encoding="rope")
+        with self.assertRaisesRegex(ValueError, "plus max_new_tokens=10 exceeds max_len=15"):
+            self._generate(_prompts_BxT(length=6), max_new_tokens=10, cfg=cfg, max_len=15)
+
+    def test_max_len_with_learned_positions_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "learned positions keep the last block_size"):
+            self._generate(_prompts_BxT(), max_len=64)
+
+    def test_bidirectional_model_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "causal=False"):
+            # `causal` does not change the params, so CFG's serve.
+            generate(
+                _params(CFG), CFG.replace(causal=False), _prompts_BxT(), 4, rng=jax.random.key(0)
+            )
