@@ -30,8 +30,9 @@ def _manager(directory: Path, keep: int, items: tuple[str, ...], read_only=False
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         enable_async_checkpointing=False,
+        # read_only=True would make orbax log warnings on every load; not creating or cleaning
+        # anything is enough to leave a run untouched.
         create=not read_only,
-        read_only=read_only,
         cleanup_tmp_directories=not read_only,
     )
     return ocp.CheckpointManager(directory, options=options, item_names=items)

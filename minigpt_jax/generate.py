@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 
 import chex
 import jax
@@ -11,9 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax.attention import KVCache
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.data import TOKENIZER_FILENAME
 from minigpt_jax.embeddings import POSITION_ENCODINGS, check_token_ids
 from minigpt_jax.model import GPT, Params
+from minigpt_jax.tokenizers import load_tokenizer
 
 Array = chex.Array
 
@@ -330,3 +334,50 @@ def _check_settings(cfg, max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"top_k={top_k!r} must be a positive int, or None to keep all tokens.")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p!r} must be in (0, 1], or None to keep all tokens.")
+
+
+# ----------------------------------------------------------------------------- trained runs
+
+
+def sample_from_workdir(
+    workdir: str | Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    num_samples: int = 1,
+    checkpoint: str = "latest",
+) -> list[str]:
+    """Decoded texts: `num_samples` continuations of `prompt` by a trained run.
+
+    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; the
+    samples are independent draws from one `generate` call seeded by `seed`.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
+    params, meta = load_params(workdir, checkpoint)
+    cfg = GPTConfig(**meta["gpt_config"])
+    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
+    if not tokenizer_path.exists():
+        raise FileNotFoundError(
+            f"{tokenizer_path} is missing: sample from the workdir of a run made by "
+            "`minigpt-jax train`, which saves its tokenizer there."
+        )
+    tokenizer = load_tokenizer(tokenizer_path)
+    prompt_ids = tokenizer.encode(prompt)
+    if prompt_ids.size == 0:
+        raise ValueError("the prompt is empty: give at least one character, e.g. --prompt='\\n'.")
+    out_BxT = generate(
+        params,
+        cfg,
+        np.tile(prompt_ids, (num_samples, 1)),
+        max_new_tokens,
+        rng=jax.random.key(seed),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+    return [tokenizer.decode(row) for row in out_BxT]

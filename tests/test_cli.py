@@ -126,3 +126,53 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint(tmp_path, corpus_
     assert result.returncode == 0, result.stderr
     assert f"resumed from step {saved[-1]}" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("step 1000:")
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(corpus_file, tmp_path_factory):
+    """A tiny model trained for 20 steps on the text corpus, for sampling."""
+    from configs import tiny
+    from minigpt_jax.train import train_and_evaluate
+
+    config = tiny.get_config()
+    config.num_steps = 20
+    config.data.corpus, config.data.path = "text", str(corpus_file)
+    workdir = tmp_path_factory.mktemp("trained")
+    train_and_evaluate(config, workdir, progress=False)
+    return workdir
+
+
+def test_sample_from_workdir_continues_the_prompt(trained_workdir):
+    from minigpt_jax.generate import sample_from_workdir
+
+    texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=30, seed=1, num_samples=3)
+    assert len(texts) == 3 and all(t.startswith("The ") and len(t) == 34 for t in texts)
+    assert texts == sample_from_workdir(
+        trained_workdir, "The ", max_new_tokens=30, seed=1, num_samples=3
+    )
+    greedy = [
+        sample_from_workdir(trained_workdir, "The ", max_new_tokens=30, temperature=0.0, seed=s)
+        for s in (0, 1)
+    ]
+    assert greedy[0] == greedy[1]
+
+
+def test_sample_command_prints_samples_and_names_unknown_characters(trained_workdir):
+    base = [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(trained_workdir)]
+    result = _run([*base, "--prompt=The ", "--max_new_tokens=25", "--num_samples=2"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("---------- sample") == 2 and "\nThe " in result.stdout
+    result = _run([*base, "--prompt=The \u00fc", "--max_new_tokens=5"])
+    assert result.returncode != 0
+    assert (
+        "character '\u00fc' at position 4 is not in the CharTokenizer vocabulary" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_sample_without_a_trained_run_says_how_to_train(tmp_path):
+    result = _run(
+        [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(tmp_path), "--prompt=a"]
+    )
+    assert result.returncode != 0
+    assert "no checkpoints in" in result.stderr and "minigpt-jax train" in result.stderr
