@@ -223,3 +223,15 @@ def test_gpt_config_round_trips_through_checkpoint_meta(full_run):
     assert dataclasses.asdict(cfg) == meta["gpt_config"]
     assert functools.reduce(lambda a, b: a * b, (cfg.n_layer, cfg.n_embd)) == 64
     assert jnp.dtype(cfg.dtype) == jnp.float32
+
+
+def test_bfloat16_compute_trains_with_float32_params(corpus_file, tmp_path):
+    """Mixed precision: bf16 activations, float32 params, logits and loss; the loss falls."""
+    config = tiny_config(corpus_file, **{"model.dtype": "bfloat16"})
+    summary = train_and_evaluate(config, tmp_path, progress=False)
+    losses = _train_losses(tmp_path)
+    assert np.mean(losses[-5:]) < losses[0] - 0.8, losses
+    assert summary.val_loss < losses[0] - 0.8
+    params, meta = load_params(tmp_path)
+    assert meta["gpt_config"]["dtype"] == "bfloat16"
+    assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("float32")}
