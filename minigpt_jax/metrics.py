@@ -14,9 +14,15 @@ TENSORBOARD_DIR = "tensorboard"
 
 class MetricsWriter:
     """Appends one JSON object per line; on resume, drops lines past the resumed step first,
-    so the file reads as one run even after a crash between checkpoints."""
+    so the file reads as one run even after a crash between checkpoints.
 
-    def __init__(self, workdir: str | Path, resume_step: int = 0):
+    In a multi-host run only process 0 writes (`enabled=False` elsewhere makes it a no-op).
+    """
+
+    def __init__(self, workdir: str | Path, resume_step: int = 0, *, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
         self.path = Path(workdir) / METRICS_FILENAME
         if resume_step and self.path.exists():
             kept = [
@@ -34,6 +40,8 @@ class MetricsWriter:
         )
 
     def write(self, step: int, metrics: dict[str, float], *, tensorboard: bool = True) -> None:
+        if not self.enabled:
+            return
         record = {"step": int(step)}
         record.update({k: _json_float(v) for k, v in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
@@ -42,10 +50,14 @@ class MetricsWriter:
                 self._tensorboard.add_scalar(key, value, int(step))
 
     def flush(self) -> None:
+        if not self.enabled:
+            return
         self._file.flush()
         self._tensorboard.flush()
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self._file.close()
         self._tensorboard.close()
 

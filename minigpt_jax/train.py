@@ -324,14 +324,15 @@ def train_and_evaluate(
     compile_time = time.perf_counter() - compile_start
 
     start_step = int(state.step)
-    writer = MetricsWriter(workdir, resume_step=start_step)
+    is_main_process = jax.process_index() == 0  # multi-host: one process logs
+    writer = MetricsWriter(workdir, resume_step=start_step, enabled=is_main_process)
     tokens_per_chunk = k * batch_size * block_size
     chunk_seconds: list[float] = []
     last = {"train_loss": None, "val_loss": None, "eval_train_loss": None}
     bar = tqdm(
         total=config.num_steps,
         initial=start_step,
-        disable=not progress,
+        disable=not (progress and is_main_process),
         unit="step",
         dynamic_ncols=True,
     )
