@@ -1,11 +1,27 @@
-"""Experiments 1-7: each run() reproduces its headline numbers and writes its figures."""
+"""Experiments 1-10: each run() reproduces its headline numbers (8-10: the properties behind
+them, on tiny runs) and writes its figures."""
+
+import math
+from pathlib import Path
 
 import chex
 import jax
 import numpy as np
 import pytest
 
-from experiments import context, equivariance, lookup, one_step, positions, relabel, tying
+from configs import tiny
+from experiments import (
+    context,
+    equivariance,
+    geometry,
+    lookup,
+    one_step,
+    pos_study,
+    positions,
+    relabel,
+    tied_vs_untied,
+    tying,
+)
 from minigpt_jax import GPTConfig, init_params
 
 # One small model for every test: the experiments share its per-op compiles (block_size 64 is
@@ -146,3 +162,147 @@ class TyingTest(_ExperimentTest):
                 "untied input table, Adam (wd=0)": present,
             },
         )
+
+
+# ----------------------------------------------------------------------------- training studies
+
+# Experiments 8-10 train for real; here on ~40 kB of CPython's docs (no download) with the
+# tiny config's sizes and one layer, so a run is mostly its compile.
+TRAIN_STEPS = 30
+
+
+def _training_config(directory: Path):
+    """configs/tiny.py (one layer) on a small text corpus written into `directory`."""
+    from pydoc_data.topics import topics
+
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n\n".join(topics[key] for key in sorted(topics))[:40_000])
+    config = tiny.get_config()
+    config.model.n_layer = 1
+    config.data.corpus = "text"
+    config.data.path = str(corpus)
+    return config
+
+
+@pytest.fixture(scope="module")
+def pos_study_result(tmp_path_factory):
+    """Experiment 8 once per module; geometry reuses its learned-positions run (the default)."""
+    directory = tmp_path_factory.mktemp("pos_study")
+    config = _training_config(directory)
+    return pos_study.run(directory, steps=TRAIN_STEPS, config=config, windows=8)
+
+
+class PosStudyTest(_ExperimentTest):
+    @pytest.fixture(autouse=True)
+    def _result(self, pos_study_result):
+        self.result = pos_study_result
+
+    def test_every_scheme_learns_and_only_learned_refuses_long_context(self):
+        result = self.result
+        self.assertTrue(result["figures"][0].is_file())
+        block, log_vocab = result["block_size"], math.log(result["vocab_size"])
+        self.assertEqual(block, 16)
+        self.assertLess(result["unigram_loss"], log_vocab)
+        for scheme in pos_study.SCHEMES:
+            steps, losses = result["curves"][scheme]
+            self.assertEqual(steps[-1], TRAIN_STEPS)
+            self.assertLen(steps, 10)
+            self.assertLess(losses[-1], losses[0])
+            val_loss = result["final_val_loss"][scheme]
+            self.assertEqual(val_loss, losses[-1])
+            self.assertLess(val_loss, log_vocab - 0.5, scheme)
+            self.assertGreater(result["token_norm"][scheme], 0.0)
+            long = result["long_loss"][scheme]
+            # The study's own evaluation at block_size agrees with the trainer's (other windows).
+            self.assertAlmostEqual(long[1], val_loss, delta=0.2)
+            if scheme == "learned":
+                for multiple in (2, 4):
+                    self.assertIn(f"exceeds block_size {block}", long[multiple])
+                self.assertIsNone(result["beyond_block"][scheme])
+                self.assertEqual(set(result["per_position"][scheme]), {1})
+                continue
+            for multiple in (2, 4):
+                self.assertTrue(math.isfinite(long[multiple]), (scheme, multiple))
+            self.assertTrue(math.isfinite(result["beyond_block"][scheme]))
+
+    def test_long_windows_extend_the_short_ones(self):
+        """Causal model, same windows: the first block_size positions of the 4x windows give
+        the 1x losses, so the lengths differ only in what comes after."""
+        block = self.result["block_size"]
+        for scheme in ("sinusoidal", "rope", "none"):
+            per_position = self.result["per_position"][scheme]
+            self.assertEqual(per_position[4].shape, (4 * block,))
+            np.testing.assert_allclose(per_position[4][:block], per_position[1], atol=1e-4)
+            np.testing.assert_allclose(per_position[4][: 2 * block], per_position[2], atol=1e-4)
+
+
+class TiedVsUntiedTest(_ExperimentTest):
+    def test_untying_adds_exactly_v_times_d_and_both_learn(self):
+        config = _training_config(self.tmp_path)
+        result = self._run(tied_vs_untied, steps=TRAIN_STEPS, config=config, widths=(32,))
+        tied, untied = result["runs"]
+        vocab = result["vocab_size"]
+        self.assertEqual((tied["tied"], untied["tied"]), (True, False))
+        self.assertEqual(untied["params"], tied["params"] + vocab * 32)
+        self.assertEqual((tied["has_lm_head"], untied["has_lm_head"]), (False, True))
+        for run in (tied, untied):
+            self.assertLess(run["val_loss"], math.log(vocab) - 0.5, run["name"])
+            self.assertEqual(run["curve"][1][-1], run["val_loss"])
+        self.assertEqual(result["deltas"], {32: [untied["val_loss"] - tied["val_loss"]]})
+
+
+@pytest.fixture(scope="module")
+def geometry_result(pos_study_result, tmp_path_factory):
+    """Experiment 10 on the pos study's learned-positions run (the default config), reused."""
+    workdir = pos_study_result["figures"][0].parent / "runs" / "pos_learned"
+    return geometry.run(tmp_path_factory.mktemp("geometry"), workdir=workdir)
+
+
+class GeometryTest(_ExperimentTest):
+    @pytest.fixture(autouse=True)
+    def _result(self, geometry_result):
+        self.result = geometry_result
+
+    def test_reuses_the_trained_run(self):
+        self.assertFalse(self.result["trained_here"])
+        self.assertEqual(self.result["step"], TRAIN_STEPS)
+        self.assertTrue(self.result["figures"][0].is_file())
+
+    def test_neighbour_lists_have_k_entries_exclude_the_query_and_are_sorted(self):
+        result = self.result
+        for neighbours in (result["neighbours"], result["init_neighbours"]):
+            # The docs contain every default query, digits included.
+            self.assertEqual(set(neighbours), set(geometry.QUERIES))
+            for query, pairs in neighbours.items():
+                self.assertLen(pairs, 5)
+                labels = [label for label, _ in pairs]
+                self.assertNotIn(query, labels)
+                self.assertLen(set(labels), 5)
+                cosines = [c for _, c in pairs]
+                self.assertEqual(cosines, sorted(cosines, reverse=True))
+                self.assertTrue(all(-1.0 <= c <= 1.0 for c in cosines))
+
+    def test_group_statistics_are_finite_and_the_initial_table_has_no_structure(self):
+        result = self.result
+        self.assertEqual(
+            set(result["groups"]), {"vowels", "consonants", "upper case", "punctuation", "digits"}
+        )
+        self.assertEqual(result["groups"]["vowels"], list("aeiou"))
+        self.assertEqual(
+            set(result["stats"]), {"trained", "init", "trained, centred", "init, centred"}
+        )
+        for stats in result["stats"].values():
+            values = [*stats["within"].values()]
+            values += [stats[k] for k in ("within_all", "between", "case_pair", "case_other")]
+            self.assertTrue(all(math.isfinite(v) and -1 <= v <= 1 for v in values))
+            self.assertTrue(0 <= stats["nn_same_group"] <= 1)
+        # Control: random N(0, 0.02²) rows are nearly orthogonal, whatever group they name.
+        for name in ("init", "init, centred"):
+            init = result["stats"][name]
+            self.assertLess(abs(init["within_all"] - init["between"]), 0.05)
+            self.assertLess(abs(init["case_pair"] - init["case_other"]), 0.1)
+        # Training moved the table away from that (rows share directions now).
+        trained = result["stats"]["trained"]
+        self.assertGreater(trained["within_all"] - trained["between"], 0.05)
+        for value in result["pc1_frequency_corr"].values():
+            self.assertTrue(0 <= value <= 1)
