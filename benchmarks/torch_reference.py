@@ -165,6 +165,8 @@ class TorchGPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}.")
         positions_T = torch.arange(T, device=tokens_BxT.device)
         x_BxTxD = self.transformer.wte(tokens_BxT)
+        if cfg.embed_scale != 1.0:
+            x_BxTxD = x_BxTxD * cfg.embed_scale
         if cfg.pos_encoding == "learned":
             x_BxTxD = x_BxTxD + self.transformer.wpe(positions_T)
         elif cfg.pos_encoding == "sinusoidal":

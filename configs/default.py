@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dropout = 0.1
     config.model.pos_encoding = "learned"  # learned | sinusoidal | rope | none
     config.model.tie_embeddings = True  # logits through the token table (embed.attend)
+    config.model.embed_scale = 1.0  # token embeddings x this; sqrt(n_embd) in Vaswani et al.
     config.model.causal = True
     config.model.use_bias = True
     config.model.mlp_ratio = 4

@@ -27,6 +27,10 @@ class GPTConfig:
     dropout: float = 0.1  # on embeddings, attention weights and residual branches
     pos_encoding: str = "learned"  # a key of embeddings.POSITION_ENCODINGS
     tie_embeddings: bool = True  # logits = h @ W_E^T through embed.attend; no lm_head param
+    # Token embeddings are multiplied by this before positions are added. Vaswani et al. (2017,
+    # section 3.4) use sqrt(n_embd): with GPT-2's N(0, 0.02^2) init, unscaled tokens are ~30x
+    # smaller than the ±1 sinusoids and drown (experiments/pos_study.py shows it).
+    embed_scale: float = 1.0
     causal: bool = True  # False: bidirectional attention (used by the invariant tests)
     use_bias: bool = True  # biases in Dense layers and LayerNorms, as GPT-2
     mlp_ratio: int = 4  # F = mlp_ratio * D
@@ -48,6 +52,10 @@ class GPTConfig:
                 f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
                 f"choose n_head among the divisors of n_embd, "
                 f"e.g. {[h for h in range(1, 17) if self.n_embd % h == 0]}."
+            )
+        if not (isinstance(self.embed_scale, (int, float)) and self.embed_scale > 0):
+            raise ValueError(
+                f"GPTConfig.embed_scale must be a positive number, got {self.embed_scale!r}."
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")

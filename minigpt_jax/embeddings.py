@@ -156,6 +156,8 @@ class Embeddings(nn.Module):
                 )
             positions_BxT = jnp.arange(length)[None, :]
         x_BxTxD = self.tok(tokens_BxT)
+        if cfg.embed_scale != 1.0:
+            x_BxTxD = x_BxTxD * cfg.embed_scale
         if scheme.learned:
             x_BxTxD = x_BxTxD + self.pos(positions_BxT)
         if scheme.additive is not None:

@@ -38,6 +38,7 @@ class GPTConfigTest(chex.TestCase):
             "needs an even n_embd",
         ),
         ("odd_rope_head", dict(n_embd=12, n_head=4, pos_encoding="rope"), "needs an even head_dim"),
+        ("embed_scale", dict(embed_scale=0.0), "embed_scale must be a positive number"),
         ("dtype", dict(dtype="int8"), "allowed: ['float32', 'bfloat16', 'float16']"),
     )
     def test_invalid_field_is_named(self, changes, message):

@@ -36,6 +36,17 @@ class LookupTest(chex.TestCase):
             x_BxTxD, jnp.einsum("btv,vd->btd", one_hot_BxTxV, table_VxD), rtol=1e-6, atol=1e-6
         )
 
+    def test_embed_scale_multiplies_the_looked_up_rows(self):
+        cfg = CFG.replace(pos_encoding="none", embed_scale=math.sqrt(CFG.n_embd))
+        params = _init(cfg)
+        tokens_BxT = jax.random.randint(jax.random.key(1), DIMS["BT"], 0, DIMS.V)
+        chex.assert_trees_all_close(
+            _embed(cfg, params, tokens_BxT),
+            params["tok"]["embedding"][tokens_BxT] * math.sqrt(DIMS.D),
+            rtol=1e-6,
+            atol=1e-6,
+        )
+
     def test_repeated_id_gives_the_same_vector(self):
         cfg = CFG.replace(pos_encoding="none")
         x_1xTxD = _embed(cfg, _init(cfg), jnp.array([[5, 9, 5, 5]]))
