@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.use_bias = True
     config.model.mlp_ratio = 4
     config.model.gelu_approximate = False  # True: GPT-2's tanh GELU; False: exact erf GELU
+    config.model.dense_grad = "autodiff"  # Dense VJP: autodiff | direct (faster on XLA:CPU)
     config.model.dtype = "float32"  # compute dtype; bfloat16 on accelerators
     config.model.param_dtype = "float32"
 

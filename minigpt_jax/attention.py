@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.dense import dense_dot_general
 from minigpt_jax.embeddings import INIT_STDDEV, POSITION_ENCODINGS
 
 Array = chex.Array
@@ -93,6 +94,7 @@ class MultiHeadAttention(nn.Module):
             dtype=cfg.compute_dtype,
             param_dtype=cfg.weight_dtype,
             kernel_init=init,
+            dot_general=dense_dot_general(cfg),
             name="qkv",
         )(x_BxTxD)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
@@ -123,6 +125,7 @@ class MultiHeadAttention(nn.Module):
             dtype=cfg.compute_dtype,
             param_dtype=cfg.weight_dtype,
             kernel_init=proj_init,
+            dot_general=dense_dot_general(cfg),
             name="proj",
         )(out_BxTxHxK)
         return out_BxTxD if cache is None else (out_BxTxD, cache)

@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_DENSE_GRADS = ("autodiff", "direct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,9 @@ class GPTConfig:
     mlp_ratio: int = 4  # F = mlp_ratio * D
     # GPT-2 used the tanh approximation of GELU; the exact erf form is PyTorch's default.
     gelu_approximate: bool = False
+    # How Dense layers are differentiated (same math, a speed choice): "autodiff" is jax.grad of
+    # lax.dot_general; "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU.
+    dense_grad: str = "autodiff"
     dtype: str = "float32"  # activations / compute; logits and softmax are always float32
     param_dtype: str = "float32"
 
@@ -65,6 +69,11 @@ class GPTConfig:
                 f"allowed: {sorted(POSITION_ENCODINGS)}."
             )
         POSITION_ENCODINGS[self.pos_encoding].validate(self)
+        if self.dense_grad not in _DENSE_GRADS:
+            raise ValueError(
+                f"GPTConfig.dense_grad={self.dense_grad!r} is unknown; "
+                f"allowed: {list(_DENSE_GRADS)}."
+            )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.dense import dense_dot_general
 from minigpt_jax.embeddings import INIT_STDDEV, Embeddings, check_token_ids
 
 Array = chex.Array
@@ -47,7 +48,12 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
         cfg = self.cfg
-        dense = dict(use_bias=cfg.use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+        dense = dict(
+            use_bias=cfg.use_bias,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.weight_dtype,
+            dot_general=dense_dot_general(cfg),
+        )
         h_BxTxF = nn.Dense(
             cfg.mlp_dim, kernel_init=nn.initializers.normal(INIT_STDDEV), name="fc", **dense
         )(x_BxTxD)
@@ -201,3 +207,15 @@ def count_params(cfg: GPTConfig) -> int:
     """Number of parameters of `cfg`, from shapes alone (`jax.eval_shape`, nothing allocated)."""
     shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
     return sum(x.size for x in jax.tree_util.tree_leaves(shapes))
+
+
+def flops_per_token(cfg: GPTConfig) -> int:
+    """Training FLOPs per token (forward + backward), nanoGPT's / PaLM's estimate for MFU.
+
+    6·N for the matmuls against the N weights (the position table is a lookup, not counted),
+    plus 12·L·H·K·T for attention's scores and mixing over a full block of T positions.
+    """
+    n = count_params(cfg)
+    if cfg.pos_encoding == "learned":
+        n -= cfg.block_size * cfg.n_embd
+    return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size

@@ -45,3 +45,7 @@ class GPTConfigTest(chex.TestCase):
         with self.assertRaises(ValueError) as ctx:
             GPTConfig(**changes)
         self.assertIn(message, str(ctx.exception))
+
+    def test_unknown_dense_grad_is_named(self):
+        with self.assertRaisesRegex(ValueError, r"dense_grad='jvp'.*\['autodiff', 'direct'\]"):
+            GPTConfig(dense_grad="jvp")
