@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from minigpt_jax import GPTConfig, count_params
+from minigpt_jax import GPTConfig, count_params, flops_per_token
 from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
 
 PRESETS = {
@@ -48,11 +48,6 @@ PRESETS = {
         batch_size=4,
     ),
 }
-
-
-def flops_per_token(cfg: GPTConfig) -> float:
-    n = count_params(cfg) - (cfg.block_size * cfg.n_embd if cfg.pos_encoding == "learned" else 0)
-    return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size
 
 
 def measure(cfg: GPTConfig, batch_size: int, steps: int, steps_per_call: int, peak_flops: float):

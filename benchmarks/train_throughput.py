@@ -1,0 +1,501 @@
+"""Training throughput: minigpt-jax against its PyTorch twin, side by side in one process.
+
+Run:      python -m benchmarks.train_throughput [--config configs/shakespeare_char.py]
+              [--data DIR | --synthetic] [--steps 100] [--rounds 5] [--threads N]
+              [--variants] [--torch-compile] [--clock-ghz 3.6 | --peak-gflops 230]
+Needs:    the `bench` extra (torch); tinyshakespeare.txt in --data or $MINIGPT_JAX_DATA (or
+          --synthetic for random tokens).
+Measures: the config's model, batch and optimizer trained for --steps steps per round by
+          minigpt-jax (`make_train_chunk`: K = steps_per_call steps per compiled call, a step
+          costs call time / K) and by `benchmarks.torch_reference.TorchGPT` (same architecture and
+          GELU form, same initial weights through `load_jax_params`, same batches, AdamW with the
+          same settings and schedule, clipping at grad_clip). The columns alternate within every
+          round, so load from other processes hits them alike; warm-up steps (compiles, first
+          calls) are excluded. Both sides are pinned to the same cores (`--threads`).
+Prints:   ms/step (median, p10, p90 over all rounds), tokens/s, achieved GFLOP/s (nanoGPT's
+          6N + 12·L·H·Q·T FLOP per token), MFU against the peak of the pinned cores (clock ×
+          cores × FLOP/cycle of the widest vector unit) and against a float32 matmul timed in
+          the same run, the ratios to PyTorch eager and to the JAX default, and the JAX compile
+          time. `--variants` adds a row for each JAX setting tried (VARIANTS: config overrides
+          and XLA options), so the output documents what won and what did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# fp32 FLOP per cycle per core from the widest vector unit (/proc/cpuinfo flag): 2 FMA pipes x
+# lanes x 2 FLOP, or 2 pipes x lanes without FMA.
+FLOP_PER_CYCLE = (
+    ("avx512f", 64, "AVX-512"),
+    ("fma", 32, "AVX2+FMA"),
+    ("avx", 16, "AVX"),
+    ("sse2", 8, "SSE2"),
+)
+
+# JAX settings timed by --variants, on top of --config: dotted keys are config overrides, keys
+# starting "xla_" are XLA compiler options (the same as XLA_FLAGS, for this one compile). The
+# first rows add one kept change at a time; "default" is --config unchanged, what
+# `minigpt-jax train` runs; the rows after it each change one thing and were not kept.
+_PLAIN = {"steps_per_call": 1, "model.gelu_approximate": False, "model.dense_grad": "autodiff"}
+_SCAN = {**_PLAIN, "steps_per_call": 10}
+_TANH = {**_SCAN, "model.gelu_approximate": True}
+_YNN = "xla_cpu_experimental_ynn_fusion_type"
+DEFAULT = "default"
+VARIANTS: dict[str, dict[str, Any]] = {
+    "fp32 erf-GELU K=1 (plain)": _PLAIN,
+    "+ scan K=10": _SCAN,
+    "+ tanh GELU": _TANH,
+    DEFAULT: {},  # + the direct Dense VJP
+    "default, erf GELU": {"model.gelu_approximate": False},
+    "default, K=25": {"steps_per_call": 25},
+    "default, bf16 activations": {"model.dtype": "bfloat16"},
+    "default, YNNPACK off (Eigen dots)": {_YNN: ""},
+    "default, YNNPACK dot fusion": {_YNN: "LIBRARY_FUSION_TYPE_DOT"},
+    "default, fusion emitters off": {"xla_cpu_use_fusion_emitters": False},
+    "default, Eigen single-threaded": {"xla_cpu_multi_thread_eigen": False},
+    "default, fast math (unsafe)": {"xla_cpu_enable_fast_math": True},
+}
+PLAIN, BF16 = "fp32 erf-GELU K=1 (plain)", "default, bf16 activations"
+
+# Tried during development with throwaway A/B scripts whose code was not kept, so this script
+# cannot re-time them: the change and what became of it (benchmarks/README.md).
+NOT_KEPT: tuple[tuple[str, str], ...] = (
+    ("tanh GELU written with sigmoid", "slower than jax.nn.gelu's tanh form"),
+    ("explicit transposes so dW is a plain NN dot", "slower: the transposes cost more"),
+    ("jax.nn.dot_product_attention", "no gain beyond noise"),
+    ("head-major q/k/v einsums", "no gain beyond noise"),
+    ("one-hot cross-entropy", "no gain beyond noise"),
+    ("optimizer over one flat vector (optax.flatten)", "no gain beyond noise"),
+    ("XNNPACK / oneDNN dot fusion", "slower, or a crash (oneDNN)"),
+    ("2 host devices, data parallel (XLA_FLAGS)", "no gain beyond noise"),
+    ("forward as 2 or 3 concurrent batch groups", "no gain beyond noise"),
+)
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    gflops: float
+    how: str
+
+
+def cpu_peak(cores: int, clock_ghz: float | None, peak_gflops: float | None) -> Peak:
+    """fp32 peak of `cores` cores: from --peak-gflops, or clock × cores × FLOP/cycle."""
+    if peak_gflops:
+        return Peak(peak_gflops, f"--peak-gflops {peak_gflops:g}")
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next(
+        (line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")),
+        [],
+    )
+    per_cycle, isa = next(((n, isa) for f, n, isa in FLOP_PER_CYCLE if f in flags), (8, "?"))
+    source = f"--clock-ghz {clock_ghz}"
+    if clock_ghz is None:
+        mhz = [
+            float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")
+        ]
+        clock_ghz = (max(mhz) / 1000) if mhz else 3.0
+        source = "/proc/cpuinfo cpu MHz" if mhz else "a guessed 3.0 GHz"
+    gflops = clock_ghz * cores * per_cycle
+    return Peak(
+        gflops,
+        f"{clock_ghz:.3g} GHz ({source}) × {cores} cores × {per_cycle} FLOP/cycle ({isa} fp32)",
+    )
+
+
+def pin_cores(threads: int | None) -> int:
+    """Restricts this process to `threads` CPUs (before JAX and torch start their pools)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads:
+        if threads > len(cpus):
+            raise SystemExit(f"--threads {threads}: only {len(cpus)} CPUs are available.")
+        cpus = cpus[:threads]
+        os.sched_setaffinity(0, cpus)
+    return len(cpus)
+
+
+def xla_threads() -> int:
+    """Threads of XLA's CPU intra-op pool that exist now (named tf_XLAEigen...)."""
+    names = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
+    return sum(name.startswith("tf_XLAEigen") for name in names)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def load_config(spec: str):
+    """get_config() of `path[:arg]`, the way the CLI's --config reads it."""
+    path, _, arg = spec.partition(":")
+    root = str(Path(path).resolve().parent.parent)  # configs import their siblings
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module_spec = importlib.util.spec_from_file_location("_bench_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+def with_overrides(config, overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A copy of `config` with dotted keys ("model.dtype") replaced, and the "xla_" keys as
+    compiler options."""
+    config = config.copy_and_resolve_references()
+    compiler_options = {k: v for k, v in overrides.items() if k.startswith("xla_")}
+    for key, value in overrides.items():
+        if key in compiler_options:
+            continue
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        if leaf not in node:
+            raise KeyError(f"variant key {key!r} is not in the config.")
+        node[leaf] = value
+    return config, compiler_options
+
+
+def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
+    """num_steps batches (num_steps, B, T+1) of the real corpus (or random ids) and V."""
+    from minigpt_jax import data
+
+    block_size = config.model.block_size
+    if args.synthetic:
+        vocab_size = 65 if config.data.tokenizer == "char" else config.data.vocab_size
+        rng = np.random.default_rng(config.seed)
+        shape = (num_steps, config.batch_size, block_size + 1)
+        return rng.integers(0, vocab_size, shape).astype(np.int32), vocab_size
+    path = args.data or config.data.path
+    with tempfile.TemporaryDirectory() as workdir:
+        dataset = data.prepare_dataset(
+            config.data.corpus,
+            path,
+            config.data.tokenizer,
+            config.data.vocab_size,
+            block_size,
+            workdir,
+            config.data.val_fraction,
+        )
+    batches = [
+        data.get_batch(dataset.train, config.batch_size, block_size, seed=config.seed, step=s)
+        for s in range(num_steps)
+    ]
+    return np.stack(batches), dataset.tokenizer.vocab_size
+
+
+# ----------------------------------------------------------------------------- runners
+
+
+@dataclasses.dataclass
+class Column:
+    """One timed setting. `run(first_step, n)` trains steps [first_step, first_step + n) and
+    returns per-step seconds (one sample per compiled call or per eager step)."""
+
+    name: str
+    run: Callable[[int, int], list[float]]
+    steps_per_call: int = 1
+    compile_s: float | None = None
+    note: str = ""
+    times_s: list[float] = dataclasses.field(default_factory=list)
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+
+def jax_column(
+    name: str, config, vocab_size: int, batches: np.ndarray, compiler_options: dict[str, Any]
+) -> Column:
+    import jax
+
+    from minigpt_jax.config import gpt_config_from
+    from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
+
+    cfg = gpt_config_from(config, vocab_size)
+    k = config.steps_per_call
+    tx, schedule = make_optimizer(config.optim, config.num_steps)
+    state = init_state(cfg, tx, jax.random.key(config.seed))
+    chunks = [jax.device_put(c) for c in batches.reshape(-1, k, *batches.shape[1:])]
+    start = time.perf_counter()
+    train_chunk = make_train_chunk(cfg, tx, schedule).lower(state, chunks[0])
+    train_chunk = train_chunk.compile(compiler_options=compiler_options or None)
+    compile_s = time.perf_counter() - start
+    holder = {"state": state}
+    note = " ".join([_model_note(cfg), *(f"{k}={v!r}" for k, v in compiler_options.items())])
+    column = Column(name, None, k, compile_s, note=note)
+
+    def run(first_step: int, n: int) -> list[float]:
+        times, state = [], holder["state"]
+        for i in range(first_step // k, (first_step + n) // k):
+            start = time.perf_counter()
+            state, metrics = train_chunk(state, chunks[i])
+            loss = jax.device_get(metrics["loss"])
+            times.append((time.perf_counter() - start) / k)
+            column.losses.extend(float(x) for x in loss)
+        holder["state"] = state
+        return times
+
+    column.run = run
+    return column
+
+
+def torch_column(
+    name: str,
+    config,
+    vocab_size: int,
+    batches: np.ndarray,
+    *,
+    compile_: bool,
+    autocast: bool,
+    max_steps: int | None = None,
+) -> Column:
+    """TorchGPT with the JAX columns' initial weights; `max_steps` caps the timed steps of a
+    round, for a column too slow to time in full."""
+    import jax
+    import torch
+
+    from benchmarks.torch_reference import (
+        TorchGPT,
+        load_jax_params,
+        make_torch_optimizer,
+        torch_train_step,
+    )
+    from minigpt_jax import init_params
+    from minigpt_jax.config import gpt_config_from
+
+    cfg = gpt_config_from(config, vocab_size).replace(dtype="float32", param_dtype="float32")
+    init_rng, _ = jax.random.split(jax.random.key(config.seed))  # train.init_state's split
+    model = load_jax_params(TorchGPT(cfg), init_params(cfg, init_rng)).train()
+    optimizer, scheduler = make_torch_optimizer(model, config.optim, config.num_steps)
+    xs = [torch.from_numpy(np.ascontiguousarray(b[:, :-1])).long() for b in batches]
+    ys = [torch.from_numpy(np.ascontiguousarray(b[:, 1:])).long() for b in batches]
+    step_model = torch.compile(model) if compile_ else model
+    gelu = "tanh" if cfg.gelu_approximate else "erf"
+    column = Column(name, None, note=f"gelu={gelu} {'bf16 autocast' if autocast else 'float32'}")
+
+    def run(first_step: int, n: int) -> list[float]:
+        times = []
+        for s in range(first_step, first_step + min(n, max_steps or n)):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = torch_train_step(
+                    step_model,
+                    optimizer,
+                    xs[s],
+                    ys[s],
+                    scheduler=scheduler,
+                    grad_clip=config.optim.grad_clip,
+                )
+            times.append(time.perf_counter() - start)
+            column.losses.append(loss)
+        return times
+
+    column.run = run
+    return column
+
+
+def _model_note(cfg) -> str:
+    gelu = "tanh" if cfg.gelu_approximate else "erf"
+    return f"gelu={gelu} {cfg.dtype} dense_grad={cfg.dense_grad}"
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 10) -> list[float]:
+    """GFLOP/s of a jitted (n, n) x (n, n) float32 matmul, once per repeat: what the cores
+    really reach on the best case for a dot, to read MFU against."""
+    import jax
+    import jax.numpy as jnp
+
+    a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
+def report(
+    columns: list[Column],
+    flops: float,
+    tokens: int,
+    peak: Peak,
+    sgemm: float,
+    reference: str | None,
+    baseline: str,
+) -> None:
+    def median_of(name: str) -> float | None:
+        column = next((c for c in columns if c.name == name), None)
+        return statistics.median(column.times_s) if column and column.times_s else None
+
+    ref_median, base_median = median_of(reference), median_of(baseline)
+    header = (
+        f"{'column':36s} {'K':>3s} {'median':>7s} {'p10':>7s} {'p90':>7s} {'tok/s':>7s} "
+        f"{'GFLOP/s':>7s} {'MFU':>6s} {'/SGEMM':>6s} {'/torch':>6s} {'/jax':>6s} "
+        f"{'compile':>7s}  settings"
+    )
+    print(header)
+    print("-" * len(header))
+    for c in columns:
+        t = sorted(c.times_s)
+        med = statistics.median(t)
+        gflops = flops / med / 1e9
+        ratios = " ".join(f"{med / m:6.2f}" if m else "     -" for m in (ref_median, base_median))
+        compile_s = f"{c.compile_s:6.1f}s" if c.compile_s is not None else "      -"
+        print(
+            f"{c.name:36s} {c.steps_per_call:3d} {1e3 * med:7.1f} {1e3 * _percentile(t, 0.1):7.1f} "
+            f"{1e3 * _percentile(t, 0.9):7.1f} {tokens / med:7.0f} {gflops:7.1f} "
+            f"{gflops / peak.gflops:6.1%} {gflops / sgemm:6.1%} {ratios} {compile_s}  {c.note}"
+        )
+    print(
+        f"ms/step: all timed steps (JAX: compiled-call time / K). /torch, /jax: median over the "
+        f"{reference!r} and {baseline!r} medians (<1 is faster). MFU against "
+        f"{peak.gflops:.1f} GFLOP/s = {peak.how}; /SGEMM against the {sgemm:.1f} GFLOP/s a "
+        f"2048² float32 matmul reached in this run."
+    )
+    if sgemm > peak.gflops:
+        print(
+            "note: the matmul beat the computed peak, so the cores run above the clock used; "
+            "pass --clock-ghz (boost clock) or --peak-gflops for a true MFU."
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/shakespeare_char.py", help="path[:arg]")
+    parser.add_argument("--data", help="dir or file with the corpus ($MINIGPT_JAX_DATA)")
+    parser.add_argument("--synthetic", action="store_true", help="random token ids, no corpus")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per column per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of alternating columns")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per column first")
+    parser.add_argument("--threads", type=int, help="cores for both sides (default: all)")
+    parser.add_argument("--variants", action="store_true", help="time the tried JAX settings too")
+    parser.add_argument("--torch-compile", action="store_true", help="add a torch.compile column")
+    parser.add_argument("--no-torch", action="store_true", help="JAX columns only")
+    parser.add_argument("--clock-ghz", type=float, help="core clock for the peak (boost clock)")
+    parser.add_argument("--peak-gflops", type=float, help="fp32 peak of the pinned cores")
+    args = parser.parse_args(argv)
+
+    threads = pin_cores(args.threads)  # before JAX and torch create their thread pools
+    import jax
+
+    from minigpt_jax import flops_per_token
+    from minigpt_jax.config import gpt_config_from
+
+    config = load_config(args.config)
+    overrides = VARIANTS if args.variants else {DEFAULT: {}}
+    variants = {name: with_overrides(config, o) for name, o in overrides.items()}
+    base = variants[DEFAULT][0]
+    # Every column trains the same steps on the same batches, in whole compiled calls.
+    lcm = int(np.lcm.reduce([c.steps_per_call for c, _ in variants.values()]))
+    steps = -(-args.steps // lcm) * lcm
+    warmup = -(-args.warmup // lcm) * lcm
+    total = warmup + args.rounds * steps
+    batches, vocab_size = token_batches(base, args, total)
+
+    columns = [
+        jax_column(f"jax {name}", c, vocab_size, batches, options)
+        for name, (c, options) in variants.items()
+    ]
+    reference = "torch eager"
+    if not args.no_torch:
+        import torch
+
+        torch.set_num_threads(threads)
+        torch_columns = [(reference, base, False, False)]
+        if args.torch_compile:
+            torch_columns.append(("torch.compile", base, True, False))
+        if args.variants:
+            torch_columns.append(("torch eager erf-GELU", variants[PLAIN][0], False, False))
+            torch_columns.append(("torch eager autocast-bf16", variants[BF16][0], False, True))
+        for name, c, compile_, autocast in torch_columns:
+            # Without bf16 FMA, CPU autocast takes ~1 s/step: 10 steps a round tell it.
+            max_steps = 10 if autocast else None
+            columns.append(
+                torch_column(
+                    name,
+                    c,
+                    vocab_size,
+                    batches,
+                    compile_=compile_,
+                    autocast=autocast,
+                    max_steps=max_steps,
+                )
+            )
+
+    for c in columns:  # compiles and first calls, untimed
+        start = time.perf_counter()
+        c.run(0, warmup)
+        if c.name == "torch.compile":
+            c.compile_s = time.perf_counter() - start
+    load_before = os.getloadavg()[0]
+    sgemm = sgemm_gflops()
+    for r in range(args.rounds):
+        for c in columns:
+            c.times_s.extend(c.run(warmup + r * steps, steps))
+    sgemm = statistics.median(sgemm + sgemm_gflops())
+    load_after = os.getloadavg()[0]
+
+    cfg = gpt_config_from(base, vocab_size)
+    flops = flops_per_token(cfg) * base.batch_size * cfg.block_size
+    tokens = base.batch_size * cfg.block_size
+    print(
+        f"{args.config}: batch {base.batch_size} x block {cfg.block_size}, V={vocab_size}, "
+        f"{'random ids (--synthetic)' if args.synthetic else 'real corpus'}; "
+        f"{flops / 1e9:.3f} GFLOP/step (nanoGPT 6N + 12LHQT); {args.rounds} rounds x {steps} "
+        f"steps per column, alternating, after {warmup} warm-up steps"
+    )
+    threads_line = (
+        f"threads: {threads} cores pinned (sched_setaffinity); XLA:CPU intra-op pool "
+        f"{xla_threads()} threads, jax {jax.__version__}"
+    )
+    if not args.no_torch:
+        threads_line += (
+            f"; torch {torch.__version__} intra-op {torch.get_num_threads()}, "
+            f"inter-op {torch.get_num_interop_threads()}"
+        )
+    print(threads_line)
+    print(
+        f"load average (1 min) before / after the timed rounds: {load_before:.2f} / "
+        f"{load_after:.2f} on {os.cpu_count()} CPUs"
+    )
+    peak = cpu_peak(threads, args.clock_ghz, args.peak_gflops)
+    report(
+        columns,
+        flops,
+        tokens,
+        peak,
+        sgemm,
+        reference if not args.no_torch else None,
+        f"jax {DEFAULT}",
+    )
+    print(
+        "train loss at each column's last step (same batches and initial weights): "
+        + ", ".join(f"{c.name} {c.losses[-1]:.4f}" for c in columns)
+    )
+    if args.variants:
+        print("\nalso tried, code not kept (benchmarks/README.md):")
+        for what, verdict in NOT_KEPT:
+            print(f"  {what:50s} {verdict}")
+
+
+if __name__ == "__main__":
+    main()
