@@ -36,6 +36,7 @@ MESHES = {
     "data8": (8, 1, 1),
     "data2_fsdp4": (2, 4, 1),
     "data2_fsdp2_tensor2": (2, 2, 2),
+    "data2_fsdp4_direct_vjp": (2, 4, 1),  # GPTConfig.dense_grad="direct" on sharded params
 }
 
 
@@ -50,9 +51,10 @@ def low_level(result):
     batches = np.random.default_rng(0).integers(0, 64, (5, 8, cfg.block_size + 1)).astype(np.int32)
     params = {}
     for name, sizes in MESHES.items():
+        run_cfg = cfg.replace(dense_grad="direct") if name.endswith("direct_vjp") else cfg
         mesh = sharding.make_mesh(mesh_config(sizes))
-        state = make_init_state(cfg, tx, mesh)(jax.random.key(0))
-        step = make_train_chunk(cfg, tx, schedule, mesh)
+        state = make_init_state(run_cfg, tx, mesh)(jax.random.key(0))
+        step = make_train_chunk(run_cfg, tx, schedule, mesh)
         state, metrics = step(state, sharding.put_batch(batches, sharding.batch_sharding(mesh, 3)))
         qkv = state.params["block_0"]["attn"]["qkv"]["kernel"]
         mu = state.opt_state[1][0].mu["block_0"]["mlp"]["fc"]["kernel"]
