@@ -28,9 +28,9 @@ def _matmul_fwd(x_MxC, w_CxN, precision):
 
 
 def _matmul_bwd(precision, residuals, dy_MxN):
-    # Written out, each gradient is one plain 2-D dot. jax.grad's transpose of the same dot
-    # leaves XLA:CPU a transposed copy of dy and a transposed-transposed dot for dW that runs at
-    # about half the speed of these (benchmarks/train_throughput.py times both).
+    # Written out, each gradient is one plain 2-D dot. jax.grad's transpose of the N-D
+    # dot_general leaves XLA:CPU transposes and copies around the backward dots: twice as many
+    # in the compiled train step, 0.89x the ms/step without them (benchmarks/README.md).
     x_MxC, w_CxN = residuals
     dx_MxC = jax.lax.dot_general(dy_MxN, w_CxN, (((1,), (1,)), ((), ())), precision=precision)
     dw_CxN = jax.lax.dot_general(x_MxC, dy_MxN, (((0,), (0,)), ((), ())), precision=precision)

@@ -1,6 +1,7 @@
 """benchmarks/train_throughput.py: the side-by-side columns do the same work, and every variant
 it times is a valid config. (Speed itself is measured by the benchmark, never asserted here.)"""
 
+import math
 import re
 from pathlib import Path
 
@@ -39,3 +40,18 @@ def test_every_variant_is_a_valid_config():
         assert set(compiler_options) == {k for k in overrides if k.startswith("xla_")}, name
     with pytest.raises(KeyError, match="model.not_a_key"):
         train_throughput.with_overrides(config, {"model.not_a_key": 1})
+
+
+def test_gpu_mfu_smoke_preset_runs_on_cpu():
+    """benchmarks/gpu_mfu.py's measurement, on its CPU-sized preset (bf16 compute): it trains
+    (a finite loss near log V at init) and its figures agree with each other."""
+    from benchmarks import gpu_mfu
+
+    preset = gpu_mfu.PRESETS["smoke"]
+    cfg, batch_size = preset["cfg"], preset["batch_size"]
+    result = gpu_mfu.measure(cfg, batch_size, steps=3, steps_per_call=2, peak_flops=1e12)
+    assert abs(result["final_loss"] - math.log(cfg.vocab_size)) < 1.0, result
+    tokens = batch_size * cfg.block_size
+    assert result["tokens_per_s"] * result["ms_median"] / 1e3 == pytest.approx(tokens)
+    assert result["mfu"] == pytest.approx(result["tflops"])  # against a 1 TFLOP/s peak
+    assert result["ms_p10"] <= result["ms_median"] <= result["ms_p90"]
