@@ -11,9 +11,10 @@ Measures: the config's model, batch and optimizer trained for --steps steps per 
           GELU form, same initial weights through `load_jax_params`, same batches, AdamW with the
           same settings and schedule, clipping at grad_clip). The columns alternate within every
           round, so load from other processes hits them alike; warm-up steps (compiles, first
-          calls) are excluded. Both sides are pinned to the same cores (`--threads`).
+          calls) are excluded. Both sides use the same cores: all of them, or the first
+          --threads N, pinned.
 Prints:   ms/step (median, p10, p90 over all rounds), tokens/s, achieved GFLOP/s (nanoGPT's
-          6N + 12·L·H·Q·T FLOP per token), MFU against the peak of the pinned cores (clock ×
+          6N + 12·L·H·K·T FLOP per token), MFU against the peak of those cores (clock ×
           cores × FLOP/cycle of the widest vector unit) and against a float32 matmul timed in
           the same run, the ratios to PyTorch eager and to the JAX default, and the JAX compile
           time. `--variants` adds a row for each JAX setting tried (VARIANTS: config overrides
@@ -26,6 +27,7 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -209,6 +211,7 @@ class Column:
     steps_per_call: int = 1
     compile_s: float | None = None
     note: str = ""
+    capped: bool = False  # times fewer steps a round than the other columns
     times_s: list[float] = dataclasses.field(default_factory=list)
     losses: list[float] = dataclasses.field(default_factory=list)
 
@@ -231,7 +234,10 @@ def jax_column(
     train_chunk = train_chunk.compile(compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
     holder = {"state": state}
-    note = " ".join([_model_note(cfg), *(f"{k}={v!r}" for k, v in compiler_options.items())])
+    # Copies and transposes in the compiled call: what layout choices (dense_grad) leave XLA.
+    copies = len(re.findall(r"\s(?:copy|transpose)\(", train_chunk.as_text()))
+    options = [f"{key}={value!r}" for key, value in compiler_options.items()]
+    note = " ".join([_model_note(cfg), f"copies={copies}", *options])
     column = Column(name, None, k, compile_s, note=note)
 
     def run(first_step: int, n: int) -> list[float]:
@@ -281,7 +287,8 @@ def torch_column(
     ys = [torch.from_numpy(np.ascontiguousarray(b[:, 1:])).long() for b in batches]
     step_model = torch.compile(model) if compile_ else model
     gelu = "tanh" if cfg.gelu_approximate else "erf"
-    column = Column(name, None, note=f"gelu={gelu} {'bf16 autocast' if autocast else 'float32'}")
+    precision = "bf16 autocast" if autocast else "float32"
+    column = Column(name, None, note=f"gelu={gelu} {precision}", capped=max_steps is not None)
 
     def run(first_step: int, n: int) -> list[float]:
         times = []
@@ -310,10 +317,6 @@ def _model_note(cfg) -> str:
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def sgemm_gflops(n: int = 2048, repeats: int = 10) -> list[float]:
@@ -355,18 +358,19 @@ def report(
     print(header)
     print("-" * len(header))
     for c in columns:
-        t = sorted(c.times_s)
-        med = statistics.median(t)
+        med = statistics.median(c.times_s)
+        deciles = statistics.quantiles(c.times_s, n=10)
         gflops = flops / med / 1e9
         ratios = " ".join(f"{med / m:6.2f}" if m else "     -" for m in (ref_median, base_median))
         compile_s = f"{c.compile_s:6.1f}s" if c.compile_s is not None else "      -"
         print(
-            f"{c.name:36s} {c.steps_per_call:3d} {1e3 * med:7.1f} {1e3 * _percentile(t, 0.1):7.1f} "
-            f"{1e3 * _percentile(t, 0.9):7.1f} {tokens / med:7.0f} {gflops:7.1f} "
+            f"{c.name:36s} {c.steps_per_call:3d} {1e3 * med:7.1f} {1e3 * deciles[0]:7.1f} "
+            f"{1e3 * deciles[-1]:7.1f} {tokens / med:7.0f} {gflops:7.1f} "
             f"{gflops / peak.gflops:6.1%} {gflops / sgemm:6.1%} {ratios} {compile_s}  {c.note}"
         )
     print(
-        f"ms/step: all timed steps (JAX: compiled-call time / K). /torch, /jax: median over the "
+        f"ms/step: all timed steps (JAX: compiled-call time / K, so its p10-p90 spread is "
+        f"over calls). /torch, /jax: median over the "
         f"{reference!r} and {baseline!r} medians (<1 is faster). MFU against "
         f"{peak.gflops:.1f} GFLOP/s = {peak.how}; /SGEMM against the {sgemm:.1f} GFLOP/s a "
         f"2048² float32 matmul reached in this run."
@@ -376,6 +380,23 @@ def report(
             "note: the matmul beat the computed peak, so the cores run above the clock used; "
             "pass --clock-ghz (boost clock) or --peak-gflops for a true MFU."
         )
+
+
+def report_losses(columns: list[Column], reference: str) -> None:
+    """Same work check: every column trained the same batches from the same weights, so its
+    loss after each step should be the reference's, up to its own numerics and model form."""
+    ref = next(c for c in columns if c.name == reference)
+    diffs = []
+    for c in columns:
+        if c.capped:
+            diffs.append(f"{c.name} - (fewer steps)")
+            continue
+        diff = max(abs(a - b) for a, b in zip(c.losses, ref.losses, strict=True))
+        diffs.append(f"{c.name} {diff:.1e}")
+    print(
+        f"train loss after the last step: {ref.losses[-1]:.4f} ({reference}); max |loss - "
+        f"{reference} loss| over all {len(ref.losses)} steps: " + ", ".join(diffs)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -442,10 +463,13 @@ def main(argv: list[str] | None = None) -> None:
             )
 
     for c in columns:  # compiles and first calls, untimed
-        start = time.perf_counter()
-        c.run(0, warmup)
-        if c.name == "torch.compile":
+        if c.name == "torch.compile":  # its first step compiles
+            start = time.perf_counter()
+            c.run(0, 1)
             c.compile_s = time.perf_counter() - start
+            c.run(1, warmup - 1)
+        else:
+            c.run(0, warmup)
     load_before = os.getloadavg()[0]
     sgemm = sgemm_gflops()
     for r in range(args.rounds):
@@ -460,11 +484,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{args.config}: batch {base.batch_size} x block {cfg.block_size}, V={vocab_size}, "
         f"{'random ids (--synthetic)' if args.synthetic else 'real corpus'}; "
-        f"{flops / 1e9:.3f} GFLOP/step (nanoGPT 6N + 12LHQT); {args.rounds} rounds x {steps} "
+        f"{flops / 1e9:.3f} GFLOP/step (nanoGPT 6N + 12LHKT); {args.rounds} rounds x {steps} "
         f"steps per column, alternating, after {warmup} warm-up steps"
     )
     threads_line = (
-        f"threads: {threads} cores pinned (sched_setaffinity); XLA:CPU intra-op pool "
+        f"threads: {threads} cores{' pinned' if args.threads else ''}; XLA:CPU intra-op pool "
         f"{xla_threads()} threads, jax {jax.__version__}"
     )
     if not args.no_torch:
@@ -487,10 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         reference if not args.no_torch else None,
         f"jax {DEFAULT}",
     )
-    print(
-        "train loss at each column's last step (same batches and initial weights): "
-        + ", ".join(f"{c.name} {c.losses[-1]:.4f}" for c in columns)
-    )
+    report_losses(columns, reference if not args.no_torch else f"jax {DEFAULT}")
     if args.variants:
         print("\nalso tried, code not kept (benchmarks/README.md):")
         for what, verdict in NOT_KEPT:

@@ -38,7 +38,8 @@ class GPTConfig:
     # GPT-2 used the tanh approximation of GELU; the exact erf form is PyTorch's default.
     gelu_approximate: bool = False
     # How Dense layers are differentiated (same math, a speed choice): "autodiff" is jax.grad of
-    # lax.dot_general; "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU.
+    # lax.dot_general; "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU
+    # (measured there only: benchmarks/README.md).
     dense_grad: str = "autodiff"
     dtype: str = "float32"  # activations / compute; logits and softmax are always float32
     param_dtype: str = "float32"

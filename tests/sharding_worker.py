@@ -36,7 +36,8 @@ MESHES = {
     "data8": (8, 1, 1),
     "data2_fsdp4": (2, 4, 1),
     "data2_fsdp2_tensor2": (2, 2, 2),
-    "data2_fsdp4_direct_vjp": (2, 4, 1),  # GPTConfig.dense_grad="direct" on sharded params
+    # GPTConfig.dense_grad="direct" with params sharded over fsdp and heads over tensor
+    "data2_fsdp2_tensor2_direct_vjp": (2, 2, 2),
 }
 
 

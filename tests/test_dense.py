@@ -51,6 +51,27 @@ class DirectGradDotGeneralTest(chex.TestCase):
         chex.assert_trees_all_close(grads, want_grads, rtol=1e-5, atol=1e-6)
         chex.assert_trees_all_equal_shapes(grads, (lhs, rhs))
 
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bfloat16_operands_give_bfloat16_grads_close_to_lax(self):
+        lhs, rhs = (x.astype(jnp.bfloat16) for x in _operands((2, 5, 8), (8, 12)))
+        dims = (((2,), (0,)), ((), ()))
+
+        def grads(dot_general):
+            def loss(a, b):
+                return jnp.sum(dot_general(a, b, dims).astype(jnp.float32) ** 2)
+
+            return jax.grad(loss, (0, 1))
+
+        direct = self.variant(grads(direct_grad_dot_general))(lhs, rhs)
+        want = self.variant(grads(jax.lax.dot_general))(lhs, rhs)
+        chex.assert_trees_all_equal_dtypes(direct, (lhs, rhs))
+        chex.assert_trees_all_close(
+            jax.tree.map(lambda g: g.astype(jnp.float32), direct),
+            jax.tree.map(lambda g: g.astype(jnp.float32), want),
+            rtol=2e-2,
+            atol=1e-1,
+        )
+
     def test_dense_layout_uses_the_custom_vjp(self):
         """The Dense layout really takes the hand-written backward (a custom_vjp_call in the
         jaxpr); other layouts stay plain dot_general."""
