@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import dense_dot_general
+from minigpt_jax.dense import dense_options, residual_init
 from minigpt_jax.embeddings import INIT_STDDEV, POSITION_ENCODINGS
 
 Array = chex.Array
@@ -89,13 +89,7 @@ class MultiHeadAttention(nn.Module):
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
         qkv_BxTx3xHxK = nn.DenseGeneral(
-            (3, cfg.n_head, cfg.head_dim),
-            use_bias=cfg.use_bias,
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.weight_dtype,
-            kernel_init=init,
-            dot_general=dense_dot_general(cfg),
-            name="qkv",
+            (3, cfg.n_head, cfg.head_dim), kernel_init=init, name="qkv", **dense_options(cfg)
         )(x_BxTxD)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
@@ -116,17 +110,12 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "attention_weights", weights_BxHxTxS)
         weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
         out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
-        # GPT-2 scales the init of residual projections by 1/sqrt(2N) (two per block).
-        proj_init = nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
         out_BxTxD = nn.DenseGeneral(
             cfg.n_embd,
             axis=(-2, -1),
-            use_bias=cfg.use_bias,
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.weight_dtype,
-            kernel_init=proj_init,
-            dot_general=dense_dot_general(cfg),
+            kernel_init=residual_init(cfg),
             name="proj",
+            **dense_options(cfg),
         )(out_BxTxHxK)
         return out_BxTxD if cache is None else (out_BxTxD, cache)
 

@@ -11,9 +11,11 @@ import functools
 import math
 
 import chex
+import flax.linen as nn
 import jax
 
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.embeddings import INIT_STDDEV
 
 Array = chex.Array
 
@@ -70,6 +72,18 @@ def direct_grad_dot_general(
     return out_MxN.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
 
 
-def dense_dot_general(cfg: GPTConfig):
-    """The `dot_general` for the model's Dense layers: None (flax's lax default) or direct."""
-    return direct_grad_dot_general if cfg.dense_grad == "direct" else None
+def dense_options(cfg: GPTConfig) -> dict:
+    """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
+    the `dot_general` that `cfg.dense_grad` picks (None is flax's lax default)."""
+    return dict(
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        dot_general=direct_grad_dot_general if cfg.dense_grad == "direct" else None,
+    )
+
+
+def residual_init(cfg: GPTConfig):
+    """Init of the projections into the residual stream: GPT-2 scales N(0, 0.02²) by
+    1/sqrt(2N), two per block."""
+    return nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import dense_dot_general
+from minigpt_jax.dense import dense_options, residual_init
 from minigpt_jax.embeddings import INIT_STDDEV, Embeddings, check_token_ids
 
 Array = chex.Array
@@ -48,18 +48,14 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
         cfg = self.cfg
-        dense = dict(
-            use_bias=cfg.use_bias,
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.weight_dtype,
-            dot_general=dense_dot_general(cfg),
-        )
+        dense = dense_options(cfg)
         h_BxTxF = nn.Dense(
             cfg.mlp_dim, kernel_init=nn.initializers.normal(INIT_STDDEV), name="fc", **dense
         )(x_BxTxD)
         h_BxTxF = nn.gelu(h_BxTxF, approximate=cfg.gelu_approximate)
-        proj_init = nn.initializers.normal(INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
-        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=proj_init, name="proj", **dense)(h_BxTxF)
+        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=residual_init(cfg), name="proj", **dense)(
+            h_BxTxF
+        )
         return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
 
