@@ -13,28 +13,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
-from ml_collections import ConfigDict
 
 from minigpt_jax import GPTConfig, count_params, flops_per_token
+from minigpt_jax.config import gpt_config_from, load_config_file
 from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
 
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# configs/gpt2_small.py's optimizer, with a short warmup: the timed steps are the first few.
+WARMUP_STEPS = 10
+
+
+GPT2_SMALL = load_config_file(str(CONFIGS / "gpt2_small.py"))
+
 PRESETS = {
-    "gpt2_small": dict(
-        cfg=GPTConfig(
-            vocab_size=50257,
-            block_size=1024,
-            n_layer=12,
-            n_head=12,
-            n_embd=768,
-            dropout=0.0,
-            gelu_approximate=True,
-            dtype="bfloat16",
-        ),
-        batch_size=16,
-    ),
+    "gpt2_small": dict(cfg=gpt_config_from(GPT2_SMALL, vocab_size=50257), batch_size=16),
     "smoke": dict(
         cfg=GPTConfig(
             vocab_size=256,
@@ -52,18 +48,8 @@ PRESETS = {
 
 def measure(cfg: GPTConfig, batch_size: int, steps: int, steps_per_call: int, peak_flops: float):
     """Times `steps` compiled calls of `steps_per_call` train steps each; returns a result dict."""
-    optim = ConfigDict(
-        dict(
-            lr=6e-4,
-            min_lr=6e-5,
-            warmup_steps=10,
-            b1=0.9,
-            b2=0.95,
-            eps=1e-8,
-            weight_decay=0.1,
-            grad_clip=1.0,
-        )
-    )
+    optim = GPT2_SMALL.optim.copy_and_resolve_references()
+    optim.warmup_steps = WARMUP_STEPS
     tx, schedule = make_optimizer(optim, 1000)
     state = jax.jit(lambda rng: init_state(cfg, tx, rng))(jax.random.key(0))
     batches = np.random.default_rng(0).integers(

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -138,18 +136,6 @@ def xla_threads() -> int:
 
 
 # ----------------------------------------------------------------------------- setup
-
-
-def load_config(spec: str):
-    """get_config() of `path[:arg]`, the way the CLI's --config reads it."""
-    path, _, arg = spec.partition(":")
-    root = str(Path(path).resolve().parent.parent)  # configs import their siblings
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    module_spec = importlib.util.spec_from_file_location("_bench_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
 
 
 def with_overrides(config, overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -419,9 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from minigpt_jax import flops_per_token
-    from minigpt_jax.config import gpt_config_from
+    from minigpt_jax.config import gpt_config_from, load_config_file
 
-    config = load_config(args.config)
+    config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}
     variants = {name: with_overrides(config, o) for name, o in overrides.items()}
     base = variants[DEFAULT][0]

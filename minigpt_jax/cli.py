@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -89,9 +88,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys."""
     config_path = _config_path(argv)
     if config_path:
-        # Configs import their siblings as `from configs import default`: put the folder above
-        # the config's folder on the path, wherever the command runs from.
-        sys.path.insert(0, str(Path(config_path.split(":")[0]).resolve().parent.parent))
+        from minigpt_jax.config import add_config_root_to_path
+
+        add_config_root_to_path(config_path.split(":")[0])
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:
@@ -109,12 +108,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _key_missing(argv: list[str], dotted: str) -> bool:
     """Whether `dotted` names no key of the --config file's get_config()."""
-    from ml_collections.config_flags import config_flags as cf
+    from minigpt_jax.config import load_config_file
 
     path = _config_path(argv)
     if path is None:
         return True
-    node = cf._LoadConfigModule("config", path.split(":")[0]).get_config()
+    node = load_config_file(path.split(":")[0])
     for part in dotted.split("."):
         if not hasattr(node, "keys") or part not in node:
             return True

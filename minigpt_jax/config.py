@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -163,3 +166,21 @@ def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
     """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees."""
     check_experiment_config(config)
     return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())
+
+
+def add_config_root_to_path(config_path: str) -> None:
+    """Configs import their siblings as `from configs import default`: puts the folder above
+    the config file's folder on sys.path, wherever the command runs from."""
+    root = str(Path(config_path).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def load_config_file(spec: str) -> Any:
+    """get_config(arg) of a config file given as `path[:arg]`, as the CLI's --config reads it."""
+    path, _, arg = spec.partition(":")
+    add_config_root_to_path(path)
+    module_spec = importlib.util.spec_from_file_location("_minigpt_jax_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")  # the `bench` extra
 
 from benchmarks import train_throughput  # noqa: E402
-from minigpt_jax.config import gpt_config_from  # noqa: E402
+from minigpt_jax.config import gpt_config_from, load_config_file  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -36,7 +36,7 @@ def test_jax_and_torch_columns_train_identically(overrides):
     """Same initial weights, batches, optimizer and schedule: the same loss after every step,
     with the settings the shakespeare_char default runs (scan, tanh GELU, direct Dense VJP)."""
     config, options = train_throughput.with_overrides(
-        train_throughput.load_config(str(CONFIGS / "tiny.py")), overrides
+        load_config_file(str(CONFIGS / "tiny.py")), overrides
     )
     batches = np.random.default_rng(0).integers(0, 65, (6, 4, config.model.block_size + 1))
     jax_side = train_throughput.jax_column("jax", config, 65, batches.astype(np.int32), options)
@@ -52,7 +52,7 @@ def test_jax_and_torch_columns_train_identically(overrides):
 def test_every_variant_is_a_valid_config():
     """--variants only changes keys the config has, to values GPTConfig accepts; "xla_" keys
     become compiler options, not config keys."""
-    config = train_throughput.load_config(str(CONFIGS / "shakespeare_char.py"))
+    config = load_config_file(str(CONFIGS / "shakespeare_char.py"))
     for name, overrides in train_throughput.VARIANTS.items():
         variant, compiler_options = train_throughput.with_overrides(config, overrides)
         gpt_config_from(variant, vocab_size=65)
