@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 # Orbax logs every save at INFO; the training loop reports what matters.
@@ -107,6 +108,21 @@ def _restore(manager, step: int, args) -> Any:
         ) from error
 
 
+def _on_one_device(manager, step: int, item: str) -> Any:
+    """The saved tree's shapes and dtypes placed on this process's first device: a checkpoint
+    written by many devices or hosts restores for sampling on one (orbax refuses a target-less
+    restore across topologies)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    metadata = ocp.CheckpointManager(
+        manager.directory,
+        options=ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False),
+        item_handlers={item: ocp.StandardCheckpointHandler()},
+    ).item_metadata(step)[item]
+    return jax.tree_util.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata
+    )
+
+
 def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
     """(params, meta) of a run for inference: `which` is 'latest' or 'best'.
 
@@ -128,7 +144,12 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
     restored = _restore(
         manager,
         step,
-        ocp.args.Composite(**{item: ocp.args.StandardRestore(), "meta": ocp.args.JsonRestore()}),
+        ocp.args.Composite(
+            **{
+                item: ocp.args.StandardRestore(_on_one_device(manager, step, item)),
+                "meta": ocp.args.JsonRestore(),
+            }
+        ),
     )
     manager.close()
     params = restored[item]["params"] if which == "latest" else restored[item]

@@ -31,13 +31,14 @@ _CHECKPOINT = flags.DEFINE_enum("checkpoint", "latest", ["latest", "best"], "sam
 
 
 def _train() -> None:
-    from minigpt_jax.sharding import initialize_distributed
+    from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
     from minigpt_jax.train import train_and_evaluate
 
     if _CONFIG.value is None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
     initialize_distributed()  # multi-host runs only: see minigpt_jax/sharding.py
-    summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
+    with exit_when_a_process_is_lost(_WORKDIR.value):
+        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
     fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     print(
         f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "

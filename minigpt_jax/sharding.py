@@ -11,8 +11,11 @@ builds the same global batch from (seed, step) and places only its own rows.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -52,6 +55,34 @@ def initialize_distributed() -> bool:
         jax.distributed.initialize()
         return True
     return False
+
+
+@contextlib.contextmanager
+def exit_when_a_process_is_lost(workdir: str) -> Iterator[None]:
+    """In a multi-process run, turns a collective that fails because another process died into
+    one clear message and an immediate exit (status 1).
+
+    Without it the survivor prints an XLA traceback and then waits out jax.distributed's shutdown
+    barrier (minutes) for the dead peer. The checkpoints already saved are complete (saves are
+    synchronous), so rerunning every process resumes from the newest. When the coordinator
+    (process 0) is the one that died, JAX itself aborts the others at once with "the JAX
+    distributed service detected fatal errors ... another task died".
+    """
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if jax.process_count() == 1:
+            raise
+        detail = str(error).strip().splitlines()[0][:300]
+        sys.stderr.write(
+            f"minigpt-jax: error: process {jax.process_index()} of {jax.process_count()} lost "
+            f"contact with another process of this run ({detail}). Another process probably "
+            f"died: see its output. The checkpoints saved in {workdir} are kept; start every "
+            "process again with the same command to resume from the newest.\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)  # skip the shutdown barrier, which would wait for the dead process
 
 
 def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
