@@ -116,7 +116,7 @@ def _on_one_device(manager, step: int, item: str) -> Any:
     metadata = ocp.CheckpointManager(
         manager.directory,
         options=ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False),
-        item_handlers={item: ocp.StandardCheckpointHandler()},
+        item_handlers={item: ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
     ).item_metadata(step)[item]
     return jax.tree_util.tree_map(
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata
