@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.generate import sample_token
+from minigpt_jax.sampling import sample_token
+from minigpt_jax.timing import median_seconds
 
 SHAKESPEARE_CHAR = GPTConfig(
     vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0
@@ -68,16 +67,6 @@ def naive_generate(params, cfg, prompt_BxT, new_tokens, rng, *, warm_up=False):
     return jax.block_until_ready(seq_BxL[:, :total])
 
 
-def _median_seconds(fn, repeats, warm_up):
-    warm_up()  # compiles
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new_tokens", type=int, default=500)
@@ -100,9 +89,11 @@ def main():
         for batch in args.batch_sizes:
             prompt_BxT = np.zeros((batch, args.prompt_len), np.int32)
             run = functools.partial(generate, params, cfg, prompt_BxT, args.new_tokens, rng=rng)
-            cached = _median_seconds(run, args.repeats, warm_up=run)
+            cached = median_seconds(run, repeats=args.repeats)
             run = functools.partial(naive_generate, params, cfg, prompt_BxT, args.new_tokens, rng)
-            naive = _median_seconds(run, args.repeats, functools.partial(run, warm_up=True))
+            naive = median_seconds(
+                run, repeats=args.repeats, warm_up=functools.partial(run, warm_up=True)
+            )
             tokens = batch * args.new_tokens
             print(
                 f"{scheme:>10} {batch:>5} {tokens / cached:>13.0f} {tokens / naive:>12.0f} "

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from minigpt_jax import GPTConfig, count_params, flops_per_token
-from minigpt_jax.config import gpt_config_from, load_config_file
+from minigpt_jax.run_config import gpt_config_from, load_config_file
 from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

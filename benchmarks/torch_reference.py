@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from minigpt_jax.config import GPTConfig
 
-# minigpt_jax.embeddings.INIT_STDDEV and minigpt_jax.model.LAYERNORM_EPS (GPT-2 / nanoGPT).
+# minigpt_jax.dense.INIT_STDDEV and minigpt_jax.model.LAYERNORM_EPS (GPT-2 / nanoGPT).
 INIT_STDDEV = 0.02
 LAYERNORM_EPS = 1e-5
 _POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
@@ -35,18 +35,18 @@ _POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
 
 
 def _inverse_frequencies(dim: int, device: torch.device) -> torch.Tensor:
-    """1 / 10000^(2i/dim), as minigpt_jax.embeddings (Vaswani et al. 2017, section 3.5)."""
+    """1 / 10000^(2i/dim), as minigpt_jax.positions (Vaswani et al. 2017, section 3.5)."""
     return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
 
 
 def sinusoidal_positions(positions_T: torch.Tensor, dim: int) -> torch.Tensor:
     """Interleaved sin/cos table (T, dim): PE[t, 2i] = sin(t·f_i), PE[t, 2i+1] = cos(t·f_i)."""
-    angles_TxD2 = positions_T.float()[:, None] * _inverse_frequencies(dim, positions_T.device)
-    return torch.stack([angles_TxD2.sin(), angles_TxD2.cos()], dim=-1).reshape(-1, dim)
+    angles_TxR = positions_T.float()[:, None] * _inverse_frequencies(dim, positions_T.device)
+    return torch.stack([angles_TxR.sin(), angles_TxR.cos()], dim=-1).reshape(-1, dim)
 
 
 def apply_rope(x_BxTxHxK: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) by t·f_i (RoFormer), as minigpt_jax.embeddings."""
+    """Rotate each pair (x[2i], x[2i+1]) by t·f_i (RoFormer), as minigpt_jax.positions."""
     head_dim = x_BxTxHxK.shape[-1]
     inv_freq = _inverse_frequencies(head_dim, x_BxTxHxK.device)
     angles_1xTx1xK2 = (positions_T.float()[:, None] * inv_freq)[None, :, None, :]
@@ -342,7 +342,7 @@ def main() -> None:
 
     from configs import shakespeare_char
     from minigpt_jax import forward, init_params
-    from minigpt_jax.config import gpt_config_from
+    from minigpt_jax.run_config import gpt_config_from
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="timed steps (after 5 warm-up)")

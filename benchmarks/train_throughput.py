@@ -207,7 +207,7 @@ def jax_column(
 ) -> Column:
     import jax
 
-    from minigpt_jax.config import gpt_config_from
+    from minigpt_jax.run_config import gpt_config_from
     from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
 
     cfg = gpt_config_from(config, vocab_size)
@@ -263,7 +263,7 @@ def torch_column(
         torch_train_step,
     )
     from minigpt_jax import init_params
-    from minigpt_jax.config import gpt_config_from
+    from minigpt_jax.run_config import gpt_config_from
 
     cfg = gpt_config_from(config, vocab_size).replace(dtype="float32", param_dtype="float32")
     init_rng, _ = jax.random.split(jax.random.key(config.seed))  # train.init_state's split
@@ -311,15 +311,11 @@ def sgemm_gflops(n: int = 2048, repeats: int = 10) -> list[float]:
     import jax
     import jax.numpy as jnp
 
+    from minigpt_jax.timing import call_seconds
+
     a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, b).block_until_ready()
-        rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
-    return rates
+    seconds = call_seconds(jax.jit(jnp.matmul), a, b, repeats=repeats)
+    return [2 * n**3 / s / 1e9 for s in seconds]
 
 
 def report(
@@ -405,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from minigpt_jax import flops_per_token
-    from minigpt_jax.config import gpt_config_from, load_config_file
+    from minigpt_jax.run_config import gpt_config_from, load_config_file
 
     config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}

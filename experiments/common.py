@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import matplotlib
 import numpy as np
 
@@ -114,17 +111,3 @@ def save_figure(fig: Figure, outdir: Path | None, name: str) -> Path | None:
     fig.savefig(path, dpi=FIGURE_DPI)
     print(f"saved {path}")
     return path
-
-
-# ----------------------------------------------------------------------------- timing
-
-
-def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
-    """Median wall time of fn(*args) after one warm-up (compile) call; waits for the device."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)

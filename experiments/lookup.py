@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import make_parser, median_seconds, new_figure, print_table, save_figure
+from experiments.common import make_parser, new_figure, print_table, save_figure
 from minigpt_jax import Embeddings, GPTConfig
+from minigpt_jax.timing import median_seconds
 
 IDS = ((76, 299, 412),)
 # (V, D): the mini-GPT's vocab, then GPT-2's vocab at the mini-GPT's width.

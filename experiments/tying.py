@@ -19,16 +19,19 @@ import jax
 import numpy as np
 import optax
 
+from configs import gpt2_small
 from experiments.common import make_parser, new_figure, print_table, save_figure
-from minigpt_jax import GPTConfig, count_params, forward, init_params
+from minigpt_jax import GPTConfig, count_params, init_params, next_token_losses
+from minigpt_jax.run_config import gpt_config_from
 
-GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+# configs/gpt2_small.py's model, at GPT-2's vocabulary (its data.vocab_size).
+_GPT2_SMALL_RUN = gpt2_small.get_config()
+GPT2_SMALL = gpt_config_from(_GPT2_SMALL_RUN, _GPT2_SMALL_RUN.data.vocab_size)
 
 
-def loss_fn(params, tokens_BxT, cfg: GPTConfig):
+def loss_fn(params, tokens_BxT1, cfg: GPTConfig):
     """Mean next-token cross-entropy."""
-    logits_BxTxV = forward(params, tokens_BxT[:, :-1], cfg)
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT[:, 1:]).mean()
+    return next_token_losses(params, tokens_BxT1, cfg).mean()
 
 
 def untied_twin(params, cfg: GPTConfig):

@@ -1,14 +1,7 @@
 """minigpt-jax: a small GPT in JAX/Flax whose invariants are checked, not assumed."""
 
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.embeddings import (
-    POSITION_ENCODINGS,
-    Embeddings,
-    PositionEncoding,
-    check_token_ids,
-    sinusoidal_positions,
-)
-from minigpt_jax.generate import generate
+from minigpt_jax.embeddings import Embeddings, check_token_ids
 from minigpt_jax.model import (
     GPT,
     checked_forward,
@@ -17,7 +10,10 @@ from minigpt_jax.model import (
     forward,
     forward_with_attention,
     init_params,
+    next_token_losses,
 )
+from minigpt_jax.positions import POSITION_ENCODINGS, PositionEncoding, sinusoidal_positions
+from minigpt_jax.sampling import generate
 
 __version__ = "0.1.0"
 
@@ -35,5 +31,6 @@ __all__ = [
     "forward_with_attention",
     "generate",
     "init_params",
+    "next_token_losses",
     "sinusoidal_positions",
 ]

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import dense_options, residual_init
-from minigpt_jax.embeddings import INIT_STDDEV, POSITION_ENCODINGS
+from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 
@@ -43,6 +43,19 @@ class KVCache(NamedTuple):
             jnp.zeros((), jnp.int32),
         )
 
+    def extended(self, length: int) -> KVCache:
+        """The cache with empty slots appended up to `length` slots."""
+
+        def pad(x_BxSx, value):
+            widths = [(0, 0), (0, length - x_BxSx.shape[1])] + [(0, 0)] * (x_BxSx.ndim - 2)
+            return jnp.pad(x_BxSx, widths, constant_values=value)
+
+        return self._replace(
+            k_BxSxHxK=pad(self.k_BxSxHxK, 0),
+            v_BxSxHxK=pad(self.v_BxSxHxK, 0),
+            positions_BxS=pad(self.positions_BxS, -1),
+        )
+
 
 def attention_weights(q_BxTxHxK: Array, k_BxSxHxK: Array, mask: Array | None = None) -> Array:
     """softmax(q·kᵀ / sqrt(K)) over keys, computed in float32: weights_BxHxTxS.
@@ -70,9 +83,9 @@ class MultiHeadAttention(nn.Module):
     The attention weights (B, H, T, S) are sown into the 'intermediates' collection as
     `attention_weights`; see `model.forward_with_attention`.
 
-    With a `cache` the T new keys and values are written at `cache.index` and the queries attend
-    to every filled slot (positions_BxT must then be (B, T); negative ones mark padding); the
-    call returns `(out_BxTxD, cache)`.
+    Returns `(out_BxTxD, cache)`. With a `cache` the T new keys and values are written at
+    `cache.index` and the queries attend to every filled slot (positions_BxT must then be
+    (B, T); negative ones mark padding); without one the returned cache is None.
     """
 
     cfg: GPTConfig
@@ -85,7 +98,7 @@ class MultiHeadAttention(nn.Module):
         *,
         deterministic: bool = True,
         cache: KVCache | None = None,
-    ):
+    ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
         qkv_BxTx3xHxK = nn.DenseGeneral(
@@ -117,7 +130,7 @@ class MultiHeadAttention(nn.Module):
             name="proj",
             **dense_options(cfg),
         )(out_BxTxHxK)
-        return out_BxTxD if cache is None else (out_BxTxD, cache)
+        return out_BxTxD, cache
 
 
 def _write(cache: KVCache, k_BxTxHxK: Array, v_BxTxHxK: Array, positions_BxT: Array) -> KVCache:

@@ -51,7 +51,7 @@ def _train() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.generate import sample_from_workdir
+    from minigpt_jax.runs import sample_from_workdir
 
     texts = sample_from_workdir(
         _WORKDIR.value,
@@ -89,13 +89,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys."""
     config_path = _config_path(argv)
     if config_path:
-        from minigpt_jax.config import add_config_root_to_path
+        from minigpt_jax.run_config import add_config_root_to_path
 
         add_config_root_to_path(config_path.split(":")[0])
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:
-        from minigpt_jax.config import unknown_key_message
+        from minigpt_jax.run_config import unknown_key_message
 
         for arg in argv:
             match = re.match(r"--config\.([\w.]+)", arg)
@@ -109,7 +109,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _key_missing(argv: list[str], dotted: str) -> bool:
     """Whether `dotted` names no key of the --config file's get_config()."""
-    from minigpt_jax.config import load_config_file
+    from minigpt_jax.run_config import load_config_file
 
     path = _config_path(argv)
     if path is None:

@@ -1,15 +1,17 @@
-"""GPTConfig: the frozen, hashable model configuration that jit and the model code see."""
+"""GPTConfig: the frozen, hashable model configuration that jit and the model code see.
+
+The model only: what an experiment config file may hold, and how one is loaded, is
+`run_config`'s job.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
+
+from minigpt_jax.positions import POSITION_ENCODINGS
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _DENSE_GRADS = ("autodiff", "direct")
@@ -29,7 +31,7 @@ class GPTConfig:
     n_head: int = 4  # H: attention heads per block
     n_embd: int = 128  # D: residual width
     dropout: float = 0.1  # on embeddings, attention weights and residual branches
-    pos_encoding: str = "learned"  # a key of embeddings.POSITION_ENCODINGS
+    pos_encoding: str = "learned"  # a key of positions.POSITION_ENCODINGS
     tie_embeddings: bool = True  # logits = h @ W_E^T through embed.attend; no lm_head param
     # Token embeddings are multiplied by this before positions are added. Vaswani et al. (2017,
     # section 3.4) use sqrt(n_embd): with GPT-2's N(0, 0.02^2) init, unscaled tokens are ~30x
@@ -48,9 +50,6 @@ class GPTConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        # Imported here: embeddings imports this module for its type hints.
-        from minigpt_jax.embeddings import POSITION_ENCODINGS
-
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -105,82 +104,3 @@ class GPTConfig:
 
     def replace(self, **changes: Any) -> GPTConfig:
         return dataclasses.replace(self, **changes)
-
-
-# ----------------------------------------------------------------------------- experiment configs
-
-# The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
-# model key: the tokenizer decides it (data.vocab_size sets the BPE size).
-MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size")
-EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
-    "": (
-        "seed",
-        "batch_size",
-        "num_steps",
-        "steps_per_call",
-        "eval_every",
-        "eval_batches",
-        "log_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "model",
-        "optim",
-        "data",
-        "mesh",
-    ),
-    "model": MODEL_KEYS,
-    "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
-    "data": ("corpus", "path", "tokenizer", "vocab_size", "val_fraction"),
-    "mesh": ("data", "fsdp", "tensor"),
-}
-
-
-def unknown_key_message(path: str, key: str) -> str:
-    """Names an unknown config key `path.key` and lists the valid keys at that level."""
-    valid = EXPERIMENT_KEYS.get(path, ())
-    close = difflib.get_close_matches(key, valid, n=1)
-    where = f"config.{path}" if path else "config"
-    return (
-        f"unknown config key {where}.{key}"
-        + (f" (did you mean {close[0]!r}?)" if close else "")
-        + f"; valid keys of {where}: {', '.join(valid)}."
-    )
-
-
-def check_experiment_config(config: Any) -> None:
-    """Raises ValueError for a missing or unknown key in an experiment ConfigDict."""
-    for path, valid in EXPERIMENT_KEYS.items():
-        group = config if not path else config.get(path)
-        if group is None:
-            raise ValueError(f"the config has no group {path!r}; it needs {', '.join(valid)}.")
-        for key in group.keys():
-            if key not in valid:
-                raise ValueError(unknown_key_message(path, key))
-        missing = [k for k in valid if k not in group]
-        if missing:
-            where = f"config.{path}" if path else "config"
-            raise ValueError(f"{where} lacks {', '.join(missing)}: start from configs/default.py.")
-
-
-def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
-    """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees."""
-    check_experiment_config(config)
-    return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())
-
-
-def add_config_root_to_path(config_path: str) -> None:
-    """Configs import their siblings as `from configs import default`: puts the folder above
-    the config file's folder on sys.path, wherever the command runs from."""
-    root = str(Path(config_path).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-
-
-def load_config_file(spec: str) -> Any:
-    """get_config(arg) of a config file given as `path[:arg]`, as the CLI's --config reads it."""
-    path, _, arg = spec.partition(":")
-    add_config_root_to_path(path)
-    module_spec = importlib.util.spec_from_file_location("_minigpt_jax_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)

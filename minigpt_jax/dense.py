@@ -15,28 +15,31 @@ import flax.linen as nn
 import jax
 
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.embeddings import INIT_STDDEV
 
 Array = chex.Array
 
+# Every weight of the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT; the projections
+# into the residual stream are scaled down further (`residual_init`).
+INIT_STDDEV = 0.02
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(x_MxC: Array, w_CxN: Array, precision) -> Array:
-    return jax.lax.dot_general(x_MxC, w_CxN, (((1,), (0,)), ((), ())), precision=precision)
+def _matmul(x_MxI: Array, w_IxO: Array, precision) -> Array:
+    return jax.lax.dot_general(x_MxI, w_IxO, (((1,), (0,)), ((), ())), precision=precision)
 
 
-def _matmul_fwd(x_MxC, w_CxN, precision):
-    return _matmul(x_MxC, w_CxN, precision), (x_MxC, w_CxN)
+def _matmul_fwd(x_MxI, w_IxO, precision):
+    return _matmul(x_MxI, w_IxO, precision), (x_MxI, w_IxO)
 
 
-def _matmul_bwd(precision, residuals, dy_MxN):
+def _matmul_bwd(precision, residuals, dy_MxO):
     # Written out, each gradient is one plain 2-D dot. jax.grad's transpose of the N-D
     # dot_general leaves XLA:CPU transposes and copies around the backward dots: twice as many
     # in the compiled train step, 0.89x the ms/step without them (benchmarks/README.md).
-    x_MxC, w_CxN = residuals
-    dx_MxC = jax.lax.dot_general(dy_MxN, w_CxN, (((1,), (1,)), ((), ())), precision=precision)
-    dw_CxN = jax.lax.dot_general(x_MxC, dy_MxN, (((0,), (0,)), ((), ())), precision=precision)
-    return dx_MxC.astype(x_MxC.dtype), dw_CxN.astype(w_CxN.dtype)
+    x_MxI, w_IxO = residuals
+    dx_MxI = jax.lax.dot_general(dy_MxO, w_IxO, (((1,), (1,)), ((), ())), precision=precision)
+    dw_IxO = jax.lax.dot_general(x_MxI, dy_MxO, (((0,), (0,)), ((), ())), precision=precision)
+    return dx_MxI.astype(x_MxI.dtype), dw_IxO.astype(w_IxO.dtype)
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
@@ -48,7 +51,7 @@ def direct_grad_dot_general(
     """`lax.dot_general` for Dense layers, with the VJP of `_matmul` (GPTConfig.dense_grad).
 
     Handles what nn.Dense / nn.DenseGeneral ask for, lhs's trailing dims against rhs's leading
-    ones without batch dims, as one (M, C) x (C, N) matmul; anything else goes to lax.
+    ones without batch dims, as one (M, I) x (I, O) matmul; anything else goes to lax.
     """
     (lhs_contract, rhs_contract), batch = dimension_numbers
     n = len(lhs_contract)
@@ -68,8 +71,8 @@ def direct_grad_dot_general(
             **kw,
         )
     contracted = math.prod(rhs.shape[:n])
-    out_MxN = _matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1), precision)
-    return out_MxN.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
+    out_MxO = _matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1), precision)
+    return out_MxO.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
 
 
 def dense_options(cfg: GPTConfig) -> dict:

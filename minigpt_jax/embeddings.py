@@ -1,9 +1,6 @@
-"""Token embeddings, the position-encoding registry, and the tied read-out `Embeddings.attend`."""
+"""Token embeddings plus positions (see `positions.POSITION_ENCODINGS`), and the tied read-out."""
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Callable
 
 import chex
 import flax.linen as nn
@@ -11,84 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.dense import INIT_STDDEV
+from minigpt_jax.positions import POSITION_ENCODINGS
 
 Array = chex.Array
-
-# Everything in the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT.
-INIT_STDDEV = 0.02
-
-
-# ----------------------------------------------------------------------------- position schemes
-
-
-def _inverse_frequencies(dim: int) -> Array:
-    """1 / 10000^(2i/dim) for i = 0 .. dim/2 - 1 (Vaswani et al. 2017, section 3.5)."""
-    return 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-
-
-def sinusoidal_at(positions: Array, dim: int) -> Array:
-    """Sinusoids at integer `positions` (any shape S): shape S + (dim,), float32.
-
-    Interleaved form: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same).
-    """
-    inv_freq = _inverse_frequencies(dim).reshape((1,) * positions.ndim + (-1,))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*angles.shape[:-1], dim)
-
-
-def sinusoidal_positions(length: int, dim: int) -> Array:
-    """The fixed sinusoidal table for positions 0 .. length-1: shape (length, dim), float32."""
-    if dim % 2:
-        raise ValueError(f"sinusoidal positions need an even dim, got {dim}.")
-    return sinusoidal_at(jnp.arange(length), dim)
-
-
-def apply_rope(x_BxTxHxK: Array, positions_BxT: Array) -> Array:
-    """Rotary embeddings (Su et al. 2021, RoFormer): rotate each pair (x[2i], x[2i+1]) of every
-    head by the angle pos / 10000^(2i/K). Applied to queries and keys, the score q·k then depends
-    on positions only through their difference."""
-    head_dim = x_BxTxHxK.shape[-1]
-    inv_freq_1x1x1xK2 = _inverse_frequencies(head_dim)[None, None, None, :]
-    angles_BxTx1xK2 = positions_BxT.astype(jnp.float32)[:, :, None, None] * inv_freq_1x1x1xK2
-    cos, sin = jnp.cos(angles_BxTx1xK2), jnp.sin(angles_BxTx1xK2)
-    x = x_BxTxHxK.astype(jnp.float32)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
-    return rotated.reshape(x_BxTxHxK.shape).astype(x_BxTxHxK.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class PositionEncoding:
-    """How a scheme tells the model where each token is.
-
-    A new scheme is one function and one entry in `POSITION_ENCODINGS`:
-      learned:  a trainable table `params['embed']['pos']['embedding']` of shape
-                (block_size, D), added to the token embeddings; longer inputs are refused.
-      additive: `(positions, dim) -> positions.shape + (dim,)`, fixed vectors added to the
-                token embeddings.
-      rotary:   `(x_BxTxHxK, positions_BxT) -> x_BxTxHxK`, applied to queries and keys.
-      even:     a GPTConfig property that the scheme needs to be even ("n_embd", "head_dim").
-    """
-
-    learned: bool = False
-    additive: Callable[[Array, int], Array] | None = None
-    rotary: Callable[[Array, Array], Array] | None = None
-    even: str | None = None
-
-    def validate(self, cfg: GPTConfig) -> None:
-        if self.even and getattr(cfg, self.even) % 2:
-            raise ValueError(
-                f"pos_encoding={cfg.pos_encoding!r} needs an even {self.even}, got "
-                f"{getattr(cfg, self.even)}: change n_embd or n_head."
-            )
-
-
-POSITION_ENCODINGS: dict[str, PositionEncoding] = {
-    "learned": PositionEncoding(learned=True),
-    "sinusoidal": PositionEncoding(additive=sinusoidal_at, even="n_embd"),
-    "rope": PositionEncoding(rotary=apply_rope, even="head_dim"),
-    "none": PositionEncoding(),
-}
 
 
 # ----------------------------------------------------------------------------- token ids

@@ -1,8 +1,13 @@
 """The mini-GPT: pre-LayerNorm transformer blocks over tied token embeddings.
 
-Shape letters, used as array-name suffixes throughout the package (`x_BxTxD`):
-  B batch, T sequence (queries), S sequence (keys), D width (n_embd), H heads, K head dim,
-  F MLP width, V vocab, N layers.
+Shape letters, used as array-name suffixes throughout the package (`x_BxTxD`); each means one
+thing everywhere:
+  B  batch                      T  sequence (queries)      T1 T + 1: inputs and next target
+  S  keys / KV-cache slots      D  width (n_embd)          H  heads
+  K  head width (D / H)         R  sin-cos pairs (K/2, D/2)
+  F  MLP width                  V  vocabulary              N  layers (n_layer)
+  C  steps per compiled call    P  prompt slots            G  new-token slots (sampling)
+  L  P + G (sampling buffer)    W  recomputed window       M, I, O  rows, in and out features
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
 Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.
@@ -17,11 +22,12 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import dense_options, residual_init
-from minigpt_jax.embeddings import INIT_STDDEV, Embeddings, check_token_ids
+from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.embeddings import Embeddings, check_token_ids
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -72,27 +78,26 @@ class Block(nn.Module):
         *,
         deterministic: bool = True,
         cache: KVCache | None = None,
-    ):
-        """x_BxTxD, or `(x_BxTxD, cache)` when given the layer's KV cache."""
+    ) -> tuple[Array, KVCache | None]:
+        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none."""
         cfg = self.cfg
-        h_BxTxD = MultiHeadAttention(cfg, name="attn")(
+        h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
             _layer_norm(cfg, "ln_1")(x_BxTxD),
             positions_BxT,
             deterministic=deterministic,
             cache=cache,
         )
-        if cache is not None:
-            h_BxTxD, cache = h_BxTxD
         x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
         h_BxTxD = MLP(cfg, name="mlp")(
             _layer_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic
         )
         x_BxTxD = x_BxTxD + h_BxTxD
-        return x_BxTxD if cache is None else (x_BxTxD, cache)
+        return x_BxTxD, cache
 
 
 class GPT(nn.Module):
-    """tokens_BxT -> logits_BxTxV (float32).
+    """tokens_BxT -> `(logits_BxTxV, caches)`: logits in float32, and the updated per-layer KV
+    caches, or None when called without caches (`forward` returns the logits alone).
 
     Params: `embed/tok/embedding` (V, D), `embed/pos/embedding` (block_size, D) for learned
     positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, V) only when untied.
@@ -121,8 +126,8 @@ class GPT(nn.Module):
         *,
         deterministic: bool = True,
         cache: list[KVCache] | None = None,
-    ):
-        """logits_BxTxV; with one KV cache per layer, `(logits_BxTxV, caches)`.
+    ) -> tuple[Array, list[KVCache] | None]:
+        """`(logits_BxTxV, caches)`; caches is None unless one KV cache per layer is given.
 
         With caches, positions_BxT is required and a negative position marks left padding: the
         token is embedded at position 0 and never attended to.
@@ -139,20 +144,20 @@ class GPT(nn.Module):
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
         new_cache = []
         for i, block in enumerate(self.blocks):
-            if cache is None:
-                x_BxTxD = block(x_BxTxD, positions_BxT, deterministic=deterministic)
-            else:
-                x_BxTxD, layer_cache = block(
-                    x_BxTxD, positions_BxT, deterministic=deterministic, cache=cache[i]
-                )
-                new_cache.append(layer_cache)
+            x_BxTxD, layer_cache = block(
+                x_BxTxD,
+                positions_BxT,
+                deterministic=deterministic,
+                cache=None if cache is None else cache[i],
+            )
+            new_cache.append(layer_cache)
         h_BxTxD = self.ln_f(x_BxTxD)
         if cfg.tie_embeddings:
             logits_BxTxV = self.embed.attend(h_BxTxD)
         else:
             logits_BxTxV = self.lm_head(h_BxTxD.astype(jnp.float32))
         chex.assert_shape(logits_BxTxV, (*tokens_BxT.shape, cfg.vocab_size))
-        return logits_BxTxV if cache is None else (logits_BxTxV, new_cache)
+        return logits_BxTxV, None if cache is None else new_cache
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -180,7 +185,41 @@ def forward(
     if train and cfg.dropout > 0 and rng is None:
         raise ValueError("forward(train=True) with dropout > 0 needs an `rng` for dropout.")
     rngs = {"dropout": rng} if train and rng is not None else {}
-    return GPT(cfg).apply({"params": params}, tokens_BxT, deterministic=not train, rngs=rngs)
+    logits_BxTxV, _ = GPT(cfg).apply(
+        {"params": params}, tokens_BxT, deterministic=not train, rngs=rngs
+    )
+    return logits_BxTxV
+
+
+def init_cache(cfg: GPTConfig, batch: int, length: int) -> list[KVCache]:
+    """One empty KV cache of `length` slots per layer, for `forward_with_cache`."""
+    return [KVCache.empty(cfg, batch, length) for _ in range(cfg.n_layer)]
+
+
+def forward_with_cache(
+    params: Params, tokens_BxT: Array, positions_BxT: Array, cache: list[KVCache], cfg: GPTConfig
+) -> tuple[Array, list[KVCache]]:
+    """(logits_BxTxV, cache): the tokens attend to the cache's filled slots and to each other
+    (causally, by position), and their keys and values are written at the cache index.
+
+    A negative position marks left padding, which is never attended to.
+    """
+    return GPT(cfg).apply({"params": params}, tokens_BxT, positions_BxT, cache=cache)
+
+
+def next_token_losses(
+    params: Params,
+    tokens_BxT1: Array,
+    cfg: GPTConfig,
+    *,
+    train: bool = False,
+    rng: Array | None = None,
+) -> Array:
+    """losses_BxT (float32, nats): the cross-entropy of each next token, for inputs
+    tokens_BxT1[:, :-1] and targets tokens_BxT1[:, 1:] (T1 = T + 1). `train` and `rng` as in
+    `forward`. The one loss of the package: training takes its mean, evaluation its sum."""
+    logits_BxTxV = forward(params, tokens_BxT1[:, :-1], cfg, train=train, rng=rng)
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT1[:, 1:])
 
 
 def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:
@@ -193,7 +232,9 @@ def forward_with_attention(
     params: Params, tokens_BxT: Array, cfg: GPTConfig
 ) -> tuple[Array, list[Array]]:
     """Deterministic forward that also returns each layer's attention weights_BxHxTxT."""
-    logits_BxTxV, state = GPT(cfg).apply({"params": params}, tokens_BxT, mutable=["intermediates"])
+    (logits_BxTxV, _), state = GPT(cfg).apply(
+        {"params": params}, tokens_BxT, mutable=["intermediates"]
+    )
     inter = state["intermediates"]
     weights = [inter[f"block_{i}"]["attn"]["attention_weights"][0] for i in range(cfg.n_layer)]
     return logits_BxTxV, weights
@@ -208,8 +249,9 @@ def count_params(cfg: GPTConfig) -> int:
 def flops_per_token(cfg: GPTConfig) -> int:
     """Training FLOPs per token (forward + backward), nanoGPT's / PaLM's estimate for MFU.
 
-    6·N for the matmuls against the N weights (the position table is a lookup, not counted),
-    plus 12·L·H·K·T for attention's scores and mixing over a full block of T positions.
+    6 per weight for the matmuls against the weights (the position table is a lookup, not
+    counted), plus 12·N·H·K·T (N layers) for attention's scores and mixing over a full block of T
+    positions. (nanoGPT writes 6·N + 12·L·H·K·T with N the weights and L the layers.)
     """
     n = count_params(cfg)
     if cfg.pos_encoding == "learned":

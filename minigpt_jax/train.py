@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 
 from minigpt_jax import data, sharding
 from minigpt_jax.checkpoint import Checkpointer, CheckpointError
-from minigpt_jax.config import GPTConfig, check_experiment_config, gpt_config_from
+from minigpt_jax.config import GPTConfig
 from minigpt_jax.metrics import MetricsWriter
-from minigpt_jax.model import Params, forward, init_params
+from minigpt_jax.model import Params, init_params, next_token_losses
+from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
 
 Array = chex.Array
 
@@ -89,10 +90,7 @@ def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> 
 
 def loss_fn(params: Params, batch_BxT1: Array, cfg: GPTConfig, *, train: bool, rng=None) -> Array:
     """Mean next-token cross-entropy (nats) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]."""
-    logits_BxTxV = forward(params, batch_BxT1[:, :-1], cfg, train=train, rng=rng)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits_BxTxV.astype(jnp.float32), batch_BxT1[:, 1:]
-    ).mean()
+    return next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng).mean()
 
 
 def train_step(
@@ -123,11 +121,14 @@ def state_shardings(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh
     return sharding.tree_shardings(abstract, mesh)
 
 
-def make_init_state(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh):
-    """jit(rng -> TrainState), created directly in its sharded layout on `mesh`."""
-    return jax.jit(
-        functools.partial(init_state, cfg, tx), out_shardings=state_shardings(cfg, tx, mesh)
-    )
+def make_init_state(
+    cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh, shardings: Any = None
+):
+    """jit(rng -> TrainState), created directly in its sharded layout on `mesh` (`shardings`:
+    `state_shardings(cfg, tx, mesh)`, worked out here when not given)."""
+    if shardings is None:
+        shardings = state_shardings(cfg, tx, mesh)
+    return jax.jit(functools.partial(init_state, cfg, tx), out_shardings=shardings)
 
 
 def make_train_chunk(
@@ -135,18 +136,20 @@ def make_train_chunk(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     mesh: Mesh | None = None,
+    shardings: Any = None,
 ):
-    """jit((state, batches_KxBxT1) -> (state, metrics of shape (K,))): K steps per compiled call
-    through `lax.scan`, the state donated. Dispatching once per K steps cuts per-call overhead.
-    With a mesh, the state keeps its sharding and the batches split over data × fsdp."""
+    """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
+    per compiled call through `lax.scan`, the state donated. Dispatching once per C steps cuts
+    per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
+    `make_init_state`) and the batches split over data × fsdp."""
     step = functools.partial(train_step, cfg=cfg, tx=tx, schedule=schedule)
 
-    def train_chunk(state, batches_KxBxT1):
-        return jax.lax.scan(step, state, batches_KxBxT1)
+    def train_chunk(state, batches_CxBxT1):
+        return jax.lax.scan(step, state, batches_CxBxT1)
 
     if mesh is None:
         return jax.jit(train_chunk, donate_argnums=0)
-    state_sharding = state_shardings(cfg, tx, mesh)
+    state_sharding = state_shardings(cfg, tx, mesh) if shardings is None else shardings
     return jax.jit(
         train_chunk,
         in_shardings=(state_sharding, sharding.batch_sharding(mesh, 3)),
@@ -157,8 +160,7 @@ def make_train_chunk(
 
 def eval_step(params: Params, batch_BxT1: Array, *, cfg: GPTConfig) -> tuple[Array, Array]:
     """(sum of token losses, number of tokens): the host divides, so batches can be summed."""
-    logits_BxTxV = forward(params, batch_BxT1[:, :-1], cfg)
-    losses_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, batch_BxT1[:, 1:])
+    losses_BxT = next_token_losses(params, batch_BxT1, cfg)
     return losses_BxT.sum(), jnp.asarray(losses_BxT.size, jnp.int32)
 
 
@@ -174,19 +176,22 @@ def make_eval_step(cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: An
 
 
 def evaluate(
-    eval_fn, params: Params, tokens: np.ndarray, config: Any, split: str, mesh: Mesh | None = None
+    eval_fn,
+    params: Params,
+    tokens: np.ndarray,
+    *,
+    num_batches: int,
+    batch_size: int,
+    block_size: int,
+    seed: int,
+    split: str,
+    mesh: Mesh | None = None,
 ) -> float:
-    """Mean loss over config.eval_batches fixed batches of a split (the same ones every time)."""
+    """Mean loss over `num_batches` fixed batches of a split (the same ones every time);
+    eval_fn is `make_eval_step`'s."""
     total, count = 0.0, 0
-    for i in range(config.eval_batches):
-        batch = data.get_batch(
-            tokens,
-            config.batch_size,
-            config.model.block_size,
-            seed=config.seed,
-            step=i,
-            split=split,
-        )
+    for i in range(num_batches):
+        batch = data.get_batch(tokens, batch_size, block_size, seed=seed, step=i, split=split)
         if mesh is not None:
             batch = sharding.put_batch(batch, sharding.batch_sharding(mesh, 2))
         loss_sum, n = jax.device_get(eval_fn(params, batch))
@@ -221,22 +226,6 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
-def _check_schedule(config: Any) -> None:
-    k = config.steps_per_call
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"config.steps_per_call must be a positive integer, got {k!r}.")
-    for name in ("num_steps", "eval_every", "checkpoint_every"):
-        value = config[name]
-        if not isinstance(value, int) or value < 1 or value % k:
-            raise ValueError(
-                f"config.{name}={value!r} must be a positive multiple of "
-                f"steps_per_call={k}: steps run in chunks of {k}."
-            )
-    for name in ("batch_size", "eval_batches", "log_every", "keep_checkpoints"):
-        if not isinstance(config[name], int) or config[name] < 1:
-            raise ValueError(f"config.{name} must be a positive integer, got {config[name]!r}.")
-
-
 @dataclasses.dataclass
 class RunSummary:
     """What a run reports when it ends (returned by `train_and_evaluate`)."""
@@ -253,6 +242,199 @@ class RunSummary:
     interrupted_by: str | None
 
 
+class Trainer:
+    """One run's model, data and state: restore-or-init, compiled steps, evaluation that keeps the
+    best params, checkpoints. `train_and_evaluate` drives it chunk by chunk."""
+
+    def __init__(self, config: Any, workdir: Path):
+        self.config, self.workdir = config, workdir
+        self.dataset = dataset_from(config, workdir)
+        self.cfg = gpt_config_from(config, self.dataset.tokenizer.vocab_size)
+        self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
+        self.mesh = sharding.make_mesh(config.mesh)
+        sharding.check_batch_size(config.batch_size, self.mesh)
+        self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
+        self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
+        self.checkpointer = Checkpointer(workdir, config.keep_checkpoints)
+        self.state, self.resumed_from, self.best_val = self._restore_or_init()
+
+        compile_start = time.perf_counter()
+        self._train_chunk = (
+            make_train_chunk(self.cfg, self.tx, self.schedule, self.mesh, self.shardings)
+            .lower(self.state, self.batches_from(self.step))
+            .compile()
+        )
+        self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params)
+        self.compile_time_s = time.perf_counter() - compile_start
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    def _restore_or_init(self) -> tuple[TrainState, int | None, float]:
+        """(state, step resumed from or None, best val loss so far): the latest checkpoint in
+        workdir if there is one, else a fresh state from config.seed."""
+        state = make_init_state(self.cfg, self.tx, self.mesh, self.shardings)(
+            jax.random.key(self.config.seed)
+        )
+        if self.checkpointer.latest_step() is None:
+            return state, None, math.inf
+        state, saved_meta = self.checkpointer.restore(state)
+        if saved_meta.get("gpt_config") != self.meta["gpt_config"]:
+            raise CheckpointError(
+                f"{self.workdir} holds checkpoints of a different model "
+                f"({saved_meta.get('gpt_config')}); this config builds "
+                f"{self.meta['gpt_config']}. Use a fresh --workdir."
+            )
+        return state, int(state.step), saved_meta.get("best_val_loss") or math.inf
+
+    def batches_from(self, first_step: int) -> jax.Array:
+        """Steps [first_step, first_step + steps_per_call) of every process's identical global
+        batches, placed on the mesh."""
+        config = self.config
+        batches = np.stack(
+            [
+                data.get_batch(
+                    self.dataset.train,
+                    config.batch_size,
+                    config.model.block_size,
+                    seed=config.seed,
+                    step=s,
+                )
+                for s in range(first_step, first_step + config.steps_per_call)
+            ]
+        )
+        return sharding.put_batch(batches, sharding.batch_sharding(self.mesh, 3))
+
+    def train_chunk(self, first_step: int) -> dict[str, Array]:
+        """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
+        self.state, metrics = self._train_chunk(self.state, self.batches_from(first_step))
+        return metrics
+
+    def evaluate_and_keep_best(self, step: int) -> tuple[float, float]:
+        """(val loss, train loss) on the fixed eval batches; saves the params to best/ when the
+        val loss is the lowest yet."""
+        val_loss, train_loss = (
+            evaluate(
+                self._eval_fn,
+                self.state.params,
+                tokens,
+                num_batches=self.config.eval_batches,
+                batch_size=self.config.batch_size,
+                block_size=self.config.model.block_size,
+                seed=self.config.seed,
+                split=split,
+                mesh=self.mesh,
+            )
+            for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train"))
+        )
+        if val_loss < self.best_val:
+            self.best_val = val_loss
+            self.checkpointer.save_best(
+                step, self.state.params, {**self.meta, "val_loss": val_loss}
+            )
+        return val_loss, train_loss
+
+    def save(self) -> None:
+        self.checkpointer.save(
+            self.state, {**self.meta, "best_val_loss": _finite_or_none(self.best_val)}
+        )
+
+
+class RunLogger:
+    """Per-chunk bookkeeping: fetches each chunk's metrics (refusing non-finite ones), times the
+    chunks, writes metrics.jsonl / TensorBoard rows and drives the progress bar.
+
+    A chunk's metrics are fetched when the next chunk has been dispatched (`dispatched`), so the
+    host never waits on the device in between, or at once before an evaluation or checkpoint
+    (`drain`). In a multi-host run only process 0 writes and shows the bar.
+    """
+
+    def __init__(self, config: Any, workdir: Path, trainer: Trainer, *, progress: bool):
+        self.steps_per_call, self.log_every = config.steps_per_call, config.log_every
+        self.tokens_per_chunk = config.steps_per_call * config.batch_size * config.model.block_size
+        self.checkpointer = trainer.checkpointer  # named in the non-finite-loss error
+        is_main_process = jax.process_index() == 0
+        self.writer = MetricsWriter(workdir, resume_step=trainer.step, enabled=is_main_process)
+        self.bar = tqdm(
+            total=config.num_steps,
+            initial=trainer.step,
+            disable=not (progress and is_main_process),
+            unit="step",
+            dynamic_ncols=True,
+        )
+        self.chunk_seconds: list[float] = []
+        self.train_loss: float | None = None
+        self.val_loss: float | None = None
+        self.eval_train_loss: float | None = None
+        self._pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
+        self._ready_at = time.perf_counter()  # when the device last finished (or was last idle)
+
+    def dispatched(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
+        """Notes the chunk just dispatched; records the one before it, done by now."""
+        self.drain()
+        self._pending = (first_step, metrics, dispatched_at)
+
+    def drain(self) -> None:
+        """Records the chunk in flight, if any (blocks until it is done)."""
+        if self._pending is not None:
+            self._record(*self._pending)
+            self._pending = None
+
+    def _record(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
+        metrics = jax.device_get(metrics)
+        # The chunk ran from the later of its dispatch and the previous chunk's end until now.
+        now = time.perf_counter()
+        seconds = now - max(dispatched_at, self._ready_at)
+        self._ready_at = now
+        self.chunk_seconds.append(seconds)
+        tokens_per_sec = self.tokens_per_chunk / seconds
+        for i in range(self.steps_per_call):
+            step = first_step + i + 1
+            loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise FloatingPointError(self._non_finite_message(loss, grad_norm, step))
+            row = {"train_loss": loss, "grad_norm": grad_norm, "lr": float(metrics["lr"][i])}
+            row["tokens_per_sec"] = tokens_per_sec
+            self.writer.write(step, row, tensorboard=step % self.log_every == 0)
+            self.train_loss = loss
+        self.bar.update(self.steps_per_call)
+        if (first_step + self.steps_per_call) % self.log_every < self.steps_per_call:
+            self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{tokens_per_sec:,.0f}")
+
+    def _non_finite_message(self, loss: float, grad_norm: float, step: int) -> str:
+        good = self.checkpointer.latest_step()
+        return f"non-finite training loss {loss} (grad norm {grad_norm}) at step {step}. " + (
+            f"The last good checkpoint, step {good}, is kept in {self.checkpointer.workdir}; "
+            "lower optim.lr or raise optim.warmup_steps, then rerun the same command to resume "
+            "from it."
+            if good is not None
+            else "No checkpoint was saved yet; lower optim.lr and start again."
+        )
+
+    def evaluation(self, step: int, val_loss: float, eval_train_loss: float) -> None:
+        self.val_loss, self.eval_train_loss = val_loss, eval_train_loss
+        self.writer.write(step, {"val_loss": val_loss, "eval_train_loss": eval_train_loss})
+        self.bar.write(f"step {step}: train loss {eval_train_loss:.4f}, val loss {val_loss:.4f}")
+
+    def flush(self) -> None:
+        """Flushes the files; host-side work (evaluation, checkpoints) is not chunk time."""
+        self.writer.flush()
+        self._ready_at = time.perf_counter()
+
+    def message(self, text: str) -> None:
+        self.bar.write(text)
+
+    def median_step_ms(self) -> float | None:
+        if not self.chunk_seconds:
+            return None
+        return 1000 * statistics.median(self.chunk_seconds) / self.steps_per_call
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+
 def train_and_evaluate(
     config: Any, workdir: str | Path, *, progress: bool = True, stop_at: int | None = None
 ) -> RunSummary:
@@ -267,121 +449,23 @@ def train_and_evaluate(
     """
     wall_start = time.perf_counter()
     check_experiment_config(config)
-    _check_schedule(config)
+    chunk = config.steps_per_call
+    if stop_at is not None and (stop_at < 1 or stop_at % chunk):
+        raise ValueError(
+            f"stop_at={stop_at} must be a positive multiple of steps_per_call={chunk}."
+        )
+    last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    dataset = data.prepare_dataset(
-        config.data.corpus,
-        config.data.path,
-        config.data.tokenizer,
-        config.data.vocab_size,
-        config.model.block_size,
-        workdir,
-        config.data.val_fraction,
-    )
-    cfg = gpt_config_from(config, dataset.tokenizer.vocab_size)
-    tx, schedule = make_optimizer(config.optim, config.num_steps)
-    mesh = sharding.make_mesh(config.mesh)
-    sharding.check_batch_size(config.batch_size, mesh)
-    state = make_init_state(cfg, tx, mesh)(jax.random.key(config.seed))
-    meta = {"gpt_config": dataclasses.asdict(cfg), "config": config.to_dict()}
-
-    checkpointer = Checkpointer(workdir, config.keep_checkpoints)
-    resumed_from, best_val = None, math.inf
-    if checkpointer.latest_step() is not None:
-        state, saved_meta = checkpointer.restore(state)
-        if saved_meta.get("gpt_config") != meta["gpt_config"]:
-            raise CheckpointError(
-                f"{workdir} holds checkpoints of a different model "
-                f"({saved_meta.get('gpt_config')}); this config builds {meta['gpt_config']}. "
-                "Use a fresh --workdir."
-            )
-        resumed_from = int(state.step)
-        best_val = saved_meta.get("best_val_loss") or math.inf
-
-    k, batch_size, block_size = config.steps_per_call, config.batch_size, config.model.block_size
-    if stop_at is not None and (stop_at < 1 or stop_at % k):
-        raise ValueError(f"stop_at={stop_at} must be a positive multiple of steps_per_call={k}.")
-    last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
-
-    def batches_from(first_step: int) -> jax.Array:
-        """Steps [first_step, first_step + k) of every process's identical global batches."""
-        batches = np.stack(
-            [
-                data.get_batch(dataset.train, batch_size, block_size, seed=config.seed, step=s)
-                for s in range(first_step, first_step + k)
-            ]
-        )
-        return sharding.put_batch(batches, sharding.batch_sharding(mesh, 3))
-
-    compile_start = time.perf_counter()
-    train_chunk = (
-        make_train_chunk(cfg, tx, schedule, mesh)
-        .lower(state, batches_from(int(state.step)))
-        .compile()
-    )
-    eval_fn = make_eval_step(cfg, mesh, state_shardings(cfg, tx, mesh).params)
-    compile_time = time.perf_counter() - compile_start
-
-    start_step = int(state.step)
-    is_main_process = jax.process_index() == 0  # multi-host: one process logs
-    writer = MetricsWriter(workdir, resume_step=start_step, enabled=is_main_process)
-    tokens_per_chunk = k * batch_size * block_size
-    chunk_seconds: list[float] = []
-    last = {"train_loss": None, "val_loss": None, "eval_train_loss": None}
-    bar = tqdm(
-        total=config.num_steps,
-        initial=start_step,
-        disable=not (progress and is_main_process),
-        unit="step",
-        dynamic_ncols=True,
-    )
-
-    def record(first_step: int, metrics: dict, dispatched_at: float) -> None:
-        """Fetches a chunk's metrics (blocking on it), refuses non-finite ones, logs per step."""
-        nonlocal ready_at
-        metrics = jax.device_get(metrics)
-        # The chunk ran from the later of its dispatch and the previous chunk's end until now.
-        now = time.perf_counter()
-        seconds = now - max(dispatched_at, ready_at)
-        ready_at = now
-        chunk_seconds.append(seconds)
-        tokens_per_sec = tokens_per_chunk / seconds
-        for i in range(k):
-            step = first_step + i + 1
-            loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                good = checkpointer.latest_step()
-                raise FloatingPointError(
-                    f"non-finite training loss {loss} (grad norm {grad_norm}) at step {step}. "
-                    + (
-                        f"The last good checkpoint, step {good}, is kept in "
-                        f"{checkpointer.workdir}; lower optim.lr or raise optim.warmup_steps, "
-                        "then rerun the same command to resume from it."
-                        if good is not None
-                        else "No checkpoint was saved yet; lower optim.lr and start again."
-                    )
-                )
-            row = {"train_loss": loss, "grad_norm": grad_norm, "lr": float(metrics["lr"][i])}
-            row["tokens_per_sec"] = tokens_per_sec
-            writer.write(step, row, tensorboard=step % config.log_every == 0)
-            last["train_loss"] = loss
-        bar.update(k)
-        if (first_step + k) % config.log_every < k:
-            bar.set_postfix(loss=f"{last['train_loss']:.4f}", tok_s=f"{tokens_per_sec:,.0f}")
-
-    pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
-    ready_at = time.perf_counter()  # when the device last finished (or was last idle)
+    trainer = Trainer(config, workdir)
+    log = RunLogger(config, workdir, trainer, progress=progress)
     stop = _StopRequest()
     try:
         with stop:
-            for first_step in range(start_step, last_step, k):
+            for first_step in range(trainer.step, last_step, chunk):
                 dispatched_at = time.perf_counter()
-                state, metrics = train_chunk(state, batches_from(first_step))
-                if pending is not None:  # the previous chunk, done by the time this one starts
-                    record(*pending)
-                pending = (first_step, metrics, dispatched_at)
-                end = first_step + k
+                log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+                end = first_step + chunk
                 evaluate_now = end % config.eval_every == 0 or end == config.num_steps
                 save_now = (
                     end % config.checkpoint_every == 0
@@ -390,51 +474,32 @@ def train_and_evaluate(
                 )
                 if not (evaluate_now or save_now):
                     continue
-                record(*pending)
-                pending = None
+                log.drain()
                 if evaluate_now:
-                    last["val_loss"] = evaluate(
-                        eval_fn, state.params, dataset.val, config, "val", mesh
-                    )
-                    last["eval_train_loss"] = evaluate(
-                        eval_fn, state.params, dataset.train, config, "train", mesh
-                    )
-                    writer.write(
-                        end,
-                        {"val_loss": last["val_loss"], "eval_train_loss": last["eval_train_loss"]},
-                    )
-                    bar.write(
-                        f"step {end}: train loss {last['eval_train_loss']:.4f}, "
-                        f"val loss {last['val_loss']:.4f}"
-                    )
-                    if last["val_loss"] < best_val:
-                        best_val = last["val_loss"]
-                        checkpointer.save_best(end, state.params, {**meta, "val_loss": best_val})
+                    log.evaluation(end, *trainer.evaluate_and_keep_best(end))
                 if save_now:
-                    checkpointer.save(state, {**meta, "best_val_loss": _finite_or_none(best_val)})
-                writer.flush()
-                ready_at = time.perf_counter()
+                    trainer.save()
+                log.flush()
                 if stop.signal_name is not None:
-                    bar.write(
+                    log.message(
                         f"{stop.signal_name} received: checkpoint saved at step {end}; "
                         "rerun the same command to resume."
                     )
                     break
     finally:
-        bar.close()
-        writer.close()
-        checkpointer.close()
+        log.close()
+        trainer.checkpointer.close()
 
     return RunSummary(
-        step=int(state.step),
-        train_loss=last["train_loss"],
-        val_loss=last["val_loss"],
-        eval_train_loss=last["eval_train_loss"],
-        best_val_loss=_finite_or_none(best_val),
+        step=trainer.step,
+        train_loss=log.train_loss,
+        val_loss=log.val_loss,
+        eval_train_loss=log.eval_train_loss,
+        best_val_loss=_finite_or_none(trainer.best_val),
         wall_time_s=time.perf_counter() - wall_start,
-        compile_time_s=compile_time,
-        median_step_ms=1000 * statistics.median(chunk_seconds) / k if chunk_seconds else None,
-        resumed_from=resumed_from,
+        compile_time_s=trainer.compile_time_s,
+        median_step_ms=log.median_step_ms(),
+        resumed_from=trainer.resumed_from,
         interrupted_by=stop.signal_name,
     )
 

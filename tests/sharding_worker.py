@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import tiny  # noqa: E402
 from minigpt_jax import sharding  # noqa: E402
-from minigpt_jax.config import gpt_config_from  # noqa: E402
 from minigpt_jax.metrics import read_metrics  # noqa: E402
+from minigpt_jax.run_config import gpt_config_from  # noqa: E402
 from minigpt_jax.train import (  # noqa: E402
     make_init_state,
     make_optimizer,

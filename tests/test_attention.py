@@ -9,8 +9,8 @@ from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig
 from minigpt_jax.attention import MultiHeadAttention, attention_weights, causal_mask
-from minigpt_jax.embeddings import apply_rope
 from minigpt_jax.model import MLP
+from minigpt_jax.positions import apply_rope
 
 DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, K=8)
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.0)
@@ -27,7 +27,7 @@ def _attention(cfg, weight_scale=1.0):
     module = MultiHeadAttention(cfg)
     params = module.init(jax.random.key(1), _x_BxTxD(), POSITIONS_1xT)
     params = jax.tree_util.tree_map(lambda w: w * weight_scale, params)
-    return lambda x_BxTxD: module.apply(params, x_BxTxD, POSITIONS_1xT)
+    return lambda x_BxTxD: module.apply(params, x_BxTxD, POSITIONS_1xT)[0]
 
 
 class SequencePermutationTest(chex.TestCase):

@@ -143,7 +143,7 @@ def trained_workdir(corpus_file, tmp_path_factory):
 
 
 def test_sample_from_workdir_continues_the_prompt(trained_workdir):
-    from minigpt_jax.generate import sample_from_workdir
+    from minigpt_jax.runs import sample_from_workdir
 
     texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=30, seed=1, num_samples=3)
     assert len(texts) == 3 and all(t.startswith("The ") and len(t) == 34 for t in texts)

@@ -1,9 +1,11 @@
-"""GPTConfig validation: every bad field names itself and what is allowed."""
+"""GPTConfig and run-config validation: every bad field or key names itself and what is allowed."""
 
 import chex
 from absl.testing import parameterized
 
+from configs import default
 from minigpt_jax import GPTConfig
+from minigpt_jax.run_config import MODEL_KEYS, check_experiment_config, gpt_config_from
 
 
 class GPTConfigTest(chex.TestCase):
@@ -49,3 +51,53 @@ class GPTConfigTest(chex.TestCase):
     def test_unknown_dense_grad_is_named(self):
         with self.assertRaisesRegex(ValueError, r"dense_grad='jvp'.*\['autodiff', 'direct'\]"):
             GPTConfig(dense_grad="jvp")
+
+
+class ConfigFileTest(chex.TestCase):
+    """configs/default.py's commented model group and GPTConfig's defaults describe one model."""
+
+    def test_gpt_config_defaults_equal_the_default_config_file(self):
+        config = default.get_config()
+        # vocab_size is the tokenizer's, set from data.vocab_size; the rest is the model group.
+        self.assertEqual(
+            GPTConfig(),
+            gpt_config_from(config, vocab_size=config.data.vocab_size),
+        )
+        self.assertEqual(set(config.model.keys()), set(MODEL_KEYS))
+
+
+class RunConfigTest(chex.TestCase):
+    """The experiment-config checks, all in run_config, each naming the key and the fix."""
+
+    def test_default_config_passes(self):
+        check_experiment_config(default.get_config())
+
+    @parameterized.named_parameters(
+        ("typo", "optim.lrr", 1e-3, "unknown config key config.optim.lrr (did you mean 'lr'?)"),
+        ("top_level", "num_step", 10, "unknown config key config.num_step"),
+        ("not_multiple", "eval_every", 25, "config.eval_every=25 must be a positive multiple"),
+        ("zero_batch", "batch_size", 0, "config.batch_size must be a positive integer"),
+        ("zero_chunk", "steps_per_call", 0, "steps_per_call must be a positive integer"),
+    )
+    def test_bad_key_or_value_is_named(self, dotted, value, message):
+        config = default.get_config()
+        config.steps_per_call = 10
+        config.num_steps, config.eval_every, config.checkpoint_every = 100, 50, 50
+        group, _, key = dotted.rpartition(".")
+        node = config[group] if group else config
+        node[key] = value
+        with self.assertRaises(ValueError) as ctx:
+            check_experiment_config(config)
+        self.assertIn(message, str(ctx.exception))
+
+    def test_missing_group_key_says_where_to_start(self):
+        config = default.get_config()
+        del config.optim["b2"]
+        with self.assertRaisesRegex(ValueError, r"config.optim lacks b2: start from configs"):
+            check_experiment_config(config)
+
+    def test_gpt_config_from_refuses_an_unknown_model_key(self):
+        config = default.get_config()
+        config.model.n_embed = 64
+        with self.assertRaisesRegex(ValueError, r"config.model.n_embed \(did you mean 'n_embd'"):
+            gpt_config_from(config, vocab_size=65)

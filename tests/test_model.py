@@ -7,9 +7,9 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl.testing import parameterized
 
+from configs import gpt2_small
 from minigpt_jax import (
     GPT,
     GPTConfig,
@@ -19,7 +19,9 @@ from minigpt_jax import (
     forward,
     forward_with_attention,
     init_params,
+    next_token_losses,
 )
+from minigpt_jax.run_config import gpt_config_from
 
 DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, V=64, N=2)
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -34,9 +36,8 @@ def _tokens(seed=1, shape=None):
     return jax.random.randint(jax.random.key(seed), shape or DIMS["BT"], 0, DIMS.V)
 
 
-def _loss(params, cfg, tokens_BxT):
-    logits = forward(params, tokens_BxT[:, :-1], cfg)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens_BxT[:, 1:]).mean()
+def _loss(params, cfg, tokens_BxT1):
+    return next_token_losses(params, tokens_BxT1, cfg).mean()
 
 
 class ForwardTest(chex.TestCase):
@@ -54,11 +55,20 @@ class ForwardTest(chex.TestCase):
     def test_module_api_matches_pure_function(self):
         tokens = _tokens()
         variables = GPT(CFG).init(jax.random.key(0), tokens)
+        logits, cache = GPT(CFG).apply(variables, tokens, deterministic=True)
+        self.assertIsNone(cache)  # one shape of result: (logits, cache or None)
         chex.assert_trees_all_close(
-            GPT(CFG).apply(variables, tokens, deterministic=True),
-            forward(variables["params"], tokens, CFG),
-            rtol=0,
-            atol=0,
+            logits, forward(variables["params"], tokens, CFG), rtol=0, atol=0
+        )
+
+    def test_next_token_losses_are_minus_log_softmax_at_the_targets(self):
+        params, tokens_BxT1 = _params(CFG), _tokens()
+        logits_BxTxV = np.asarray(forward(params, tokens_BxT1[:, :-1], CFG), np.float64)
+        log_probs_BxTxV = logits_BxTxV - np.log(np.exp(logits_BxTxV).sum(-1, keepdims=True))
+        targets_BxT = np.asarray(tokens_BxT1[:, 1:])
+        expected_BxT = -np.take_along_axis(log_probs_BxTxV, targets_BxT[..., None], -1)[..., 0]
+        np.testing.assert_allclose(
+            next_token_losses(params, tokens_BxT1, CFG), expected_BxT, rtol=1e-5, atol=1e-5
         )
 
     def test_bfloat16_compute_keeps_float32_params_and_logits(self):
@@ -206,7 +216,8 @@ class TyingTest(chex.TestCase):
 
 
 class ParamCountTest(chex.TestCase):
-    GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    # configs/gpt2_small.py's model at GPT-2's vocabulary.
+    GPT2_SMALL = gpt_config_from(gpt2_small.get_config(), vocab_size=50257)
 
     def test_gpt2_small(self):
         self.assertEqual(count_params(self.GPT2_SMALL), 124_439_808)

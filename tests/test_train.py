@@ -13,8 +13,8 @@ import pytest
 
 from configs import tiny
 from minigpt_jax.checkpoint import CheckpointError, load_params
-from minigpt_jax.config import gpt_config_from
 from minigpt_jax.metrics import read_metrics
+from minigpt_jax.run_config import gpt_config_from
 from minigpt_jax.tokenizers import load_tokenizer
 from minigpt_jax.train import (
     decay_mask,

@@ -9,7 +9,7 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.generate import _generate_padded, sample_token, top_k_filter, top_p_filter
+from minigpt_jax.sampling import generate_padded, sample_token, top_k_filter, top_p_filter
 
 DIMS = chex.Dimensions(B=2, V=32)
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -130,26 +130,26 @@ class SamplingTest(chex.TestCase):
         for kept_V, probs_V in zip(kept_BxV, probs_BxV, strict=True):
             self.assertEqual(set(np.flatnonzero(kept_V).tolist()), _nucleus(probs_V, p))
 
-    def _draws_NxB(self, logits_BxV, **kwargs):
+    def _draws(self, logits_BxV, **kwargs):
         rngs = jax.random.split(jax.random.key(3), 1000)
         draw = jax.jit(lambda rng: sample_token(logits_BxV, rng, **kwargs))
         return np.asarray(jax.vmap(draw)(rngs))
 
     def test_samples_never_leave_the_top_k(self):
         logits_BxV = self._logits_BxV()
-        draws_NxB = self._draws_NxB(logits_BxV, temperature=2.0, top_k=4)
+        draws = self._draws(logits_BxV, temperature=2.0, top_k=4)
         top4_Bx4 = np.argsort(-np.asarray(logits_BxV))[:, :4]
         for b in range(logits_BxV.shape[0]):
-            self.assertEqual(set(draws_NxB[:, b].tolist()), set(top4_Bx4[b].tolist()))
+            self.assertEqual(set(draws[:, b].tolist()), set(top4_Bx4[b].tolist()))
 
     def test_samples_never_leave_the_nucleus(self):
         logits_BxV = self._logits_BxV()
-        draws_NxB = self._draws_NxB(logits_BxV, temperature=1.0, top_p=0.8)
+        draws = self._draws(logits_BxV, temperature=1.0, top_p=0.8)
         probs_BxV = np.asarray(jax.nn.softmax(logits_BxV, axis=-1))
         for b in range(logits_BxV.shape[0]):
             nucleus = _nucleus(probs_BxV[b], 0.8)
-            self.assertLessEqual(set(draws_NxB[:, b].tolist()), nucleus)
-            self.assertGreater(len(set(draws_NxB[:, b].tolist())), 1 if len(nucleus) > 1 else 0)
+            self.assertLessEqual(set(draws[:, b].tolist()), nucleus)
+            self.assertGreater(len(set(draws[:, b].tolist())), 1 if len(nucleus) > 1 else 0)
 
     @parameterized.named_parameters(
         ("plain", {}), ("filtered", {"top_k": 3, "top_p": 0.5})
@@ -174,17 +174,17 @@ class SamplingTest(chex.TestCase):
         """Every new token lies in the top-k of its step's logits and in the nucleus of the
         tempered, top-k-filtered distribution."""
         k, p, temperature = 3, 0.7, 1.5
-        out, logits_BxNxV = generate(
+        out, logits_BxGxV = generate(
             _params(CFG), CFG, _prompts_BxT(), NUM_NEW, rng=jax.random.key(0),
             temperature=temperature, top_k=k, top_p=p, return_logits=True,
         )  # fmt: skip
-        new_BxN = out[:, -NUM_NEW:]
-        for b, j in np.ndindex(new_BxN.shape):
-            order = np.argsort(-logits_BxNxV[b, j])
-            self.assertIn(new_BxN[b, j], order[:k])
-            top_k_probs = np.asarray(jax.nn.softmax(logits_BxNxV[b, j, order[:k]] / temperature))
+        new_BxG = out[:, -NUM_NEW:]
+        for b, j in np.ndindex(new_BxG.shape):
+            order = np.argsort(-logits_BxGxV[b, j])
+            self.assertIn(new_BxG[b, j], order[:k])
+            top_k_probs = np.asarray(jax.nn.softmax(logits_BxGxV[b, j, order[:k]] / temperature))
             nucleus = {int(order[i]) for i in _nucleus(top_k_probs, p)}
-            self.assertIn(new_BxN[b, j], nucleus)
+            self.assertIn(new_BxG[b, j], nucleus)
 
 
 class CompileCountTest(chex.TestCase):
@@ -192,7 +192,7 @@ class CompileCountTest(chex.TestCase):
         """Calls with different prompt lengths, new-token counts and temperatures compile once
         per prompt-length bucket (8 and 16 here; one new-token bucket, 32)."""
         cfg = CFG.replace(pos_encoding="rope")  # learned positions always pad to block_size
-        params, sizes, buckets_seen = _params(cfg), [_generate_padded._cache_size()], set()
+        params, sizes, buckets_seen = _params(cfg), [generate_padded._cache_size()], set()
         for i, length in enumerate((1, 5, 8, 9, 12, 16, 3, 15, 2)):
             prompts = [np.arange(length) % DIMS.V, np.arange(1 + i % 8) % DIMS.V]
             out, _ = generate(
@@ -200,7 +200,7 @@ class CompileCountTest(chex.TestCase):
                 return_logits=True,
             )  # fmt: skip
             self.assertLen(out[0], length + 17 + i)
-            sizes.append(_generate_padded._cache_size())
+            sizes.append(generate_padded._cache_size())
             bucket = 8 if length <= 8 else 16
             if bucket in buckets_seen:  # Same bucket as an earlier call: nothing new compiled.
                 self.assertEqual(sizes[-1], sizes[-2], f"call {i} (length {length}) recompiled")
@@ -215,10 +215,10 @@ class CompileCountTest(chex.TestCase):
             return_logits=True,
         )  # fmt: skip
         run(temperature=1.5, top_k=3, top_p=0.7)
-        size = _generate_padded._cache_size()
+        size = generate_padded._cache_size()
         for temperature, k, p in ((0.5, 5, 0.9), (0.0, 1, 0.3), (2.0, DIMS.V + 9, 1.0)):
             run(temperature=temperature, top_k=k, top_p=p)
-        self.assertEqual(_generate_padded._cache_size(), size)
+        self.assertEqual(generate_padded._cache_size(), size)
 
 
 class BadInputTest(chex.TestCase):

@@ -1,23 +1,20 @@
-"""Sampling: one prefill pass over the prompts, then KV-cached decoding inside one compiled loop."""
+"""Sampling: filters (top-k, top-p), one prefill pass over the prompts, then KV-cached decoding
+inside one compiled loop (`generate`). Loading a trained run to sample from is `runs`' job."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from pathlib import Path
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.attention import KVCache
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.data import TOKENIZER_FILENAME
-from minigpt_jax.embeddings import POSITION_ENCODINGS, check_token_ids
-from minigpt_jax.model import GPT, Params
-from minigpt_jax.tokenizers import load_tokenizer
+from minigpt_jax.embeddings import check_token_ids
+from minigpt_jax.model import Params, forward_with_cache, init_cache
+from minigpt_jax.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 
@@ -71,30 +68,11 @@ def sample_token(
     return jnp.where(temperature > 0, sampled_B, greedy_B).astype(jnp.int32)
 
 
-# ----------------------------------------------------------------------------- cached model calls
-
-
-def init_cache(cfg: GPTConfig, batch: int, length: int) -> list[KVCache]:
-    """One empty KV cache of `length` slots per layer."""
-    return [KVCache.empty(cfg, batch, length) for _ in range(cfg.n_layer)]
-
-
-def forward_with_cache(
-    params: Params, tokens_BxT: Array, positions_BxT: Array, cache: list[KVCache], cfg: GPTConfig
-) -> tuple[Array, list[KVCache]]:
-    """(logits_BxTxV, cache): the tokens attend to the cache's filled slots and to each other
-    (causally, by position), and their keys and values are written at the cache index.
-
-    A negative position marks left padding, which is never attended to.
-    """
-    return GPT(cfg).apply({"params": params}, tokens_BxT, positions_BxT, cache=cache)
-
-
 # ----------------------------------------------------------------------------- compiled loop
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "return_logits"))
-def _generate_padded(
+def generate_padded(
     params: Params,
     prompt_BxP: Array,
     lengths_B: Array,
@@ -108,7 +86,7 @@ def _generate_padded(
     num_slots: int,
     return_logits: bool,
 ) -> tuple[Array, Array | None]:
-    """new_BxN and, with return_logits, each step's logits_BxNxV (N = num_slots >= num_new;
+    """new_BxG and, with return_logits, each step's logits_BxGxV (G = num_slots >= num_new;
     slots from num_new on are zeros).
 
     Prompts are right-aligned in prompt_BxP: row b's lengths_B[b] tokens end at slot P-1, so all
@@ -119,7 +97,7 @@ def _generate_padded(
     # With learned positions the cache stops serving before any context outgrows the window.
     cache_len = window + (min(num_slots, window) if learned else num_slots)
     tokens_BxL = jnp.concatenate([prompt_BxP, jnp.zeros((batch, num_slots), jnp.int32)], axis=1)
-    logits_BxNxV = jnp.zeros((batch, num_slots, vocab), jnp.float32) if return_logits else None
+    logits_BxGxV = jnp.zeros((batch, num_slots, vocab), jnp.float32) if return_logits else None
 
     def recompute(j, tokens_BxL, cache):
         """Runs the last `window` slots through a fresh cache: the prefill at j = 0."""
@@ -132,7 +110,7 @@ def _generate_padded(
         logits_BxWxV, cache = forward_with_cache(
             params, window_BxW, positions_BxW, init_cache(cfg, batch, window), cfg
         )
-        return logits_BxWxV[:, -1], [_extended(c, cache_len) for c in cache]
+        return logits_BxWxV[:, -1], [c.extended(cache_len) for c in cache]
 
     def feed_one(j, tokens_BxL, cache):
         """Feeds token j-1 through the cache."""
@@ -143,7 +121,7 @@ def _generate_padded(
 
     def step(j, carry):
         """Samples new token j (rng folded with j) and stores it and its logits."""
-        tokens_BxL, logits_BxNxV, cache = carry
+        tokens_BxL, logits_BxGxV, cache = carry
         # Learned positions: token j sees lengths_B + j tokens and nanoGPT crops that context to
         # the last block_size. Cropping shifts every position, so no cached key stays valid and
         # each such step recomputes the window.
@@ -156,30 +134,16 @@ def _generate_padded(
             tokens_BxL, token_B[:, None], window + j, axis=1
         )
         if return_logits:
-            logits_BxNxV = jax.lax.dynamic_update_slice_in_dim(
-                logits_BxNxV, logits_BxV[:, None], j, axis=1
+            logits_BxGxV = jax.lax.dynamic_update_slice_in_dim(
+                logits_BxGxV, logits_BxV[:, None], j, axis=1
             )
-        return tokens_BxL, logits_BxNxV, cache
+        return tokens_BxL, logits_BxGxV, cache
 
     cache = init_cache(cfg, batch, cache_len)
-    tokens_BxL, logits_BxNxV, _ = jax.lax.fori_loop(
-        0, num_new, step, (tokens_BxL, logits_BxNxV, cache)
+    tokens_BxL, logits_BxGxV, _ = jax.lax.fori_loop(
+        0, num_new, step, (tokens_BxL, logits_BxGxV, cache)
     )
-    return tokens_BxL[:, window:], logits_BxNxV
-
-
-def _extended(cache: KVCache, length: int) -> KVCache:
-    """The cache with empty slots appended up to `length`."""
-
-    def pad(x_BxSx, value):
-        widths = [(0, 0), (0, length - x_BxSx.shape[1])] + [(0, 0)] * (x_BxSx.ndim - 2)
-        return jnp.pad(x_BxSx, widths, constant_values=value)
-
-    return cache._replace(
-        k_BxSxHxK=pad(cache.k_BxSxHxK, 0),
-        v_BxSxHxK=pad(cache.v_BxSxHxK, 0),
-        positions_BxS=pad(cache.positions_BxS, -1),
-    )
+    return tokens_BxL[:, window:], logits_BxGxV
 
 
 # ----------------------------------------------------------------------------- public entry point
@@ -241,16 +205,16 @@ def generate(
         )
 
     batch, vocab = len(prompts), cfg.vocab_size
-    new_BxN = np.zeros((batch, 0), np.int32)
-    logits_BxNxV = np.zeros((batch, 0, vocab), np.float32)
+    new_BxG = np.zeros((batch, 0), np.int32)
+    logits_BxGxV = np.zeros((batch, 0, vocab), np.float32)
     if max_new_tokens > 0:
         contexts = [p[-cfg.block_size :] for p in prompts] if learned else prompts
         lengths_B = np.array([len(c) for c in contexts], np.int32)
-        prompt_slots = cfg.block_size if learned else _bucket(int(lengths_B.max()))
+        prompt_slots = cfg.block_size if learned else bucket(int(lengths_B.max()))
         prompt_BxP = np.zeros((batch, prompt_slots), np.int32)
         for b, context in enumerate(contexts):
             prompt_BxP[b, prompt_slots - len(context) :] = context
-        new_BxN, logits_BxNxV = _generate_padded(
+        new_BxG, logits_BxGxV = generate_padded(
             params,
             prompt_BxP,
             lengths_B,
@@ -260,22 +224,23 @@ def generate(
             None if top_k is None else np.int32(min(top_k, vocab)),
             None if top_p is None else np.float32(top_p),
             cfg=cfg,
-            num_slots=_bucket(max_new_tokens),
+            num_slots=bucket(max_new_tokens),
             return_logits=return_logits,
         )
         # Cropped on the host: a device slice would compile once per max_new_tokens.
-        new_BxN = np.asarray(new_BxN)[:, :max_new_tokens]
+        new_BxG = np.asarray(new_BxG)[:, :max_new_tokens]
         if return_logits:
-            logits_BxNxV = np.asarray(logits_BxNxV)[:, :max_new_tokens]
+            logits_BxGxV = np.asarray(logits_BxGxV)[:, :max_new_tokens]
 
     if as_array:
-        out = np.concatenate([np.stack(prompts), new_BxN], axis=1)
+        out = np.concatenate([np.stack(prompts), new_BxG], axis=1)
     else:
-        out = [np.concatenate([p, new]) for p, new in zip(prompts, new_BxN, strict=True)]
-    return (out, logits_BxNxV) if return_logits else out
+        out = [np.concatenate([p, new]) for p, new in zip(prompts, new_BxG, strict=True)]
+    return (out, logits_BxGxV) if return_logits else out
 
 
-def _bucket(n: int) -> int:
+def bucket(n: int) -> int:
+    """The slot count for n prompt or new tokens: the next power of two, at least MIN_BUCKET."""
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
@@ -334,50 +299,3 @@ def _check_settings(cfg, max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"top_k={top_k!r} must be a positive int, or None to keep all tokens.")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p!r} must be in (0, 1], or None to keep all tokens.")
-
-
-# ----------------------------------------------------------------------------- trained runs
-
-
-def sample_from_workdir(
-    workdir: str | Path,
-    prompt: str,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    num_samples: int = 1,
-    checkpoint: str = "latest",
-) -> list[str]:
-    """Decoded texts: `num_samples` continuations of `prompt` by a trained run.
-
-    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; the
-    samples are independent draws from one `generate` call seeded by `seed`.
-    """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
-    params, meta = load_params(workdir, checkpoint)
-    cfg = GPTConfig(**meta["gpt_config"])
-    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
-    if not tokenizer_path.exists():
-        raise FileNotFoundError(
-            f"{tokenizer_path} is missing: sample from the workdir of a run made by "
-            "`minigpt-jax train`, which saves its tokenizer there."
-        )
-    tokenizer = load_tokenizer(tokenizer_path)
-    prompt_ids = tokenizer.encode(prompt)
-    if prompt_ids.size == 0:
-        raise ValueError("the prompt is empty: give at least one character, e.g. --prompt='\\n'.")
-    out_BxT = generate(
-        params,
-        cfg,
-        np.tile(prompt_ids, (num_samples, 1)),
-        max_new_tokens,
-        rng=jax.random.key(seed),
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
-    return [tokenizer.decode(row) for row in out_BxT]

@@ -1,0 +1,134 @@
+"""Experiment configs (configs/*.py): the keys a run config may hold, their checks, and loading
+a config file.
+
+A run config is an ml_collections ConfigDict with the loop settings at the top and the groups
+`model`, `optim`, `data` and `mesh`; `gpt_config_from` turns its model group into the frozen
+`GPTConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from minigpt_jax import data
+from minigpt_jax.config import GPTConfig
+
+# The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
+# model key: the tokenizer decides it (data.vocab_size sets the BPE size).
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size")
+EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        "seed",
+        "batch_size",
+        "num_steps",
+        "steps_per_call",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "model",
+        "optim",
+        "data",
+        "mesh",
+    ),
+    "model": MODEL_KEYS,
+    "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
+    "data": ("corpus", "path", "tokenizer", "vocab_size", "val_fraction"),
+    "mesh": ("data", "fsdp", "tensor"),
+}
+
+
+def unknown_key_message(path: str, key: str) -> str:
+    """Names an unknown config key `path.key` and lists the valid keys at that level."""
+    valid = EXPERIMENT_KEYS.get(path, ())
+    close = difflib.get_close_matches(key, valid, n=1)
+    where = f"config.{path}" if path else "config"
+    return (
+        f"unknown config key {where}.{key}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; valid keys of {where}: {', '.join(valid)}."
+    )
+
+
+def _check_keys(config: Any, path: str) -> None:
+    valid = EXPERIMENT_KEYS[path]
+    group = config if not path else config.get(path)
+    if group is None:
+        raise ValueError(f"the config has no group {path!r}; it needs {', '.join(valid)}.")
+    for key in group.keys():
+        if key not in valid:
+            raise ValueError(unknown_key_message(path, key))
+    missing = [k for k in valid if k not in group]
+    if missing:
+        where = f"config.{path}" if path else "config"
+        raise ValueError(f"{where} lacks {', '.join(missing)}: start from configs/default.py.")
+
+
+def _check_schedule(config: Any) -> None:
+    k = config.steps_per_call
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"config.steps_per_call must be a positive integer, got {k!r}.")
+    for name in ("num_steps", "eval_every", "checkpoint_every"):
+        value = config[name]
+        if not isinstance(value, int) or value < 1 or value % k:
+            raise ValueError(
+                f"config.{name}={value!r} must be a positive multiple of "
+                f"steps_per_call={k}: steps run in chunks of {k}."
+            )
+    for name in ("batch_size", "eval_batches", "log_every", "keep_checkpoints"):
+        if not isinstance(config[name], int) or config[name] < 1:
+            raise ValueError(f"config.{name} must be a positive integer, got {config[name]!r}.")
+
+
+def check_experiment_config(config: Any) -> None:
+    """Raises ValueError for a missing or unknown key in an experiment ConfigDict, or a loop
+    setting that is not a positive integer (num_steps, eval_every and checkpoint_every must be
+    multiples of steps_per_call). The model group's values are GPTConfig's to check."""
+    for path in EXPERIMENT_KEYS:
+        _check_keys(config, path)
+    _check_schedule(config)
+
+
+def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
+    """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees
+    (checks the model group's keys; `check_experiment_config` checks the rest)."""
+    _check_keys(config, "model")
+    return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())
+
+
+def dataset_from(config: Any, workdir: str | Path | None) -> data.Dataset:
+    """The run's tokenizer and token splits as its data group describes them, cached in
+    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there)."""
+    return data.prepare_dataset(
+        config.data.corpus,
+        config.data.path,
+        config.data.tokenizer,
+        config.data.vocab_size,
+        config.model.block_size,
+        workdir,
+        config.data.val_fraction,
+    )
+
+
+def add_config_root_to_path(config_path: str) -> None:
+    """Configs import their siblings as `from configs import default`: puts the folder above
+    the config file's folder on sys.path, wherever the command runs from."""
+    root = str(Path(config_path).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def load_config_file(spec: str) -> Any:
+    """get_config(arg) of a config file given as `path[:arg]`, as the CLI's --config reads it."""
+    path, _, arg = spec.partition(":")
+    add_config_root_to_path(path)
+    module_spec = importlib.util.spec_from_file_location("_minigpt_jax_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)

@@ -1,0 +1,62 @@
+"""Trained runs on disk: sampling from a run directory's checkpoint and tokenizer.
+
+The I/O side of `minigpt-jax sample`, kept out of `sampling` (which works on params and ids)
+and out of `cli` (which only parses flags).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from minigpt_jax.checkpoint import load_params
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.data import TOKENIZER_FILENAME
+from minigpt_jax.sampling import generate
+from minigpt_jax.tokenizers import load_tokenizer
+
+
+def sample_from_workdir(
+    workdir: str | Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    num_samples: int = 1,
+    checkpoint: str = "latest",
+) -> list[str]:
+    """Decoded texts: `num_samples` continuations of `prompt` by a trained run.
+
+    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; the
+    samples are independent draws from one `generate` call seeded by `seed`.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
+    params, meta = load_params(workdir, checkpoint)
+    cfg = GPTConfig(**meta["gpt_config"])
+    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
+    if not tokenizer_path.exists():
+        raise FileNotFoundError(
+            f"{tokenizer_path} is missing: sample from the workdir of a run made by "
+            "`minigpt-jax train`, which saves its tokenizer there."
+        )
+    tokenizer = load_tokenizer(tokenizer_path)
+    prompt_ids = tokenizer.encode(prompt)
+    if prompt_ids.size == 0:
+        raise ValueError("the prompt is empty: give at least one character, e.g. --prompt='\\n'.")
+    out_BxT = generate(
+        params,
+        cfg,
+        np.tile(prompt_ids, (num_samples, 1)),
+        max_new_tokens,
+        rng=jax.random.key(seed),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+    return [tokenizer.decode(row) for row in out_BxT]
