@@ -3,13 +3,15 @@
     python -m experiments.pos_study --outdir results/pos_study --data ../shared/data
 
 Trains learned, sinusoidal, rope and no positions on character-level Tiny Shakespeare
-(configs/shakespeare_char.py) with the same seed, batches and budget (default 300 steps), then
-evaluates each final model on validation windows of 1x, 2x and 4x block_size through `forward`.
-Learned positions refuse anything longer than block_size (the model's ValueError, reported as
-"n/a (refuses)"); the other schemes run, and show how well what they learned carries past the
-trained length. Figures: validation loss curves, and loss by position on 4x block_size windows.
-At 300 steps rope reaches 2.15, learned 2.37 and none 2.38; sinusoidal stays at the unigram loss
-(3.34): its unscaled sinusoids (norm sqrt(D/2) = 8) drown token rows of norm ~0.25.
+(configs/shakespeare_char.py) with the same seed, batches and budget (default 300 steps), each
+the way its paper uses it: sinusoidal positions with the token embeddings scaled by sqrt(D)
+(Vaswani et al. 2017, section 3.4), the others unscaled (GPT-2, RoFormer). Beside them runs the
+lesson, "sinusoidal unscaled": sinusoids of norm sqrt(D/2) added to token rows of norm ~0.23
+drown them. Each final model is evaluated on validation windows of 1x, 2x and 4x block_size
+through `forward`. Learned positions refuse anything longer than block_size (the model's
+ValueError, reported as "n/a (refuses)"); the other schemes run, and show how well what they
+learned carries past the trained length. Figures: validation loss curves, and loss by position
+on 4x block_size windows. Measured numbers: experiments/README.md, section 8.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
 from experiments.training import (
@@ -31,23 +32,37 @@ from experiments.training import (
     train_fresh,
     val_curve,
 )
-from minigpt_jax import GPTConfig, forward
+from minigpt_jax import GPTConfig
 from minigpt_jax.checkpoint import load_params
-from minigpt_jax.data import get_batch, prepare_dataset
+from minigpt_jax.data import get_batch
+from minigpt_jax.model import next_token_losses
+from minigpt_jax.run_config import dataset_from
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")
+# The same scheme trained without its paper's sqrt(D) token scale, shown beside the fair runs.
+UNSCALED = "sinusoidal unscaled"
+VARIANTS = (*SCHEMES, UNSCALED)
+
+
+def variant_model(name: str, n_embd: int) -> dict[str, Any]:
+    """The model keys a study variant sets: its pos_encoding, and embed_scale = sqrt(D) for
+    sinusoids as Vaswani et al. use them (1.0, GPT-2's and RoFormer's, otherwise)."""
+    if name == UNSCALED:
+        return dict(pos_encoding="sinusoidal", embed_scale=1.0)
+    scale = math.sqrt(n_embd) if name == "sinusoidal" else 1.0
+    return dict(pos_encoding=name, embed_scale=scale)
+
+
 MULTIPLES = (1, 2, 4)  # evaluation lengths, in units of block_size
 REFUSED = "n/a (refuses)"
 
 # One compile per (scheme, length); learned positions raise their ValueError at trace time.
-forward_fn = jax.jit(forward, static_argnums=2)
+losses_fn = jax.jit(next_token_losses, static_argnums=2)
 
 
 def _per_position_losses(params, windows_BxT1: np.ndarray, cfg: GPTConfig) -> np.ndarray:
     """Next-token loss at every position, averaged over windows: shape (T,)."""
-    logits_BxTxV = forward_fn(params, windows_BxT1[:, :-1], cfg)
-    losses_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, windows_BxT1[:, 1:])
-    return np.asarray(losses_BxT).mean(axis=0)
+    return np.asarray(losses_fn(params, windows_BxT1, cfg)).mean(axis=0)
 
 
 def long_context_losses(
@@ -87,13 +102,15 @@ def run(
     steps: int = 300,
     data: str | Path | None = None,
     config: Any = None,
-    schemes: tuple[str, ...] = SCHEMES,
+    schemes: tuple[str, ...] = VARIANTS,
     windows: int = 64,
 ) -> dict:
-    """Trains one run per scheme and evaluates it at 1x, 2x, 4x block_size.
+    """Trains one run per variant (see `variant_model`) and evaluates it at 1x, 2x, 4x
+    block_size.
 
     config: the base experiment config (default configs/shakespeare_char.py); only
-    model.pos_encoding differs between runs. windows: val windows per evaluation length.
+    model.pos_encoding and model.embed_scale differ between runs. windows: val windows per
+    evaluation length.
     """
     base = study_config(config, steps=steps, data=data)
     block = base.model.block_size
@@ -102,30 +119,22 @@ def run(
     with runs_root(outdir) as root:
         for scheme in schemes:
             config = study_config(base, steps=steps)
-            config.model.pos_encoding = scheme
-            workdir = root / f"pos_{scheme}"
+            config.model.update(variant_model(scheme, base.model.n_embd))
+            workdir = root / f"pos_{scheme.replace(' ', '_')}"
             summary = train_fresh(config, workdir, scheme)
             params, meta = load_params(workdir, "latest")
             cfg = GPTConfig(**meta["gpt_config"])
             # The run's own tokenizer and split (its tokens.npy cache, nothing re-encoded).
-            dataset = prepare_dataset(
-                config.data.corpus,
-                config.data.path,
-                config.data.tokenizer,
-                config.data.vocab_size,
-                block,
-                workdir,
-                config.data.val_fraction,
-            )
+            dataset = dataset_from(config, workdir)
             losses, per_position = long_context_losses(
                 params, cfg, dataset.val, windows=windows, seed=config.seed
             )
             results[scheme] = dict(
                 unigram=unigram_loss(dataset.train, dataset.val, cfg.vocab_size),
-                # Mean norm of a token row; sinusoidal vectors have norm sqrt(D/2).
-                token_norm=float(
-                    np.linalg.norm(params["embed"]["tok"]["embedding"], axis=1).mean()
-                ),
+                # Mean norm of a token vector as positions meet it (the row times embed_scale);
+                # sinusoidal vectors have norm sqrt(D/2).
+                token_norm=cfg.embed_scale
+                * float(np.linalg.norm(params["embed"]["tok"]["embedding"], axis=1).mean()),
                 n_embd=cfg.n_embd,
                 val_loss=summary.val_loss,
                 curve=val_curve(workdir),
@@ -154,7 +163,7 @@ def run(
             "final val loss",
             *lengths,
             f"positions >= {block} at {MULTIPLES[-1]}x",
-            "mean |token row|",
+            "mean |scale x token row|",
         ],
         [
             [
@@ -173,7 +182,10 @@ def run(
             message = r["long"][refused[-1] // block]
             print(f"{scheme} at {refused} tokens -> ValueError, e.g. {message}")
 
-    print(f"a sinusoidal position vector has norm sqrt(D/2) = {math.sqrt(width / 2):.2f}")
+    print(
+        f"a sinusoidal position vector has norm sqrt(D/2) = {math.sqrt(width / 2):.2f}; "
+        f"'sinusoidal' scales token rows by sqrt(D) = {math.sqrt(width):.2f}"
+    )
 
     figures = _plot(results, block, steps, unigram, outdir)
     return dict(
@@ -191,11 +203,19 @@ def run(
     )
 
 
+def _label(scheme: str) -> str:
+    return "sinusoidal (tokens x sqrt(D))" if scheme == "sinusoidal" else scheme
+
+
+def _style(scheme: str) -> str:
+    return "--" if scheme == UNSCALED else "-"
+
+
 def _plot(results: dict, block: int, steps: int, unigram: float, outdir: Path | None) -> list:
     fig, axes = new_figure(1, 2, size=(12.0, 4.2))
     ax = axes[0, 0]
     for scheme, r in results.items():
-        ax.plot(*r["curve"], marker="o", ms=3, label=scheme)
+        ax.plot(*r["curve"], marker="o", ms=3, label=_label(scheme), ls=_style(scheme))
     ax.set_xlabel("step")
     ax.set_ylabel("val loss (nats/token)")
     ax.axhline(unigram, color="gray", ls=":", label="unigram (no context)")
@@ -209,8 +229,12 @@ def _plot(results: dict, block: int, steps: int, unigram: float, outdir: Path | 
         per_position = r["per_position"][longest]
         usable = len(per_position) // bin_width * bin_width
         bins = per_position[:usable].reshape(-1, bin_width).mean(axis=1)
-        label = scheme if longest == MULTIPLES[-1] else f"{scheme} (refuses > {block})"
-        ax.plot(np.arange(len(bins)) * bin_width + bin_width / 2, bins, label=label)
+        label = _label(scheme)
+        if longest != MULTIPLES[-1]:
+            label += f" (refuses > {block})"
+        ax.plot(
+            np.arange(len(bins)) * bin_width + bin_width / 2, bins, label=label, ls=_style(scheme)
+        )
     ax.axvline(block, color="k", ls="--", lw=1, label=f"block_size {block}")
     ax.axhline(unigram, color="gray", ls=":", label="unigram (no context)")
     ax.set_xlabel(f"position in a {MULTIPLES[-1] * block}-token window (bins of {bin_width})")

@@ -225,6 +225,19 @@ class PosStudyTest(_ExperimentTest):
                 self.assertTrue(math.isfinite(long[multiple]), (scheme, multiple))
             self.assertTrue(math.isfinite(result["beyond_block"][scheme]))
 
+    def test_sinusoids_are_trained_with_the_papers_scale_and_the_unscaled_lesson_beside(self):
+        """Only "sinusoidal" scales its tokens by sqrt(D), so its token vectors, as the positions
+        meet them, are far louder than the unscaled run's; the other schemes are unscaled."""
+        norms = self.result["token_norm"]
+        self.assertEqual(set(norms), set(pos_study.VARIANTS))
+        self.assertGreater(norms["sinusoidal"], 3 * norms[pos_study.UNSCALED])
+        self.assertEqual(
+            pos_study.variant_model("sinusoidal", 64),
+            dict(pos_encoding="sinusoidal", embed_scale=8.0),
+        )
+        for scheme in ("learned", "rope", "none", pos_study.UNSCALED):
+            self.assertEqual(pos_study.variant_model(scheme, 64)["embed_scale"], 1.0)
+
     def test_long_windows_extend_the_short_ones(self):
         """Causal model, same windows: the first block_size positions of the 4x windows give
         the 1x losses, so the lengths differ only in what comes after."""
