@@ -1,4 +1,8 @@
-"""Helpers shared by the experiments: command line, result tables, figures, timing, toy data."""
+"""Helpers shared by the experiments: command line, result tables, figures, timing.
+
+The six-word toy table of `one_step` and `context` lives in `minigpt_jax.lab.compute`, which the
+lab page shares.
+"""
 
 from __future__ import annotations
 
@@ -16,29 +20,6 @@ from matplotlib.figure import Figure  # noqa: E402
 
 # The figures committed under experiments/figures/ stay small at this resolution.
 FIGURE_DPI = 100
-
-# ----------------------------------------------------------------------------- toy vocabulary
-
-# Six Polish words with readable 6-d vectors, shared by `one_step` and `context`. The
-# `kamienny` row is chosen so that the one-step lab lands on its target numbers (see one_step).
-TOY_VOCAB = ("oto", "kamienny", "zamek", "metalowy", "klucz", "drzwi")
-TOY_TABLE = np.array(
-    [
-        [0.1, 0.0, -0.3, 0.2, 0.4, -0.1],  # oto ("here is")
-        [-0.2, 0.1, 0.3, 0.5, -0.4, 0.2],  # kamienny ("stone", adj.)
-        [0.6, -0.2, 0.1, -0.3, 0.0, 0.4],  # zamek ("castle" or "lock")
-        [0.3, 0.5, -0.2, 0.1, 0.2, -0.4],  # metalowy ("metal", adj.)
-        [0.4, -0.1, 0.2, -0.5, 0.3, 0.1],  # klucz ("key")
-        [-0.3, 0.2, 0.0, 0.1, -0.2, 0.5],  # drzwi ("door")
-    ],
-    dtype=np.float32,
-)
-
-
-def toy_ids(sentence: str) -> np.ndarray:
-    """Ids (1, T) of a sentence written in TOY_VOCAB words."""
-    return np.array([[TOY_VOCAB.index(word) for word in sentence.split()]], dtype=np.int32)
-
 
 # ----------------------------------------------------------------------------- command line
 

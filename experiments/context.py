@@ -2,7 +2,7 @@
 
     python -m experiments.context --outdir results/context
 
-"oto kamienny zamek" vs "oto metalowy zamek" on the six-word toy table (`common.TOY_TABLE`)
+"oto kamienny zamek" vs "oto metalowy zamek" on the six-word toy table (`minigpt_jax.lab.compute`)
 with sinusoidal positions: at "zamek" the input (embedding + position) is identical in both
 sentences. One causal attention head with identity Q, K, V projections gives different outputs
 there, because "zamek" attends to "kamienny" in one and to "metalowy" in the other. With the
@@ -13,49 +13,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import (
-    TOY_TABLE,
-    TOY_VOCAB,
-    make_parser,
-    new_figure,
-    print_table,
-    save_figure,
-    toy_ids,
-)
-from minigpt_jax import sinusoidal_positions
-from minigpt_jax.attention import attention_weights, causal_mask, mix_values
-
-SENTENCES = ("oto kamienny zamek", "oto metalowy zamek")
+from experiments.common import make_parser, new_figure, print_table, save_figure
+from minigpt_jax.lab.compute import SENTENCES, VOCAB, TABLE_VxD, one_head, parse_sentence
 
 
-def one_head(sentence: str):
-    """(inputs_TxD, weights_TxT, outputs_TxD) of one causal head with Q = K = V = x."""
-    tokens_1xT = jnp.asarray(toy_ids(sentence))
-    length = tokens_1xT.shape[1]
-    x_1xTxD = (
-        jnp.asarray(TOY_TABLE)[tokens_1xT] + sinusoidal_positions(length, TOY_TABLE.shape[1])[None]
-    )
-    positions_1xT = jnp.arange(length)[None, :]
-    x_1xTx1xD = x_1xTxD[:, :, None, :]  # one head of width D; the identity projections
-    weights_1x1xTxT = attention_weights(
-        x_1xTx1xD, x_1xTx1xD, causal_mask(positions_1xT, positions_1xT)
-    )
-    out_1xTx1xD = mix_values(weights_1x1xTxT, x_1xTx1xD)
-    return x_1xTxD[0], weights_1x1xTxT[0, 0], out_1xTx1xD[0, :, 0]
+def _one_head(sentence: str):
+    """(inputs_TxD, weights_TxT, outputs_TxD) of the lab's identity-QKV causal head."""
+    return one_head(TABLE_VxD, parse_sentence(sentence, VOCAB))
 
 
 def run(outdir: Path | None = None, *, sentences: tuple[str, str] = SENTENCES) -> dict:
     """Inputs and outputs at the last word of two sentences, and the attention weights."""
-    (x_a, w_a, out_a), (x_b, w_b, out_b) = (one_head(s) for s in sentences)
-    _, _, out_same = one_head(sentences[0])
+    (x_a, w_a, out_a), (x_b, w_b, out_b) = (_one_head(s) for s in sentences)
+    _, _, out_same = _one_head(sentences[0])
     last = len(sentences[0].split()) - 1
     word = sentences[0].split()[last]
-    input_diff = float(jnp.abs(x_a[last] - x_b[last]).max())
-    output_diff = float(jnp.abs(out_a[last] - out_b[last]).max())
-    same_diff = float(jnp.abs(out_a - out_same).max())
+    input_diff = float(np.abs(x_a[last] - x_b[last]).max())
+    output_diff = float(np.abs(out_a[last] - out_b[last]).max())
+    same_diff = float(np.abs(out_a - out_same).max())
 
     for sentence, weights in zip(sentences, (w_a, w_b), strict=True):
         words = sentence.split()
@@ -94,7 +71,7 @@ def run(outdir: Path | None = None, *, sentences: tuple[str, str] = SENTENCES) -
         output_diff=output_diff,
         same_sentence_diff=same_diff,
         weights=(np.asarray(w_a), np.asarray(w_b)),
-        vocab=TOY_VOCAB,
+        vocab=VOCAB,
         figures=[figure],
     )
 

@@ -9,7 +9,6 @@ product costs 2·B·T·V·D FLOPs, the gather none; both are timed under jit at 
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
@@ -18,22 +17,12 @@ import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
 from minigpt_jax import Embeddings, GPTConfig
+from minigpt_jax.lab.compute import lookup, one_hot_lookup
 from minigpt_jax.timing import median_seconds
 
 IDS = ((76, 299, 412),)
 # (V, D): the mini-GPT's vocab, then GPT-2's vocab at the mini-GPT's width.
 SIZES = ((512, 128), (50257, 128))
-
-
-def lookup(table_VxD, tokens_BxT, cfg: GPTConfig):
-    """x_BxTxD through the model's Embeddings module (cfg has pos_encoding='none')."""
-    return Embeddings(cfg).apply({"params": {"tok": {"embedding": table_VxD}}}, tokens_BxT)
-
-
-def one_hot_matmul(table_VxD, tokens_BxT):
-    """x_BxTxD = one_hot(ids) · W_E, at full float32 precision (no TF32 on GPUs)."""
-    one_hot_BxTxV = jax.nn.one_hot(tokens_BxT, table_VxD.shape[0], dtype=table_VxD.dtype)
-    return jnp.einsum("btv,vd->btd", one_hot_BxTxV, table_VxD, precision=jax.lax.Precision.HIGHEST)
 
 
 def _init_table(cfg: GPTConfig, seed: int):
@@ -64,8 +53,8 @@ def run(
     cfg = GPTConfig(vocab_size=512, n_embd=128, pos_encoding="none", dropout=0.0)
     ids_BxT = jnp.array(IDS, jnp.int32)
     table_VxD = _init_table(cfg, seed)
-    x_BxTxD = np.asarray(lookup(table_VxD, ids_BxT, cfg))
-    via_one_hot = np.asarray(one_hot_matmul(table_VxD, ids_BxT))
+    x_BxTxD = np.asarray(lookup(table_VxD, ids_BxT))
+    via_one_hot = np.asarray(one_hot_lookup(table_VxD, ids_BxT))
     max_diff = float(np.abs(x_BxTxD - via_one_hot).max())
     rows_diff = float(np.abs(x_BxTxD[0] - np.asarray(table_VxD)[list(IDS[0])]).max())
     print(f"ids {list(IDS[0])} with V={cfg.vocab_size}, D={cfg.n_embd} -> x {x_BxTxD.shape}")
@@ -79,8 +68,8 @@ def run(
         size_cfg = GPTConfig(vocab_size=vocab, n_embd=dim, n_head=1, pos_encoding="none")
         table = _init_table(size_cfg, seed)
         tokens_1xT = jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (1, tokens)))
-        gather, gather_flops = _compile(functools.partial(lookup, cfg=size_cfg), table, tokens_1xT)
-        matmul, matmul_flops = _compile(one_hot_matmul, table, tokens_1xT)
+        gather, gather_flops = _compile(lookup, table, tokens_1xT)
+        matmul, matmul_flops = _compile(one_hot_lookup, table, tokens_1xT)
         rows.append(
             dict(
                 V=vocab,

@@ -2,10 +2,11 @@
 
     python -m experiments.one_step --outdir results/one_step
 
-Vocabulary of six words with 6-d vectors (`common.TOY_VOCAB`). The input is "kamienny"; the
-next token should be "zamek", not "klucz". Two frozen output vectors turn the input row into two
-logits; one plain SGD step (lr 0.4, gradient from `jax.grad`) on the table moves only the
-"kamienny" row, and takes p(zamek) from 0.470 to 0.610 and the loss from 0.755 to 0.495.
+Vocabulary of six words with 6-d vectors (`minigpt_jax.lab.compute`, the lab's table). The
+input is "kamienny"; the next token should be "zamek", not "klucz". Two frozen output vectors
+turn the input row into two logits; one plain SGD step (lr 0.4, gradient from `jax.grad`, in
+`compute.sgd_step`) on the table moves only the "kamienny" row, and takes p(zamek) from 0.470
+to 0.610 and the loss from 0.755 to 0.495.
 
 Why: with two logits, g = logit_zamek - logit_klucz = e·Δw with Δw = w_zamek - w_klucz, and
 p = σ(g). The loss -log σ(g) has gradient -(1 - p)·Δw with respect to e, so the step adds
@@ -17,39 +18,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import (
-    TOY_TABLE,
-    TOY_VOCAB,
-    make_parser,
-    new_figure,
-    print_table,
-    save_figure,
+from experiments.common import make_parser, new_figure, print_table, save_figure
+from minigpt_jax.lab.compute import (
+    LEARNING_RATE,
+    STEP_INPUT,
+    STEP_RIVAL,
+    STEP_TARGET,
+    VOCAB,
+    OUTPUT_WEIGHTS_2xD,
+    TABLE_VxD,
+    sgd_step,
 )
-
-LEARNING_RATE = 0.4
-INPUT, TARGET, RIVAL = "kamienny", "zamek", "klucz"
-# Frozen output vectors (rows: zamek, klucz); they differ by Δw = (1.3, -0.7, 0.7, 0, 0, 0).
-OUTPUT_WEIGHTS = np.array(
-    [
-        [0.8, -0.3, 0.5, 0.1, 0.0, -0.2],  # w_zamek
-        [-0.5, 0.4, -0.2, 0.1, 0.0, -0.2],  # w_klucz
-    ],
-    dtype=np.float32,
-)
-
-
-def logits(table_VxD, output_2xD):
-    """[logit_zamek, logit_klucz] for the input word."""
-    return output_2xD @ table_VxD[TOY_VOCAB.index(INPUT)]
-
-
-def loss_fn(table_VxD, output_2xD):
-    """Cross-entropy of the right next word, zamek (class 0 of the two)."""
-    return -jax.nn.log_softmax(logits(table_VxD, output_2xD))[0]
 
 
 def _vector(row_D) -> str:
@@ -58,23 +39,18 @@ def _vector(row_D) -> str:
 
 def run(outdir: Path | None = None, *, learning_rate: float = LEARNING_RATE) -> dict:
     """One SGD step on the toy table; returns p, loss and the gap before and after."""
-    table_VxD = jnp.asarray(TOY_TABLE)
-    output_2xD = jnp.asarray(OUTPUT_WEIGHTS)
-    grad_VxD = jax.grad(loss_fn)(table_VxD, output_2xD)
-    new_table_VxD = table_VxD - learning_rate * grad_VxD
-
-    def stats(table):
-        logits_2 = logits(table, output_2xD)
-        p = float(jax.nn.softmax(logits_2)[0])
-        return p, float(loss_fn(table, output_2xD)), float(logits_2[0] - logits_2[1])
-
-    (p0, loss0, gap0), (p1, loss1, gap1) = stats(table_VxD), stats(new_table_VxD)
-    delta_w_sq = float(jnp.sum((output_2xD[0] - output_2xD[1]) ** 2))
+    input_id = VOCAB.index(STEP_INPUT)
+    step = sgd_step(TABLE_VxD, OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
+    p0, loss0, gap0 = step.p_before, step.loss_before, step.gap_before
+    p1, loss1, gap1 = step.p_after, step.loss_after, step.gap_after
+    delta_w_D = OUTPUT_WEIGHTS_2xD[0] - OUTPUT_WEIGHTS_2xD[1]
+    delta_w_sq = float(np.sum(delta_w_D**2))
     predicted_gap_change = learning_rate * (1 - p0) * delta_w_sq
 
     print_table(
-        f'input "{INPUT}", target "{TARGET}" vs "{RIVAL}", one SGD step with lr={learning_rate}',
-        ["", f"p({TARGET})", "loss", "gap g = logit_zamek - logit_klucz"],
+        f'input "{STEP_INPUT}", target "{STEP_TARGET}" vs "{STEP_RIVAL}", '
+        f"one SGD step with lr={learning_rate}",
+        ["", f"p({STEP_TARGET})", "loss", "gap g = logit_zamek - logit_klucz"],
         [
             [when, f"{p:.3f}", f"{loss:.3f}", f"{gap:+.4f}"]
             for when, p, loss, gap in (("before", p0, loss0, gap0), ("after", p1, loss1, gap1))
@@ -84,21 +60,17 @@ def run(outdir: Path | None = None, *, learning_rate: float = LEARNING_RATE) -> 
         f"\nwhy: dloss/de = -(1 - p)·Δw, so g grows by lr·(1 - p)·‖Δw‖² = "
         f"{learning_rate} · {1 - p0:.4f} · {delta_w_sq:.4f} = {predicted_gap_change:.6f}"
         f"\n     measured g' - g = {gap1 - gap0:.6f}"
-        f"\n     jax.grad row of {INPUT}: {_vector(grad_VxD[TOY_VOCAB.index(INPUT)])}"
-        f"\n     -(1 - p)·Δw:            {_vector(-(1 - p0) * (output_2xD[0] - output_2xD[1]))}"
+        f"\n     jax.grad row of {STEP_INPUT}: {_vector(step.grad_VxD[input_id])}"
+        f"\n     -(1 - p)·Δw:            {_vector(-(1 - p0) * delta_w_D)}"
     )
 
-    changed_rows = [
-        word
-        for i, word in enumerate(TOY_VOCAB)
-        if not np.array_equal(new_table_VxD[i], table_VxD[i])
-    ]
+    changed_rows = [VOCAB[i] for i in step.changed_rows]
     print_table(
         "the table before and after the step (only rows with a non-zero gradient can move)",
         ["word", "row before", "row after", "bit-identical"],
         [
-            [word, _vector(table_VxD[i]), _vector(new_table_VxD[i]), word not in changed_rows]
-            for i, word in enumerate(TOY_VOCAB)
+            [word, _vector(TABLE_VxD[i]), _vector(step.table_VxD[i]), word not in changed_rows]
+            for i, word in enumerate(VOCAB)
         ],
     )
 
@@ -110,16 +82,16 @@ def run(outdir: Path | None = None, *, learning_rate: float = LEARNING_RATE) -> 
     for xi, (before, after) in enumerate(((p0, p1), (loss0, loss1))):
         ax.text(xi - 0.2, before, f"{before:.3f}", ha="center", va="bottom")
         ax.text(xi + 0.2, after, f"{after:.3f}", ha="center", va="bottom")
-    ax.set_xticks(x, [f"p({TARGET})", "loss"])
+    ax.set_xticks(x, [f"p({STEP_TARGET})", "loss"])
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left")
     ax.set_title(f"One SGD step, lr={learning_rate}")
     ax = axes[0, 1]
-    change = np.asarray(new_table_VxD - table_VxD)
+    change = step.table_VxD - TABLE_VxD
     limit = float(np.abs(change).max())
     image = ax.imshow(change, cmap="RdBu_r", vmin=-limit, vmax=limit)
     fig.colorbar(image, ax=ax)
-    ax.set_yticks(range(len(TOY_VOCAB)), TOY_VOCAB)
+    ax.set_yticks(range(len(VOCAB)), VOCAB)
     ax.set_xlabel("dimension")
     ax.set_title("Change of the embedding table")
     figure = save_figure(fig, outdir, "one_step")

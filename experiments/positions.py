@@ -18,6 +18,7 @@ import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
 from minigpt_jax import GPTConfig, forward, init_params, sinusoidal_positions
+from minigpt_jax.lab.compute import position_similarity
 
 OFFSETS = (0, 1, 2, 4, 8, 16, 32, 64, 127)
 
@@ -35,7 +36,7 @@ def run(
     cfg is the model for the length check (default: the mini-GPT, block_size 64, no dropout).
     """
     table_TxD = np.asarray(sinusoidal_positions(length, dim))
-    similarity_TxT = table_TxD @ table_TxD.T
+    similarity_TxT = position_similarity(length, dim)
     offsets = np.arange(length)
     # Every diagonal i - j = k should be constant: mean and spread per offset.
     per_offset = np.array([np.diagonal(similarity_TxT, k).mean() for k in offsets])

@@ -9,7 +9,6 @@ the vector at every occurrence of that token and nowhere else.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
@@ -18,15 +17,14 @@ import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
 from minigpt_jax import Embeddings, GPTConfig
+from minigpt_jax.lab.compute import lookup, rename_rows
 
 EDITED_TOKEN = 299
 # Where the batch holds EDITED_TOKEN, on top of random ids that avoid it.
 OCCURRENCES = ((0, 1), (0, 9), (1, 4), (1, 5), (1, 22))
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _lookup(table_VxD, tokens_BxT, cfg: GPTConfig):
-    return Embeddings(cfg).apply({"params": {"tok": {"embedding": table_VxD}}}, tokens_BxT)
+_lookup = jax.jit(lookup)
 
 
 def run(outdir: Path | None = None, *, vocab_size: int = 512, n_embd: int = 128, seed: int = 0):
@@ -40,13 +38,12 @@ def run(outdir: Path | None = None, *, vocab_size: int = 512, n_embd: int = 128,
     tokens_BxT[tokens_BxT >= EDITED_TOKEN] += 1
     for b, t in OCCURRENCES:
         tokens_BxT[b, t] = EDITED_TOKEN
-    x_BxTxD = np.asarray(_lookup(table_VxD, tokens_BxT, cfg))
+    x_BxTxD = np.asarray(_lookup(table_VxD, tokens_BxT))
 
     # ---- relabel: id i -> perm[i], row i -> row perm[i]
     perm_V = rng.permutation(vocab_size)
-    relabelled_VxD = np.zeros_like(table_VxD)
-    relabelled_VxD[perm_V] = table_VxD
-    relabelled_x = np.asarray(_lookup(relabelled_VxD, perm_V[tokens_BxT], cfg))
+    relabelled_VxD = rename_rows(table_VxD, perm_V)
+    relabelled_x = np.asarray(_lookup(relabelled_VxD, perm_V[tokens_BxT]))
     relabel_diff = float(np.abs(relabelled_x - x_BxTxD).max())
     ids_moved = int((perm_V != np.arange(vocab_size)).sum())
     sample_ids = [int(tokens_BxT[b, t]) for b, t in ((0, 0), (0, 1), (1, 7))]
@@ -63,7 +60,7 @@ def run(outdir: Path | None = None, *, vocab_size: int = 512, n_embd: int = 128,
     # ---- edit one row
     edited_VxD = table_VxD.copy()
     edited_VxD[EDITED_TOKEN] += np.linspace(-1.0, 1.0, n_embd, dtype=np.float32)
-    change_BxT = np.abs(np.asarray(_lookup(edited_VxD, tokens_BxT, cfg)) - x_BxTxD).max(axis=-1)
+    change_BxT = np.abs(np.asarray(_lookup(edited_VxD, tokens_BxT)) - x_BxTxD).max(axis=-1)
     is_edited_BxT = tokens_BxT == EDITED_TOKEN
     changed = [(int(b), int(t)) for b, t in np.argwhere(change_BxT > 0)]
     row_change = float(np.abs(edited_VxD[EDITED_TOKEN] - table_VxD[EDITED_TOKEN]).max())

@@ -1,0 +1,193 @@
+"""The lab's numbers: the article's figures, and the properties each part of the page shows."""
+
+import math
+
+import chex
+import numpy as np
+from absl.testing import parameterized
+
+from minigpt_jax.lab import compute
+from minigpt_jax.lab.compute import LabInputError
+from minigpt_jax.lab.text import TEXT, message
+
+KAMIENNY = compute.VOCAB.index("kamienny")
+
+
+class StepTest(chex.TestCase):
+    def test_the_article_figures_at_the_default_learning_rate(self):
+        step = compute.sgd_step(
+            compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, compute.LEARNING_RATE
+        )
+        # The article: p(zamek) 47.0% -> 61.0%, loss 0.755 -> 0.495.
+        self.assertEqual(f"{step.p_before:.3f}", "0.470")
+        self.assertEqual(f"{step.p_after:.3f}", "0.610")
+        self.assertEqual(f"{step.loss_before:.3f}", "0.755")
+        self.assertEqual(f"{step.loss_after:.3f}", "0.495")
+        self.assertEqual(f"{100 * step.p_after:.1f}%", "61.0%")
+        self.assertEqual(step.changed_rows, [KAMIENNY])
+
+    def test_the_gradient_is_minus_one_minus_p_times_delta_w_on_the_input_row_only(self):
+        step = compute.sgd_step(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4)
+        # g = e·Δw = -0.12 by construction of the table; p = σ(g).
+        delta_w = np.array([1.3, -0.7, 0.7, 0.0, 0.0, 0.0])
+        p = 1 / (1 + math.exp(0.12))
+        expected_VxD = np.zeros((6, 6))
+        expected_VxD[KAMIENNY] = -(1 - p) * delta_w
+        np.testing.assert_allclose(step.grad_VxD, expected_VxD, atol=1e-6)
+        self.assertAlmostEqual(step.gap_before, -0.12, places=5)
+        self.assertAlmostEqual(step.gap_after - step.gap_before, 0.4 * (1 - p) * 2.67, places=5)
+        others = [i for i in range(6) if i != KAMIENNY]
+        np.testing.assert_array_equal(step.table_VxD[others], compute.TABLE_VxD[others])
+
+    def test_repeated_steps_keep_raising_p(self):
+        table_VxD, ps = compute.TABLE_VxD, []
+        for _ in range(3):
+            step = compute.sgd_step(table_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4)
+            table_VxD = step.table_VxD
+            ps.append(step.p_after)
+        self.assertEqual(ps, sorted(ps))
+        self.assertGreater(ps[-1], 0.7)
+
+
+class LookupRenameEditTest(chex.TestCase):
+    def test_lookup_reads_rows_and_equals_the_one_hot_product(self):
+        ids_T = np.array([0, 1, 0], np.int32)
+        x_TxD = np.asarray(compute.lookup(compute.TABLE_VxD, ids_T[None]))[0]
+        np.testing.assert_array_equal(x_TxD, compute.TABLE_VxD[[0, 1, 0]])
+        np.testing.assert_array_equal(x_TxD[0], x_TxD[2])
+        via_one_hot = np.asarray(compute.one_hot_lookup(compute.TABLE_VxD, ids_T[None]))[0]
+        np.testing.assert_array_equal(via_one_hot, x_TxD)
+
+    def test_renaming_ids_and_rows_together_changes_nothing_one_side_alone_does(self):
+        ids_T = np.array([0, 1, 2, 1], np.int32)
+        perm_V = np.array([5, 3, 0, 1, 2, 4])
+        both = compute.rename(compute.TABLE_VxD, ids_T, perm_V)
+        self.assertEqual(both.max_abs_diff, 0.0)
+        np.testing.assert_array_equal(both.renamed_ids_T, [5, 3, 0, 3])
+        for ids, rows in ((True, False), (False, True)):
+            one_side = compute.rename(compute.TABLE_VxD, ids_T, perm_V, ids=ids, rows=rows)
+            self.assertGreater(one_side.max_abs_diff, 0.1)
+        vocab = compute.rename_vocab(compute.VOCAB, perm_V)
+        self.assertEqual(vocab.index("kamienny"), 3)
+        np.testing.assert_array_equal(both.renamed_table_VxD[3], compute.TABLE_VxD[KAMIENNY])
+
+    def test_editing_a_coordinate_changes_exactly_the_occurrences(self):
+        ids_T = np.array([0, 1, 2, 1], np.int32)
+        edited_VxD = compute.set_coordinate(compute.TABLE_VxD, KAMIENNY, 3, 0.9)
+        self.assertEqual(compute.TABLE_VxD[KAMIENNY, 3], np.float32(0.5))  # the original is kept
+        before = compute.lookup(compute.TABLE_VxD, ids_T[None])
+        after = compute.lookup(edited_VxD, ids_T[None])
+        self.assertEqual(compute.changed_positions(before[0], after[0]), [1, 3])
+
+
+class ContextTest(chex.TestCase):
+    def test_same_input_at_zamek_different_output_until_the_sentences_are_equal(self):
+        ids_a = compute.parse_sentence(compute.SENTENCES[0], compute.VOCAB)
+        ids_b = compute.parse_sentence(compute.SENTENCES[1], compute.VOCAB)
+        head_a = compute.one_head(compute.TABLE_VxD, ids_a)
+        head_b = compute.one_head(compute.TABLE_VxD, ids_b)
+        np.testing.assert_array_equal(head_a.inputs_TxD[2], head_b.inputs_TxD[2])
+        self.assertGreater(np.abs(head_a.outputs_TxD[2] - head_b.outputs_TxD[2]).max(), 0.01)
+        again = compute.one_head(compute.TABLE_VxD, ids_a)
+        np.testing.assert_array_equal(again.outputs_TxD, head_a.outputs_TxD)
+        # Causal: no weight on later words; each query's weights sum to one.
+        np.testing.assert_array_equal(np.triu(head_a.weights_TxT, 1), 0.0)
+        np.testing.assert_allclose(head_a.weights_TxT.sum(-1), 1.0, atol=1e-6)
+
+
+class PositionsTest(chex.TestCase):
+    def test_a_pair_is_sin_and_cos_at_its_own_rate(self):
+        pair = compute.position_pair(5, 1, 16)
+        omega = 10000 ** (-2 / 16)
+        self.assertAlmostEqual(pair.omega, omega, places=7)
+        self.assertAlmostEqual(pair.sin, math.sin(5 * omega), places=5)
+        self.assertAlmostEqual(pair.cos, math.cos(5 * omega), places=5)
+        self.assertAlmostEqual(pair.period, 2 * math.pi / omega, places=4)
+
+    def test_similarity_depends_on_the_offset_only(self):
+        similarity_TxT = compute.position_similarity(32, 16)
+        self.assertAlmostEqual(float(similarity_TxT[0, 0]), 8.0, places=4)  # D/2 pairs of sin²+cos²
+        for k in (1, 5, 20):
+            np.testing.assert_allclose(
+                np.diagonal(similarity_TxT, k), similarity_TxT[0, k], atol=1e-4
+            )
+
+
+class ParseTest(chex.TestCase):
+    def test_lists_of_ids_in_the_usual_spellings(self):
+        for text in ("[0, 1, 0]", "0, 1, 0", "0 1 0", " [0,1,0] "):
+            np.testing.assert_array_equal(compute.parse_ids(text, 6), [0, 1, 0])
+        np.testing.assert_array_equal(
+            compute.parse_permutation("[5, 3, 0, 1, 2, 4]", 6), [5, 3, 0, 1, 2, 4]
+        )
+        self.assertEqual(compute.parse_number(" 0.4 ", field="learning_rate"), 0.4)
+
+    @parameterized.named_parameters(
+        (
+            "out_of_range",
+            lambda: compute.parse_ids("[0, 9]", 6),
+            "id_out_of_range",
+            "id 9 is out of range",
+        ),
+        ("negative", lambda: compute.parse_ids("[-1]", 6), "id_out_of_range", "rows 0 to 5"),
+        ("text", lambda: compute.parse_ids("[0, a]", 6), "not_an_id", "“a” is not a whole number"),
+        ("float", lambda: compute.parse_ids("[1.5]", 6), "not_an_id", "“1.5”"),
+        ("unclosed", lambda: compute.parse_ids("[0, 1", 6), "malformed_list", "not a list"),
+        ("nested", lambda: compute.parse_ids("[[0], 1]", 6), "malformed_list", "not a list"),
+        ("double_comma", lambda: compute.parse_ids("0,,1", 6), "malformed_list", "not a list"),
+        ("empty", lambda: compute.parse_ids("[]", 6), "empty_list", "the list is empty"),
+        (
+            "short_perm",
+            lambda: compute.parse_permutation("[1, 0]", 6),
+            "permutation_length",
+            "got 2",
+        ),
+        (
+            "repeat_perm",
+            lambda: compute.parse_permutation("[0, 0, 1, 2, 3, 4]", 6),
+            "permutation_repeat",
+            "id 0 appears twice and 5 is missing",
+        ),
+        (
+            "lr_text",
+            lambda: compute.parse_number("abc", field="learning_rate"),
+            "not_a_number",
+            "learning rate: “abc” is not a number",
+        ),
+        (
+            "lr_inf",
+            lambda: compute.parse_number("inf", field="learning_rate"),
+            "not_finite",
+            "inf is not a finite number",
+        ),
+        (
+            "lr_nan",
+            lambda: compute.parse_number("nan", field="learning_rate"),
+            "not_finite",
+            "nan is not a finite number",
+        ),
+        (
+            "row",
+            lambda: compute.parse_int("7", field="row", low=0, high=5),
+            "out_of_bounds",
+            "row: 7 is out of range",
+        ),
+        (
+            "word",
+            lambda: compute.parse_sentence("oto zielony zamek", compute.VOCAB),
+            "unknown_word",
+            "“zielony” is not in the vocabulary",
+        ),
+    )
+    def test_bad_input_names_the_problem_and_the_fix(self, parse, key, words):
+        with self.assertRaises(LabInputError) as caught:
+            parse()
+        self.assertEqual(caught.exception.key, key)
+        self.assertIn(words, str(caught.exception))
+        self.assertNotEqual(caught.exception.localized("es"), str(caught.exception))
+
+    def test_both_languages_have_every_word(self):
+        self.assertEqual(set(TEXT["en"]), set(TEXT["es"]))
+        self.assertIn(
+            "tasa de aprendizaje", message("es", "not_a_number", field="learning_rate", text="x")
+        )
