@@ -1,8 +1,9 @@
-"""The command line, `minigpt-jax train|sample` (also `python -m minigpt_jax`): flags only.
+"""The command line, `minigpt-jax train|sample|lab` (also `python -m minigpt_jax`): flags only.
 
   minigpt-jax train  --config configs/X.py [--config.key=value ...] --workdir runs/X
   minigpt-jax sample --workdir runs/X --prompt "ROMEO:" --max_new_tokens 500 \
                      [--temperature 0.8] [--top_k 200] [--top_p 0.95] [--seed 0] [--num_samples 3]
+  minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sample")
+COMMANDS = ("train", "sample", "lab")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -28,6 +29,9 @@ _TOP_P = flags.DEFINE_float("top_p", None, "sample: keep the smallest set with m
 _SEED = flags.DEFINE_integer("seed", 0, "sample: random seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "sample: independent samples to print.")
 _CHECKPOINT = flags.DEFINE_enum("checkpoint", "latest", ["latest", "best"], "sample: which one.")
+_PORT = flags.DEFINE_integer("port", None, "lab: port on 127.0.0.1; default: a free one.")
+_OPEN = flags.DEFINE_bool("open", False, "lab: open the page in the default browser.")
+_LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.")
 
 
 def _train() -> None:
@@ -70,14 +74,24 @@ def _sample() -> None:
         print(text)
 
 
+def _lab() -> None:
+    try:
+        from minigpt_jax.lab.app import launch
+    except ImportError as error:
+        raise RuntimeError(
+            f"the lab needs the `lab` extra ({error}); install it with pip install -e '.[lab]'."
+        ) from None
+    launch(port=_PORT.value, open_browser=_OPEN.value, lang=_LANG.value)
+
+
 def _run(argv: list[str]) -> None:
     commands = [a for a in argv[1:] if not a.startswith("-")]
     if len(commands) != 1 or commands[0] not in COMMANDS:
         raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
-    if _WORKDIR.value is None:
+    if _WORKDIR.value is None and commands[0] != "lab":
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
     try:
-        {"train": _train, "sample": _sample}[commands[0]]()
+        {"train": _train, "sample": _sample, "lab": _lab}[commands[0]]()
     except (ValueError, TypeError, FileNotFoundError, FloatingPointError, RuntimeError) as error:
         # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
         if type(error).__module__.startswith(("jax", "flax", "orbax")):

@@ -314,10 +314,14 @@ class PositionPair(NamedTuple):
     period: float  # positions per full turn, 2π/ω_i
 
 
+def clock_hands(pos: int, dim: int) -> np.ndarray:
+    """(sin, cos) of every pair at position pos, from the model's sinusoidal table: (dim/2, 2).
+    Each pair is a clock hand at angle pos·ω_i; low pairs turn fast, high pairs slowly."""
+    return np.asarray(sinusoidal_positions(pos + 1, dim))[pos].reshape(dim // 2, 2)
+
+
 def position_pair(pos: int, pair: int, dim: int) -> PositionPair:
     """The two coordinates of pair i at position pos, from the model's sinusoidal table."""
-    row_D = np.asarray(sinusoidal_positions(pos + 1, dim))[pos]
+    sin, cos = clock_hands(pos, dim)[pair]
     omega = float(1.0 / 10000.0 ** (2 * pair / dim))
-    return PositionPair(
-        float(row_D[2 * pair]), float(row_D[2 * pair + 1]), omega, 2 * math.pi / omega
-    )
+    return PositionPair(float(sin), float(cos), omega, 2 * math.pi / omega)

@@ -110,6 +110,7 @@ TEXT: dict[str, dict[str, str]] = {
         "positions_similarity": "P[{pos}] · P[{pos} + k] as a function of the offset k",
         "positions_offset": "offset k",
         "positions_dot": "dot product",
+        "positions_clock": "Position {pos} as clock hands: pair i points at angle {pos}·ω_i",
         # ---- input errors
         "malformed_list": "{field}: “{text}” is not a list of whole numbers; write e.g. [0, 1, 0].",
         "empty_list": "{field}: the list is empty; type at least one id, e.g. [0, 1, 0].",
@@ -121,6 +122,7 @@ TEXT: dict[str, dict[str, str]] = {
         "not_finite": "{field}: {text} is not a finite number; write e.g. 0.4.",
         "not_an_integer": "{field}: “{text}” is not a whole number; use {low} to {high}.",
         "out_of_bounds": "{field}: {value} is out of range; use {low} to {high}.",
+        "odd_width": "width D: {value} is odd; the sinusoids come in (sin, cos) pairs, so use an even width such as {even}.",
         "empty_sentence": "sentence: it is empty; use the words {vocab}.",
         "unknown_word": "sentence: “{word}” is not in the vocabulary; use the words {vocab}.",
         # ---- field names inside the messages above
@@ -240,6 +242,7 @@ TEXT: dict[str, dict[str, str]] = {
         "positions_similarity": "P[{pos}] · P[{pos} + k] en función del desplazamiento k",
         "positions_offset": "desplazamiento k",
         "positions_dot": "producto escalar",
+        "positions_clock": "La posición {pos} como agujas de reloj: el par i apunta al ángulo {pos}·ω_i",
         # ---- errores de entrada
         "malformed_list": "{field}: «{text}» no es una lista de números enteros; escribe p. ej. [0, 1, 0].",
         "empty_list": "{field}: la lista está vacía; escribe al menos un id, p. ej. [0, 1, 0].",
@@ -251,6 +254,7 @@ TEXT: dict[str, dict[str, str]] = {
         "not_finite": "{field}: {text} no es un número finito; escribe p. ej. 0.4.",
         "not_an_integer": "{field}: «{text}» no es un número entero; usa de {low} a {high}.",
         "out_of_bounds": "{field}: {value} está fuera de rango; usa de {low} a {high}.",
+        "odd_width": "anchura D: {value} es impar; las sinusoides van en pares (sin, cos), así que usa una anchura par como {even}.",
         "empty_sentence": "frase: está vacía; usa las palabras {vocab}.",
         "unknown_word": "frase: «{word}» no está en el vocabulario; usa las palabras {vocab}.",
         # ---- nombres de campo dentro de los mensajes anteriores

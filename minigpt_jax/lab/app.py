@@ -1,0 +1,643 @@
+"""The lab page: Gradio blocks over `lab.compute`, one shared table per browser session."""
+
+from __future__ import annotations
+
+import functools
+import html
+import os
+import socket
+import webbrowser
+from typing import NamedTuple
+
+import numpy as np
+
+from minigpt_jax.lab import compute
+from minigpt_jax.lab.compute import LabInputError
+from minigpt_jax.lab.text import LANGUAGES, TEXT
+
+# The lab talks to no one but its own browser tab: no usage statistics.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # figures are rendered to PNG for the page, never shown in a window
+
+from matplotlib.figure import Figure  # noqa: E402
+
+DEFAULTS = dict(
+    lookup_ids="[0, 1, 0]",
+    rename_ids="[0, 1, 2]",
+    permutation="[5, 3, 0, 1, 2, 4]",
+    edit_ids="[0, 1, 2, 1]",
+    edit_row="1",
+    edit_dim="3",
+    edit_value="0.9",
+    learning_rate=str(compute.LEARNING_RATE),
+    dim="16",
+    position="5",
+    pair="1",
+    length="64",
+)
+MAX_POSITIONS = 512
+
+# System fonts only: the page loads nothing from outside 127.0.0.1.
+_THEME = gr.themes.Default(
+    font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+)
+_CSS = """
+.lab-table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 13px; }
+.lab-table td, .lab-table th { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
+.lab-table th { background: #f3f3f3; }
+.lab-table tr.hl td, .lab-table td.hl { background: #ffe08a; }
+.lab-table caption { caption-side: top; text-align: left; font-weight: 600; padding: 4px 0; }
+.lab-side { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
+.lab-ok { color: #0a6b2d; font-weight: 600; }
+.lab-diff { color: #a13d00; font-weight: 600; }
+.lab-error { color: #b00020; font-weight: 600; border-left: 4px solid #b00020; padding-left: 8px; }
+.lab-big { font-size: 20px; font-weight: 700; }
+"""
+
+
+class LabState(NamedTuple):
+    """What the parts share: the table, the word of each id, the training steps taken."""
+
+    table_VxD: np.ndarray
+    vocab: tuple[str, ...]
+    steps: int = 0
+
+
+def initial_state() -> LabState:
+    return LabState(compute.TABLE_VxD.copy(), compute.VOCAB, 0)
+
+
+# ----------------------------------------------------------------------------- HTML
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def matrix_html(
+    matrix,
+    row_labels,
+    col_labels,
+    *,
+    caption: str = "",
+    rows_hl=(),
+    cells_hl=(),
+    fmt: str = "{:+.3f}",
+) -> str:
+    """An HTML table with highlighted rows and cells."""
+    head = "".join(f"<th>{_e(c)}</th>" for c in ["", *col_labels])
+    body = []
+    for i, (label, row) in enumerate(zip(row_labels, np.asarray(matrix), strict=True)):
+        cells = "".join(
+            f"<td{' class=hl' if (i, j) in cells_hl else ''}>{fmt.format(float(v) + 0.0)}</td>"
+            for j, v in enumerate(row)
+        )
+        cls = ' class="hl"' if i in rows_hl else ""
+        body.append(f"<tr{cls}><th>{_e(label)}</th>{cells}</tr>")
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
+    return f'<table class="lab-table">{cap}<tr>{head}</tr>{"".join(body)}</table>'
+
+
+def _table_html(state: LabState, words: dict, **kwargs) -> str:
+    labels = [f"{i} {word}" for i, word in enumerate(state.vocab)]
+    columns = range(state.table_VxD.shape[1])
+    return matrix_html(state.table_VxD, labels, columns, **kwargs)
+
+
+def _lookup_html(state: LabState, ids_T, caption: str) -> str:
+    x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
+    labels = [f"t={t}: {i} {state.vocab[i]}" for t, i in enumerate(ids_T)]
+    return matrix_html(x_TxD, labels, range(x_TxD.shape[1]), caption=caption)
+
+
+def _p(text: str, cls: str = "") -> str:
+    return f'<p class="{cls}">{_e(text)}</p>' if cls else f"<p>{_e(text)}</p>"
+
+
+def _error_html(error: LabInputError, lang: str) -> str:
+    words = TEXT[lang]
+    return _p(
+        f"{words['error_prefix']}: {error.localized(lang)} ({words['kept_state']})", "lab-error"
+    )
+
+
+def _guarded(lang: str, n_outputs: int):
+    """On bad input: leave the part's outputs and the state as they were, show the message."""
+
+    def decorate(handler):
+        @functools.wraps(handler)
+        def wrapper(*args):
+            try:
+                return (*handler(*args), "")
+            except LabInputError as error:
+                return (*(gr.skip() for _ in range(n_outputs)), _error_html(error, lang))
+
+        return wrapper
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def lookup_part(state: LabState, ids_text: str, lang: str) -> str:
+    words = TEXT[lang]
+    ids_T = compute.parse_ids(ids_text, len(state.vocab))
+    x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
+    via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
+    parts = [
+        '<div class="lab-side">',
+        _table_html(state, words, caption=words["lookup_rows"], rows_hl=set(ids_T.tolist())),
+        _lookup_html(state, ids_T, words["lookup_result"].format(t=len(ids_T), d=x_TxD.shape[1])),
+        "</div>",
+        _p(words["lookup_one_hot"].format(diff=float(np.abs(x_TxD - via_one_hot).max())), "lab-ok"),
+    ]
+    repeated = [i for i in dict.fromkeys(ids_T.tolist()) if (ids_T == i).sum() > 1]
+    for i in repeated:
+        positions = np.flatnonzero(ids_T == i)
+        diff = float(np.abs(x_TxD[positions] - x_TxD[positions[0]]).max())
+        text = words["lookup_repeat"].format(
+            id=i, word=state.vocab[i], positions=", ".join(map(str, positions)), diff=diff
+        )
+        parts.append(_p(text, "lab-ok"))
+    if not repeated:
+        parts.append(_p(words["lookup_no_repeat"]))
+    return "".join(parts)
+
+
+def rename_part(state: LabState, ids_text: str, perm_text: str, mode: str, lang: str):
+    words = TEXT[lang]
+    ids_T = compute.parse_ids(ids_text, len(state.vocab))
+    perm_V = compute.parse_permutation(perm_text, len(state.vocab))
+    both = mode == "both"
+    result = compute.rename(
+        state.table_VxD, ids_T, perm_V, ids=mode in ("both", "ids"), rows=mode in ("both", "rows")
+    )
+    after_vocab = compute.rename_vocab(state.vocab, perm_V) if both else state.vocab
+    after_state = LabState(result.renamed_table_VxD, after_vocab, state.steps)
+    same = result.max_abs_diff == 0
+    html_parts = [
+        '<div class="lab-side">',
+        _lookup_html(state, ids_T, words["rename_before"].format(ids=compute.format_ids(ids_T))),
+        _lookup_html(
+            after_state,
+            result.renamed_ids_T,
+            words["rename_after"].format(ids=compute.format_ids(result.renamed_ids_T)),
+        ),
+        _table_html(after_state, words, caption="W_E", rows_hl=set(result.renamed_ids_T.tolist())),
+        "</div>",
+        _p(
+            words["rename_same" if same else "rename_changed"].format(diff=result.max_abs_diff),
+            "lab-ok lab-big" if same else "lab-diff lab-big",
+        ),
+        _p(words["rename_applied" if both else "rename_not_applied"]),
+    ]
+    new_state = after_state if both else state
+    return new_state, _table_html(new_state, words), "".join(html_parts)
+
+
+def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: str):
+    words = TEXT[lang]
+    vocab_size, dim_count = state.table_VxD.shape
+    ids_T = compute.parse_ids(ids_text, vocab_size)
+    row = compute.parse_int(row_text, field="row", low=0, high=vocab_size - 1)
+    dim = compute.parse_int(dim_text, field="dimension", low=0, high=dim_count - 1)
+    value = compute.parse_number(value_text, field="value")
+    edited_VxD = compute.set_coordinate(state.table_VxD, row, dim, value)
+    new_state = state._replace(table_VxD=edited_VxD)
+    before_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
+    after_TxD = np.asarray(compute.lookup(edited_VxD, ids_T[None]))[0]
+    changed = compute.changed_positions(before_TxD, after_TxD)
+    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
+    other_change = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
+    summary = words["edit_summary"].format(
+        row=row, dim=dim, word=state.vocab[row], old=float(state.table_VxD[row, dim]), new=value
+    )
+    if changed:
+        effect = words["edit_changed"].format(
+            positions=", ".join(map(str, changed)), row=row, other=other_change
+        )
+    else:
+        effect = words["edit_nothing"].format(row=row)
+    result = "".join(
+        [
+            _p(summary, "lab-big"),
+            '<div class="lab-side">',
+            _table_html(new_state, words, caption="W_E", cells_hl={(row, dim)}),
+            _lookup_html(
+                state, ids_T, words["rename_before"].format(ids=compute.format_ids(ids_T))
+            ),
+            _lookup_html(
+                new_state, ids_T, words["rename_after"].format(ids=compute.format_ids(ids_T))
+            ),
+            "</div>",
+            _p(effect, "lab-ok"),
+        ]
+    )
+    return new_state, _table_html(new_state, words), result
+
+
+def _step_words(lang: str) -> dict:
+    return dict(input=compute.STEP_INPUT, target=compute.STEP_TARGET, rival=compute.STEP_RIVAL)
+
+
+def step_part(state: LabState, lr_text: str, lang: str):
+    words = TEXT[lang]
+    learning_rate = compute.parse_number(lr_text, field="learning_rate")
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
+    new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
+    names = _step_words(lang)
+    rows = [
+        [
+            words["step_p"].format(**names),
+            f"{100 * step.p_before:.1f}%",
+            f"{100 * step.p_after:.1f}%",
+        ],
+        [words["step_loss"], f"{step.loss_before:.3f}", f"{step.loss_after:.3f}"],
+        [words["step_gap"].format(**names), f"{step.gap_before:+.4f}", f"{step.gap_after:+.4f}"],
+    ]
+    head = (
+        f"<tr><th></th><th>{_e(words['step_before'])}</th><th>{_e(words['step_after'])}</th></tr>"
+    )
+    body = "".join(
+        f"<tr><th>{_e(label)}</th><td>{before}</td><td>{after}</td></tr>"
+        for label, before, after in rows
+    )
+    changed = ", ".join(f"{i} {state.vocab[i]}" for i in step.changed_rows) or "—"
+    result = "".join(
+        [
+            f'<table class="lab-table lab-big" id="step-figures">{head}{body}</table>',
+            _p(words["step_rows"].format(rows=changed), "lab-ok"),
+            _p(words["step_count"].format(n=new_state.steps)),
+            '<div class="lab-side">',
+            _table_html(
+                LabState(step.grad_VxD, state.vocab),
+                words,
+                caption=words["step_grad"],
+                rows_hl=set(step.changed_rows),
+                fmt="{:+.4f}",
+            ),
+            _table_html(new_state, words, caption="W_E", rows_hl=set(step.changed_rows)),
+            "</div>",
+        ]
+    )
+    return new_state, _table_html(new_state, words), result
+
+
+def reset_part(state: LabState, lang: str):
+    new_state = initial_state()
+    words = TEXT[lang]
+    return new_state, _table_html(new_state, words), _p(words["reset_done"], "lab-ok")
+
+
+def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
+    words = TEXT[lang]
+    heads = []
+    for sentence in (sentence_a, sentence_b):
+        ids_T = compute.parse_sentence(sentence, state.vocab)
+        heads.append((sentence.strip(), ids_T, compute.one_head(state.table_VxD, ids_T)))
+    (text_a, ids_a, head_a), (text_b, ids_b, head_b) = heads
+    last_a, last_b = len(ids_a) - 1, len(ids_b) - 1
+    input_diff = float(np.abs(head_a.inputs_TxD[last_a] - head_b.inputs_TxD[last_b]).max())
+    output_diff = float(np.abs(head_a.outputs_TxD[last_a] - head_b.outputs_TxD[last_b]).max())
+    word = state.vocab[ids_a[last_a]]
+    verdict = words["context_different_output" if output_diff > 0 else "context_same_output"]
+    vectors = np.stack(
+        [
+            head_a.inputs_TxD[last_a],
+            head_b.inputs_TxD[last_b],
+            head_a.outputs_TxD[last_a],
+            head_b.outputs_TxD[last_b],
+        ]
+    )
+    labels = [
+        words["context_input_row"].format(sentence=text_a),
+        words["context_input_row"].format(sentence=text_b),
+        words["context_output_row"].format(sentence=text_a),
+        words["context_output_row"].format(sentence=text_b),
+    ]
+    parts = [
+        _p(
+            words["context_inputs"].format(word=word, pos=last_a, diff=input_diff)
+            + (f" ({words['context_same_input']})." if input_diff == 0 else "."),
+            "lab-ok",
+        ),
+        _p(
+            f"{words['context_outputs'].format(diff=output_diff)} ({verdict}).",
+            "lab-diff lab-big" if output_diff > 0 else "lab-ok lab-big",
+        ),
+    ]
+    if last_a != last_b:
+        parts.append(_p(words["context_lengths"]))
+    parts.append(
+        matrix_html(
+            vectors,
+            labels,
+            range(vectors.shape[1]),
+            caption=words["context_vectors"].format(word=word),
+            fmt="{:+.4f}",
+        )
+    )
+    parts.append('<div class="lab-side">')
+    for text, ids_T, head in heads:
+        tokens = [state.vocab[i] for i in ids_T]
+        parts.append(
+            matrix_html(
+                head.weights_TxT,
+                tokens,
+                tokens,
+                caption=words["context_weights"].format(sentence=text),
+                rows_hl={len(tokens) - 1},
+                fmt="{:.3f}",
+            )
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def equal_part(state: LabState, sentence_a: str, sentence_b: str, lang: str):
+    return sentence_a, context_part(state, sentence_a, sentence_a, lang)
+
+
+def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
+    words = TEXT[lang]
+    dim = compute.parse_int(dim_text, field="width", low=2, high=MAX_POSITIONS)
+    if dim % 2:
+        raise LabInputError(
+            "odd_width", value=dim, even=dim + 1 if dim < MAX_POSITIONS else dim - 1
+        )
+    length = compute.parse_int(length_text, field="length", low=2, high=MAX_POSITIONS)
+    pos = compute.parse_int(pos_text, field="position", low=0, high=length - 1)
+    pair = compute.parse_int(pair_text, field="pair", low=0, high=dim // 2 - 1)
+    values = compute.position_pair(pos, pair, dim)
+    text = words["positions_values"].format(
+        pair=pair,
+        dim=dim,
+        omega=values.omega,
+        period=values.period,
+        pos=pos,
+        even=2 * pair,
+        odd=2 * pair + 1,
+        sin=values.sin,
+        cos=values.cos,
+    )
+    table_TxD = np.asarray(compute.sinusoidal_positions(length, dim))
+    heatmap = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = heatmap.subplots()
+    image = ax.imshow(
+        table_TxD, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest"
+    )
+    heatmap.colorbar(image, ax=ax)
+    ax.add_patch(matplotlib.patches.Rectangle((2 * pair - 0.5, pos - 0.5), 2, 1, fill=False, lw=2))
+    ax.set_xlabel(words["positions_dimension"])
+    ax.set_ylabel(words["positions_position"])
+    ax.set_title(words["positions_heatmap"])
+    similarity_TxT = compute.position_similarity(length, dim)
+    curve = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = curve.subplots()
+    offsets = np.arange(length) - pos
+    ax.plot(offsets, similarity_TxT[pos], marker=".")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel(words["positions_offset"])
+    ax.set_ylabel(words["positions_dot"])
+    ax.set_title(words["positions_similarity"].format(pos=pos))
+    hands_Px2 = compute.clock_hands(pos, dim)
+    clock = Figure(figsize=(3.8, 3.6), layout="constrained")
+    ax = clock.subplots()
+    ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
+    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
+    for i in shown:
+        sin, cos = hands_Px2[i]
+        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
+        ax.plot(
+            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
+        )
+    ax.set_xlim(-1.1, 1.1)
+    ax.set_ylim(-1.1, 1.1)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(words["positions_clock"].format(pos=pos), fontsize=9)
+    return _p(text, "lab-big"), heatmap, curve, clock
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def build(lang: str = "en") -> gr.Blocks:
+    """The lab's Blocks in `lang` (one of LANGUAGES)."""
+    if lang not in LANGUAGES:
+        raise ValueError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}.")
+    words = TEXT[lang]
+    start = initial_state()
+    bind = lambda fn: functools.partial(fn, lang=lang)  # noqa: E731
+    guard = functools.partial(_guarded, lang)
+
+    with gr.Blocks(title=words["title"], analytics_enabled=False) as demo:
+        state = gr.State(start)
+        gr.Markdown(f"# {words['title']}\n\n{words['intro']}")
+        table = gr.HTML(_table_html(start, words), label=words["table_heading"], elem_id="table")
+
+        with gr.Group(elem_id="part-lookup"):
+            gr.Markdown(f"## {words['lookup_heading']}")
+            with gr.Row():
+                lookup_ids = gr.Textbox(
+                    DEFAULTS["lookup_ids"], label=words["lookup_ids"], elem_id="lookup-ids"
+                )
+                lookup_button = gr.Button(
+                    words["lookup_button"], variant="primary", elem_id="lookup-button"
+                )
+            lookup_message = gr.HTML("", elem_id="lookup-message")
+            lookup_out = gr.HTML(
+                lookup_part(start, DEFAULTS["lookup_ids"], lang), elem_id="lookup-result"
+            )
+        lookup_button.click(
+            guard(1)(lambda s, ids: (lookup_part(s, ids, lang),)),
+            [state, lookup_ids],
+            [lookup_out, lookup_message],
+        )
+
+        with gr.Group(elem_id="part-rename"):
+            gr.Markdown(f"## {words['rename_heading']}")
+            with gr.Row():
+                rename_ids = gr.Textbox(
+                    DEFAULTS["rename_ids"], label=words["rename_ids"], elem_id="rename-ids"
+                )
+                permutation = gr.Textbox(
+                    DEFAULTS["permutation"], label=words["rename_perm"], elem_id="rename-perm"
+                )
+                mode = gr.Radio(
+                    [
+                        (words["mode_both"], "both"),
+                        (words["mode_ids"], "ids"),
+                        (words["mode_rows"], "rows"),
+                    ],
+                    value="both",
+                    label=words["rename_mode"],
+                    elem_id="rename-mode",
+                )
+            rename_button = gr.Button(
+                words["rename_button"], variant="primary", elem_id="rename-button"
+            )
+            rename_message = gr.HTML("", elem_id="rename-message")
+            rename_out = gr.HTML("", elem_id="rename-result")
+        rename_button.click(
+            guard(3)(bind(rename_part)),
+            [state, rename_ids, permutation, mode],
+            [state, table, rename_out, rename_message],
+        )
+
+        with gr.Group(elem_id="part-edit"):
+            gr.Markdown(f"## {words['edit_heading']}")
+            with gr.Row():
+                edit_ids = gr.Textbox(
+                    DEFAULTS["edit_ids"], label=words["edit_ids"], elem_id="edit-ids"
+                )
+                edit_row = gr.Textbox(
+                    DEFAULTS["edit_row"], label=words["edit_row"], elem_id="edit-row"
+                )
+                edit_dim = gr.Textbox(
+                    DEFAULTS["edit_dim"], label=words["edit_dim"], elem_id="edit-dim"
+                )
+                edit_value = gr.Textbox(
+                    DEFAULTS["edit_value"], label=words["edit_value"], elem_id="edit-value"
+                )
+            edit_button = gr.Button(words["edit_button"], variant="primary", elem_id="edit-button")
+            edit_message = gr.HTML("", elem_id="edit-message")
+            edit_out = gr.HTML("", elem_id="edit-result")
+        edit_button.click(
+            guard(3)(bind(edit_part)),
+            [state, edit_ids, edit_row, edit_dim, edit_value],
+            [state, table, edit_out, edit_message],
+        )
+
+        with gr.Group(elem_id="part-step"):
+            gr.Markdown(
+                f"## {words['step_heading'].format(**_step_words(lang))}\n\n{words['step_explain']}"
+            )
+            gr.HTML(
+                matrix_html(
+                    compute.OUTPUT_WEIGHTS_2xD,
+                    [f"w_{compute.STEP_TARGET}", f"w_{compute.STEP_RIVAL}"],
+                    range(compute.OUTPUT_WEIGHTS_2xD.shape[1]),
+                    caption=words["step_outputs"],
+                )
+            )
+            with gr.Row():
+                learning_rate = gr.Textbox(
+                    DEFAULTS["learning_rate"], label=words["step_lr"], elem_id="step-lr"
+                )
+                step_button = gr.Button(
+                    words["step_button"], variant="primary", elem_id="step-button"
+                )
+                reset_button = gr.Button(words["reset_button"], elem_id="reset-button")
+            step_message = gr.HTML("", elem_id="step-message")
+            step_out = gr.HTML("", elem_id="step-result")
+        step_button.click(
+            guard(3)(bind(step_part)),
+            [state, learning_rate],
+            [state, table, step_out, step_message],
+        )
+        reset_button.click(
+            guard(3)(bind(reset_part)), [state], [state, table, step_out, step_message]
+        )
+
+        with gr.Group(elem_id="part-context"):
+            gr.Markdown(f"## {words['context_heading']}\n\n{words['context_explain']}")
+            with gr.Row():
+                sentence_a = gr.Textbox(
+                    compute.SENTENCES[0], label=words["context_a"], elem_id="context-a"
+                )
+                sentence_b = gr.Textbox(
+                    compute.SENTENCES[1], label=words["context_b"], elem_id="context-b"
+                )
+            with gr.Row():
+                context_button = gr.Button(
+                    words["context_button"], variant="primary", elem_id="context-button"
+                )
+                equal_button = gr.Button(words["equal_button"], elem_id="equal-button")
+            context_message = gr.HTML("", elem_id="context-message")
+            context_out = gr.HTML(
+                context_part(start, *compute.SENTENCES, lang), elem_id="context-result"
+            )
+        context_button.click(
+            guard(1)(lambda s, a, b: (context_part(s, a, b, lang),)),
+            [state, sentence_a, sentence_b],
+            [context_out, context_message],
+        )
+        equal_button.click(
+            guard(2)(bind(equal_part)),
+            [state, sentence_a, sentence_b],
+            [sentence_b, context_out, context_message],
+        )
+
+        with gr.Group(elem_id="part-positions"):
+            gr.Markdown(f"## {words['positions_heading']}")
+            with gr.Row():
+                dim = gr.Textbox(
+                    DEFAULTS["dim"], label=words["positions_dim"], elem_id="positions-dim"
+                )
+                position = gr.Textbox(
+                    DEFAULTS["position"], label=words["positions_pos"], elem_id="positions-pos"
+                )
+                pair = gr.Textbox(
+                    DEFAULTS["pair"], label=words["positions_pair"], elem_id="positions-pair"
+                )
+                length = gr.Textbox(
+                    DEFAULTS["length"], label=words["positions_length"], elem_id="positions-length"
+                )
+                positions_button = gr.Button(
+                    words["positions_button"], variant="primary", elem_id="positions-button"
+                )
+            positions_message = gr.HTML("", elem_id="positions-message")
+            values, heatmap, curve, clock = positions_part(
+                DEFAULTS["dim"], DEFAULTS["position"], DEFAULTS["pair"], DEFAULTS["length"], lang
+            )
+            positions_out = gr.HTML(values, elem_id="positions-result")
+            with gr.Row():
+                heatmap_plot = gr.Plot(heatmap, elem_id="positions-heatmap", show_label=False)
+                curve_plot = gr.Plot(curve, elem_id="positions-similarity", show_label=False)
+                clock_plot = gr.Plot(clock, elem_id="positions-clock", show_label=False)
+        positions_button.click(
+            guard(4)(bind(positions_part)),
+            [dim, position, pair, length],
+            [positions_out, heatmap_plot, curve_plot, clock_plot, positions_message],
+        )
+    return demo
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "en") -> None:
+    """Serve the lab on 127.0.0.1 until interrupted; prints the URL first."""
+    demo = build(lang)
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}/"
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        quiet=True,
+        prevent_thread_lock=True,
+        theme=_THEME,
+        css=_CSS,
+        footer_links=[],
+    )
+    print(f"minigpt-jax lab: {url} (Ctrl-C stops it)", flush=True)
+    if open_browser:
+        webbrowser.open(url)
+    try:
+        demo.block_thread()
+    finally:
+        demo.close()
