@@ -102,7 +102,7 @@ def matrix_html(
     return f'<table class="lab-table">{cap}<tr>{head}</tr>{"".join(body)}</table>'
 
 
-def _table_html(state: LabState, words: dict, **kwargs) -> str:
+def _table_html(state: LabState, **kwargs) -> str:
     labels = [f"{i} {word}" for i, word in enumerate(state.vocab)]
     columns = range(state.table_VxD.shape[1])
     return matrix_html(state.table_VxD, labels, columns, **kwargs)
@@ -151,7 +151,7 @@ def lookup_part(state: LabState, ids_text: str, lang: str) -> str:
     via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
     parts = [
         '<div class="lab-side">',
-        _table_html(state, words, caption=words["lookup_rows"], rows_hl=set(ids_T.tolist())),
+        _table_html(state, caption=words["lookup_rows"], rows_hl=set(ids_T.tolist())),
         _lookup_html(state, ids_T, words["lookup_result"].format(t=len(ids_T), d=x_TxD.shape[1])),
         "</div>",
         _p(words["lookup_one_hot"].format(diff=float(np.abs(x_TxD - via_one_hot).max())), "lab-ok"),
@@ -188,7 +188,7 @@ def rename_part(state: LabState, ids_text: str, perm_text: str, mode: str, lang:
             result.renamed_ids_T,
             words["rename_after"].format(ids=compute.format_ids(result.renamed_ids_T)),
         ),
-        _table_html(after_state, words, caption="W_E", rows_hl=set(result.renamed_ids_T.tolist())),
+        _table_html(after_state, caption="W_E", rows_hl=set(result.renamed_ids_T.tolist())),
         "</div>",
         _p(
             words["rename_same" if same else "rename_changed"].format(diff=result.max_abs_diff),
@@ -197,7 +197,7 @@ def rename_part(state: LabState, ids_text: str, perm_text: str, mode: str, lang:
         _p(words["rename_applied" if both else "rename_not_applied"]),
     ]
     new_state = after_state if both else state
-    return new_state, _table_html(new_state, words), "".join(html_parts)
+    return new_state, _table_html(new_state), "".join(html_parts)
 
 
 def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: str):
@@ -227,7 +227,7 @@ def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: s
         [
             _p(summary, "lab-big"),
             '<div class="lab-side">',
-            _table_html(new_state, words, caption="W_E", cells_hl={(row, dim)}),
+            _table_html(new_state, caption="W_E", cells_hl={(row, dim)}),
             _lookup_html(
                 state, ids_T, words["rename_before"].format(ids=compute.format_ids(ids_T))
             ),
@@ -238,10 +238,10 @@ def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: s
             _p(effect, "lab-ok"),
         ]
     )
-    return new_state, _table_html(new_state, words), result
+    return new_state, _table_html(new_state), result
 
 
-def _step_words(lang: str) -> dict:
+def _step_words() -> dict:
     return dict(input=compute.STEP_INPUT, target=compute.STEP_TARGET, rival=compute.STEP_RIVAL)
 
 
@@ -251,7 +251,7 @@ def step_part(state: LabState, lr_text: str, lang: str):
     input_id = state.vocab.index(compute.STEP_INPUT)
     step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
     new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
-    names = _step_words(lang)
+    names = _step_words()
     rows = [
         [
             words["step_p"].format(**names),
@@ -277,22 +277,21 @@ def step_part(state: LabState, lr_text: str, lang: str):
             '<div class="lab-side">',
             _table_html(
                 LabState(step.grad_VxD, state.vocab),
-                words,
                 caption=words["step_grad"],
                 rows_hl=set(step.changed_rows),
                 fmt="{:+.4f}",
             ),
-            _table_html(new_state, words, caption="W_E", rows_hl=set(step.changed_rows)),
+            _table_html(new_state, caption="W_E", rows_hl=set(step.changed_rows)),
             "</div>",
         ]
     )
-    return new_state, _table_html(new_state, words), result
+    return new_state, _table_html(new_state), result
 
 
 def reset_part(state: LabState, lang: str):
     new_state = initial_state()
     words = TEXT[lang]
-    return new_state, _table_html(new_state, words), _p(words["reset_done"], "lab-ok")
+    return new_state, _table_html(new_state), _p(words["reset_done"], "lab-ok")
 
 
 def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
@@ -442,7 +441,8 @@ def build(lang: str = "en") -> gr.Blocks:
     with gr.Blocks(title=words["title"], analytics_enabled=False) as demo:
         state = gr.State(start)
         gr.Markdown(f"# {words['title']}\n\n{words['intro']}")
-        table = gr.HTML(_table_html(start, words), label=words["table_heading"], elem_id="table")
+        gr.Markdown(f"**{words['table_heading']}**")
+        table = gr.HTML(_table_html(start), elem_id="table")
 
         with gr.Group(elem_id="part-lookup"):
             gr.Markdown(f"## {words['lookup_heading']}")
@@ -519,7 +519,7 @@ def build(lang: str = "en") -> gr.Blocks:
 
         with gr.Group(elem_id="part-step"):
             gr.Markdown(
-                f"## {words['step_heading'].format(**_step_words(lang))}\n\n{words['step_explain']}"
+                f"## {words['step_heading'].format(**_step_words())}\n\n{words['step_explain']}"
             )
             gr.HTML(
                 matrix_html(

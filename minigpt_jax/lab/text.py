@@ -15,7 +15,6 @@ TEXT: dict[str, dict[str, str]] = {
             "minigpt_jax's JAX code (the same functions as `experiments/`)."
         ),
         "table_heading": "The shared table W_E (rows: token ids, columns: coordinates)",
-        "table_token": "token",
         "error_prefix": "Input error",
         "kept_state": "nothing was changed.",
         # ---- 1. lookup
@@ -88,7 +87,6 @@ TEXT: dict[str, dict[str, str]] = {
         "context_same_output": "identical outputs: the sentences are the same",
         "context_lengths": "The sentences have different lengths, so only the inputs and outputs at each last word are compared.",
         "context_weights": "Attention weights, “{sentence}” (row: query, column: key)",
-        "context_query": "query \\ key",
         "context_vectors": "At “{word}”",
         "context_input_row": "input x ({sentence})",
         "context_output_row": "output ({sentence})",
@@ -147,7 +145,6 @@ TEXT: dict[str, dict[str, str]] = {
             "calcula el código JAX de minigpt_jax (las mismas funciones que `experiments/`)."
         ),
         "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas)",
-        "table_token": "token",
         "error_prefix": "Error en la entrada",
         "kept_state": "no se ha cambiado nada.",
         # ---- 1. búsqueda
@@ -220,7 +217,6 @@ TEXT: dict[str, dict[str, str]] = {
         "context_same_output": "salidas idénticas: las frases son iguales",
         "context_lengths": "Las frases tienen longitudes distintas, así que solo se comparan las entradas y salidas en cada última palabra.",
         "context_weights": "Pesos de atención, «{sentence}» (fila: consulta, columna: clave)",
-        "context_query": "consulta \\ clave",
         "context_vectors": "En «{word}»",
         "context_input_row": "entrada x ({sentence})",
         "context_output_row": "salida ({sentence})",
