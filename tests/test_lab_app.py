@@ -149,6 +149,16 @@ class Page:
             pytest.fail(f"#{elem_id} never showed {needles}; it shows:\n{self.text(elem_id)}")
         return self.text(elem_id)
 
+    def inner_text(self, selector: str) -> str:
+        """Text of an element inside a part's output (Gradio's loading overlay is outside it)."""
+        return self.driver.find_element(self.by.CSS_SELECTOR, selector).text
+
+    def wait_for_exactly(self, selector: str, expected: str) -> None:
+        try:
+            self.wait.until(lambda _: self.inner_text(selector) == expected)
+        except Exception:
+            pytest.fail(f"{selector} changed to:\n{self.inner_text(selector)}\nfrom:\n{expected}")
+
     def screenshot(self, elem_id: str, name: str) -> Path:
         element = self.driver.find_element(self.by.ID, elem_id)
         self.driver.execute_script("arguments[0].scrollIntoView();", element)
@@ -166,15 +176,14 @@ def test_the_lab_in_a_real_browser(lab_url, browser, tmp_path):
     # 1. lookup: a repeated id reads the same row
     page.type("lookup-ids", "[0, 1, 0]")
     page.click("lookup-button")
-    shown = page.wait_for(
-        "lookup-result", "Id 0 (oto) repeats at positions 0, 2", "= 0: the lookup"
-    )
+    page.wait_for("lookup-result", "Id 0 (oto) repeats at positions 0, 2", "= 0: the lookup")
+    shown = page.inner_text("#lookup-result .lab-side")
     shots.append(page.screenshot("part-lookup", "1_lookup"))
     # ... a bad id: a message, and the result stays
     page.type("lookup-ids", "[0, 9]")
     page.click("lookup-button")
     page.wait_for("lookup-message", "ids: id 9 is out of range; the table has rows 0 to 5")
-    assert page.text("lookup-result") == shown
+    page.wait_for_exactly("#lookup-result .lab-side", shown)
     shots.append(page.screenshot("part-lookup", "1_lookup_bad_id"))
 
     # 2. rename: only the ids changes the result; ids and rows together leaves it unchanged
@@ -191,12 +200,13 @@ def test_the_lab_in_a_real_browser(lab_url, browser, tmp_path):
     # 4. one training step on the renamed table: the article's figures
     page.click("step-button")
     result = page.wait_for("step-result", "47.0%", "61.0%", "0.755", "0.495")
-    assert "Rows changed by the step: 3 kamienny;" in result
+    assert "Rows changed by the step: 3 kamienny;" in result, result
+    figures = page.inner_text("#step-figures")
     shots.append(page.screenshot("part-step", "4_step"))
     page.type("step-lr", "abc")
     page.click("step-button")
     page.wait_for("step-message", "learning rate: “abc” is not a number")
-    assert page.text("step-result") == result
+    page.wait_for_exactly("#step-figures", figures)
     page.type("step-lr", "0.4")
     page.click("step-button")
     page.wait_for("step-result", "Steps taken on this table: 2.", "61.0%")  # from 61.0% on
@@ -227,7 +237,7 @@ def test_the_lab_in_a_real_browser(lab_url, browser, tmp_path):
     page.type("positions-dim", "15")
     page.click("positions-button")
     page.wait_for("positions-message", "width D: 15 is odd", "even width such as 16")
-    assert "PE(10, 0)" in page.text("positions-result")
+    page.wait_for("positions-result", "PE(10, 0)")
 
     for path in shots:
         assert path.stat().st_size > 10_000, path  # a real picture, not an empty element
