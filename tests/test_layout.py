@@ -12,16 +12,24 @@ import minigpt_jax
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minigpt_jax"
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
+# Modules, and subpackages (e.g. lab/) taken whole: a subpackage is one unit of a layer.
+SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+MODULES = sorted([p.stem for p in PACKAGE.glob("*.py")] + SUBPACKAGES)
+
+
+def _source_files(module: str) -> list[Path]:
+    if module in SUBPACKAGES:
+        return sorted(PACKAGE.joinpath(module).rglob("*.py"))
+    return [PACKAGE.joinpath(f"{module}.py")]
 
 
 def readme_layers() -> dict[str, int]:
-    """{module: layer} from the README's layer table: lines `  <n>  a.py b.py ...`."""
+    """{module: layer} from the README's layer table: lines `  <n>  a.py b/ ...`."""
     layout = ROOT.joinpath("README.md").read_text().split("## Layout", 1)[1]
     layers = {}
-    for number, names in re.findall(r"^ {2}(\d) {2}((?:\S+\.py ?)+)$", layout, re.MULTILINE):
+    for number, names in re.findall(r"^ {2}(\d) {2}((?:\S+(?:\.py|/) ?)+)$", layout, re.MULTILINE):
         for name in names.split():
-            layers[name.removesuffix(".py")] = int(number)
+            layers[name.removesuffix(".py").removesuffix("/")] = int(number)
     return layers
 
 
@@ -29,9 +37,9 @@ def package_imports(module: str) -> set[str]:
     """The minigpt_jax modules `module` imports anywhere in its source (function bodies too);
     `from minigpt_jax import name` counts as importing the submodule `name` if there is one,
     else the package's __init__."""
-    tree = ast.parse(PACKAGE.joinpath(f"{module}.py").read_text())
     found = set()
-    for node in ast.walk(tree):
+    nodes = [n for f in _source_files(module) for n in ast.walk(ast.parse(f.read_text()))]
+    for node in nodes:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -108,7 +116,7 @@ class ShapeLegendTest(chex.TestCase):
         legend = legend_letters()
         self.assertContainsSubset({"B", "T", "T1", "K", "C", "N", "G", "L"}, legend)
         used = {}
-        for path in PACKAGE.glob("*.py"):
+        for path in PACKAGE.rglob("*.py"):
             for name in re.findall(
                 r"\b[a-z][a-z0-9_]*_([A-Z][A-Z0-9]*(?:x[A-Z0-9]+)*)\b", path.read_text()
             ):
