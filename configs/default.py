@@ -22,6 +22,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.log_every = 10  # steps between progress-bar and TensorBoard updates
     config.checkpoint_every = 250  # steps between checkpoints (multiple of steps_per_call)
     config.keep_checkpoints = 3  # latest checkpoints kept; the best by val loss is kept apart
+    # Fine-tune from a model instead of a random init: a Hugging Face GPT-2 directory or a run's
+    # workdir ("" = from scratch). Its tokenizer replaces config.data's; config.model must match it.
+    config.init_from = ""
 
     config.model = ml_collections.ConfigDict()
     config.model.block_size = 64  # context length T_max

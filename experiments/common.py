@@ -37,6 +37,31 @@ def make_parser(name: str, description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_pretrained_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds `--pretrained DIR`: study a Hugging Face GPT-2 checkpoint's own weights."""
+    parser.add_argument(
+        "--pretrained",
+        type=Path,
+        default=None,
+        help="a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer files) "
+        "or a run directory whose weights to study",
+    )
+    return parser
+
+
+def load_pretrained(path: str | Path):
+    """`minigpt_jax.pretrained.load_model(path)`, with a line saying what was loaded."""
+    from minigpt_jax.pretrained import load_model
+
+    model = load_model(path)
+    cfg = model.cfg
+    print(
+        f"loaded {path}: V={cfg.vocab_size:,}, D={cfg.n_embd}, block_size={cfg.block_size}, "
+        f"{cfg.n_layer} layers, {cfg.n_head} heads"
+    )
+    return model
+
+
 # ----------------------------------------------------------------------------- tables
 
 

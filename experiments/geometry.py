@@ -2,6 +2,7 @@
 
     python -m experiments.geometry --outdir results/geometry --data ../shared/data
     python -m experiments.geometry --outdir results/geometry --workdir runs/sc   # reuse a run
+    python -m experiments.geometry --outdir results/geometry_gpt2 --pretrained path/to/gpt2
 
 Trains character-level Tiny Shakespeare (configs/shakespeare_char.py, default 300 steps) unless
 --workdir holds a checkpoint, then reads the token table params['embed']['tok']['embedding']
@@ -23,11 +24,19 @@ import string
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 import optax
 
-from experiments.common import make_parser, new_figure, print_table, save_figure
+from experiments.common import (
+    add_pretrained_arg,
+    load_pretrained,
+    make_parser,
+    new_figure,
+    print_table,
+    save_figure,
+)
 from experiments.training import (
     add_training_args,
     describe_budget,
@@ -39,10 +48,13 @@ from experiments.training import (
 from minigpt_jax import GPTConfig
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data import TOKENS_FILENAME
+from minigpt_jax.embeddings import INIT_STDDEV
 from minigpt_jax.tokenizers import load_tokenizer
 from minigpt_jax.train import init_state
 
 QUERIES = ("a", "e", "A", ".", " ", "\n", "3")
+# Whole-word tokens of a large BPE such as GPT-2's (absent ones are skipped).
+WORD_QUERIES = (" the", " king", " Paris", " dog", " three", " running", "ing")
 GROUPS = {
     "vowels": "aeiou",
     "consonants": "bcdfghjklmnpqrstvwxyz",
@@ -166,13 +178,75 @@ def _latest_step(workdir: Path) -> int:
 def _analyse(workdir: Path, outdir: Path | None, queries, k: int, *, trained_here: bool) -> dict:
     params, meta = load_params(workdir, "latest")
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
-    labels = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
-    tables = {
-        "trained": np.asarray(params["embed"]["tok"]["embedding"], np.float64),
-        "init": np.asarray(initial_params(meta)["embed"]["tok"]["embedding"], np.float64),
-    }
+    tokens_path = workdir / TOKENS_FILENAME
+    counts = (
+        np.bincount(np.load(tokens_path), minlength=tokenizer.vocab_size)
+        if tokens_path.is_file()
+        else None
+    )
     step = _latest_step(workdir)
-    print(f"token table: V={len(labels)}, D={tables['trained'].shape[1]}, step {step}")
+    result = analyse_table(
+        params["embed"]["tok"]["embedding"],
+        initial_params(meta)["embed"]["tok"]["embedding"],
+        tokenizer,
+        outdir,
+        queries,
+        k,
+        counts=counts,
+        trained_label=f"trained, step {step}",
+    )
+    return dict(workdir=workdir, trained_here=trained_here, step=step, **result)
+
+
+def run_pretrained(
+    path: str | Path,
+    outdir: Path | None = None,
+    *,
+    queries: tuple[str, ...] = QUERIES + WORD_QUERIES,
+    k: int = 5,
+    max_tokens: int = 5000,
+) -> dict:
+    """The same analysis on a pretrained model's token table (e.g. GPT-2's 50,257 x 768), over
+    its first `max_tokens` ids: for a BPE those are the 256 bytes and the earliest merges, the
+    most frequent tokens. The control is a fresh N(0, 0.02^2) table of the same shape."""
+    cfg, params, tokenizer = load_pretrained(path)
+    init_VxD = nn.initializers.normal(INIT_STDDEV)(jax.random.key(0), (cfg.vocab_size, cfg.n_embd))
+    return analyse_table(
+        params["embed"]["tok"]["embedding"],
+        init_VxD,
+        tokenizer,
+        outdir,
+        queries,
+        k,
+        trained_label="pretrained",
+        max_tokens=max_tokens,
+    )
+
+
+def analyse_table(
+    trained_VxD,
+    init_VxD,
+    tokenizer,
+    outdir: Path | None,
+    queries,
+    k: int,
+    *,
+    counts: np.ndarray | None = None,
+    trained_label: str = "trained",
+    max_tokens: int | None = None,
+) -> dict:
+    """Neighbours, group statistics and PCA of a token table against its control `init_VxD`.
+
+    counts: each token's count in the corpus, for the frequency axis; max_tokens: analyse only
+    the first that many rows (a V x V cosine matrix of GPT-2's vocabulary would take 20 GB).
+    """
+    vocab = min(tokenizer.vocab_size, max_tokens or tokenizer.vocab_size)
+    labels = [tokenizer.decode([i]) for i in range(vocab)]
+    tables = {
+        "trained": np.asarray(trained_VxD, np.float64)[:vocab],
+        "init": np.asarray(init_VxD, np.float64)[:vocab],
+    }
+    print(f"token table: V={len(labels)}, D={tables['trained'].shape[1]}, {trained_label}")
     # Centred: the mean row removed. A direction shared by many rows (e.g. every rare token
     # pushed down alike through the tied head) inflates raw cosines between unrelated tokens.
     variants = {
@@ -226,12 +300,7 @@ def _analyse(workdir: Path, outdir: Path | None, queries, k: int, *, trained_her
     )
 
     # Frequency: how much of the table's main axis is just how common a token is.
-    tokens_path = workdir / TOKENS_FILENAME
-    log_counts = (
-        np.log1p(np.bincount(np.load(tokens_path), minlength=len(labels)))
-        if tokens_path.is_file()
-        else None
-    )
+    log_counts = None if counts is None else np.log1p(counts[:vocab])
     pc1_frequency = {}
     for name, table in tables.items():
         coords, _ = pca_2d(table)
@@ -263,16 +332,13 @@ def _analyse(workdir: Path, outdir: Path | None, queries, k: int, *, trained_her
             )
         ax.set_xlabel(f"PC1 ({share[0]:.0%} of variance)")
         ax.set_ylabel(f"PC2 ({share[1]:.0%})")
-        title = "initial table (control)" if name == "init" else f"trained, step {step}"
+        title = "initial table (control)" if name == "init" else trained_label
         ax.set_title(f"Token table, {title}")
     handles = [axes[0, 1].plot([], [], "s", color=c, label=g)[0] for g, c in colour.items()]
     axes[0, 1].legend(handles=handles, loc="best", fontsize=8)
     figure = save_figure(fig, outdir, "geometry_pca")
 
     return dict(
-        workdir=workdir,
-        trained_here=trained_here,
-        step=step,
         vocab_size=len(labels),
         neighbours=neighbours["trained"],
         init_neighbours=neighbours["init"],
@@ -286,8 +352,12 @@ def _analyse(workdir: Path, outdir: Path | None, queries, k: int, *, trained_her
 def main(argv=None):
     parser = add_training_args(make_parser("geometry", __doc__), steps=300)
     parser.add_argument("--workdir", type=Path, default=None, help="a trained run to reuse")
+    add_pretrained_arg(parser)
     args = parser.parse_args(argv)
-    run(args.outdir, workdir=args.workdir, steps=args.steps, data=args.data)
+    if args.pretrained is not None:
+        run_pretrained(args.pretrained, args.outdir)
+    else:
+        run(args.outdir, workdir=args.workdir, steps=args.steps, data=args.data)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Experiment 1: an embedding lookup is a row gather, and equals one-hot(ids) · W_E.
 
     python -m experiments.lookup --outdir results/lookup
+    python -m experiments.lookup --outdir results/lookup_gpt2 --pretrained path/to/gpt2
 
 Uses the model's `Embeddings` module (positions off) and its initializer: ids
 [[76, 299, 412]] with V=512, D=128 give x (1, 3, 128), identical to the one-hot product. The
@@ -15,7 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import make_parser, new_figure, print_table, save_figure
+from experiments.common import (
+    add_pretrained_arg,
+    load_pretrained,
+    make_parser,
+    new_figure,
+    print_table,
+    save_figure,
+)
 from minigpt_jax import Embeddings, GPTConfig
 from minigpt_jax.lab.compute import lookup, one_hot_lookup
 from minigpt_jax.timing import median_seconds
@@ -44,32 +52,35 @@ def run(
     tokens: int = 1024,
     repeats: int = 20,
     seed: int = 0,
+    table: np.ndarray | None = None,
 ) -> dict:
     """Lookup vs one-hot product: equality on IDS, then FLOPs and median times at `sizes`.
 
-    `tokens` is B·T of the timed batch (B=1).
+    `tokens` is B·T of the timed batch (B=1). A given `table` (V, D), e.g. GPT-2's, replaces
+    the fresh tables: the equality and the timing then use it alone.
     """
     # ---- the lookup through the model's Embeddings module
-    cfg = GPTConfig(vocab_size=512, n_embd=128, pos_encoding="none", dropout=0.0)
-    ids_BxT = jnp.array(IDS, jnp.int32)
-    table_VxD = _init_table(cfg, seed)
+    vocab, dim = (512, 128) if table is None else np.shape(table)
+    cfg = GPTConfig(vocab_size=vocab, n_embd=dim, n_head=1, pos_encoding="none", dropout=0.0)
+    ids_BxT = jnp.array(IDS, jnp.int32) % vocab
+    table_VxD = _init_table(cfg, seed) if table is None else jnp.asarray(table)
     x_BxTxD = np.asarray(lookup(table_VxD, ids_BxT))
     via_one_hot = np.asarray(one_hot_lookup(table_VxD, ids_BxT))
     max_diff = float(np.abs(x_BxTxD - via_one_hot).max())
-    rows_diff = float(np.abs(x_BxTxD[0] - np.asarray(table_VxD)[list(IDS[0])]).max())
-    print(f"ids {list(IDS[0])} with V={cfg.vocab_size}, D={cfg.n_embd} -> x {x_BxTxD.shape}")
+    rows_diff = float(np.abs(x_BxTxD[0] - np.asarray(table_VxD)[ids_BxT[0]]).max())
+    print(f"ids {ids_BxT[0].tolist()} with V={cfg.vocab_size}, D={cfg.n_embd} -> x {x_BxTxD.shape}")
     print(
         f"max |lookup - one_hot @ W_E| = {max_diff:g};  max |x[0, t] - W_E[id_t]| = {rows_diff:g}"
     )
 
     # ---- cost at a few sizes
     rows = []
-    for vocab, dim in sizes:
+    for vocab, dim in sizes if table is None else [np.shape(table)]:
         size_cfg = GPTConfig(vocab_size=vocab, n_embd=dim, n_head=1, pos_encoding="none")
-        table = _init_table(size_cfg, seed)
+        size_table = _init_table(size_cfg, seed) if table is None else table_VxD
         tokens_1xT = jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (1, tokens)))
-        gather, gather_flops = _compile(lookup, table, tokens_1xT)
-        matmul, matmul_flops = _compile(one_hot_lookup, table, tokens_1xT)
+        gather, gather_flops = _compile(lookup, size_table, tokens_1xT)
+        matmul, matmul_flops = _compile(one_hot_lookup, size_table, tokens_1xT)
         rows.append(
             dict(
                 V=vocab,
@@ -78,8 +89,8 @@ def run(
                 matmul_flops=2 * tokens * vocab * dim,
                 xla_gather_flops=gather_flops,
                 xla_matmul_flops=matmul_flops,
-                gather_s=median_seconds(gather, table, tokens_1xT, repeats=repeats),
-                matmul_s=median_seconds(matmul, table, tokens_1xT, repeats=repeats),
+                gather_s=median_seconds(gather, size_table, tokens_1xT, repeats=repeats),
+                matmul_s=median_seconds(matmul, size_table, tokens_1xT, repeats=repeats),
             )
         )
     print_table(
@@ -122,7 +133,7 @@ def run(
         ax.set_xticks(positions, labels)
         ax.set_title(title)
     axes[0, 0].legend()
-    fig.suptitle(f"Embedding lookup, B·T={tokens}, D={sizes[0][1]}")
+    fig.suptitle(f"Embedding lookup, B·T={tokens}, D={rows[0]['D']}")
     figure = save_figure(fig, outdir, "lookup_cost")
 
     return dict(
@@ -135,10 +146,13 @@ def run(
 
 
 def main(argv=None):
-    parser = make_parser("lookup", __doc__)
+    parser = add_pretrained_arg(make_parser("lookup", __doc__))
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per size")
     args = parser.parse_args(argv)
-    run(args.outdir, repeats=args.repeats)
+    table = None
+    if args.pretrained is not None:
+        table = load_pretrained(args.pretrained).params["embed"]["tok"]["embedding"]
+    run(args.outdir, repeats=args.repeats, table=table)
 
 
 if __name__ == "__main__":

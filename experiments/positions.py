@@ -1,6 +1,7 @@
 """Experiment 5: sinusoidal positions, their similarity, and the length limit of learned ones.
 
     python -m experiments.positions --outdir results/positions
+    python -m experiments.positions --outdir results/positions_gpt2 --pretrained path/to/gpt2
 
 The sinusoidal table (Vaswani et al. 2017) as a heatmap: each (sin, cos) pair of dimensions
 oscillates at its own rate ω_k = 10000^(-2k/D), from 1 radian per position down to ~1e-4. The dot
@@ -16,7 +17,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from experiments.common import make_parser, new_figure, print_table, save_figure
+from experiments.common import (
+    add_pretrained_arg,
+    load_pretrained,
+    make_parser,
+    new_figure,
+    print_table,
+    save_figure,
+)
 from minigpt_jax import GPTConfig, forward, init_params, sinusoidal_positions
 from minigpt_jax.lab.compute import position_similarity
 
@@ -125,9 +133,81 @@ def run(
     )
 
 
+def run_learned(path: str | Path, outdir: Path | None = None, *, offsets=OFFSETS) -> dict:
+    """The same questions of a pretrained model's learned position table W_P (e.g. GPT-2's
+    1024 x 768): is P[i]·P[j] a function of the offset i - j alone, how smooth is the table (is a
+    position's nearest row its neighbour), how many directions hold it (PCA), and does the model
+    refuse block_size + 1 tokens."""
+    cfg, params, _ = load_pretrained(path)
+    if "pos" not in params["embed"]:
+        raise ValueError(f"{path} has no learned position table (pos_encoding={cfg.pos_encoding}).")
+    table_TxD = np.asarray(params["embed"]["pos"]["embedding"], np.float64)
+    length = table_TxD.shape[0]
+    unit_TxD = table_TxD / np.linalg.norm(table_TxD, axis=1, keepdims=True)
+    cosine_TxT = unit_TxD @ unit_TxD.T
+    per_offset = np.array([np.diagonal(cosine_TxT, k).mean() for k in range(length)])
+    spread = np.array([np.diagonal(cosine_TxT, k).std() for k in range(length)])
+    print_table(
+        f"learned positions: cos(P[i], P[i+k]) by offset k ({length} positions, D={cfg.n_embd})",
+        ["offset k", "mean over i", "std over i"],
+        [[int(k), float(per_offset[k]), float(spread[k])] for k in offsets if k < length],
+    )
+    others_TxT = cosine_TxT - 2 * np.eye(length)
+    nearest_T = others_TxT.argmax(axis=1)
+    adjacent = float(np.mean(np.abs(nearest_T - np.arange(length)) == 1))
+    centred_TxD = table_TxD - table_TxD.mean(axis=0)
+    _, singular, vt_DxD = np.linalg.svd(centred_TxD, full_matrices=False)
+    share = singular**2 / np.sum(singular**2)
+    print(
+        f"nearest other row is an adjacent position for {adjacent:.1%} of positions; "
+        f"variance share of the first 3 principal components: "
+        + ", ".join(f"{x:.1%}" for x in share[:3])
+    )
+    too_long = np.zeros((1, cfg.block_size + 1), np.int32)
+    try:
+        jax.eval_shape(lambda p, t: forward(p, t, cfg), params, too_long)
+        refuses = False
+    except ValueError as error:
+        refuses = True
+        print(f"{cfg.block_size + 1} tokens -> ValueError: {error}")
+
+    fig, axes = new_figure(1, 3, size=(14.0, 4.0))
+    image = axes[0, 0].imshow(cosine_TxT, cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=axes[0, 0])
+    axes[0, 0].set_title("cos(P[i], P[j]) of the learned table")
+    axes[0, 0].set_xlabel("position j")
+    axes[0, 0].set_ylabel("position i")
+    axes[0, 1].plot(per_offset, label="mean over i")
+    axes[0, 1].fill_between(
+        np.arange(length), per_offset - spread, per_offset + spread, alpha=0.3, label="± std"
+    )
+    axes[0, 1].set_xlabel("offset k")
+    axes[0, 1].set_ylabel("cos(P[i], P[i+k])")
+    axes[0, 1].set_title("Similarity vs offset")
+    axes[0, 1].legend()
+    coords_Tx2 = centred_TxD @ vt_DxD[:2].T
+    points = axes[0, 2].scatter(coords_Tx2[:, 0], coords_Tx2[:, 1], c=np.arange(length), s=4)
+    fig.colorbar(points, ax=axes[0, 2], label="position")
+    axes[0, 2].set_xlabel(f"PC1 ({share[0]:.0%})")
+    axes[0, 2].set_ylabel(f"PC2 ({share[1]:.0%})")
+    axes[0, 2].set_title("Positions on the first two components")
+    figure = save_figure(fig, outdir, "learned_positions")
+    return dict(
+        cosine_at_offset=per_offset,
+        spread_at_offset=spread,
+        nearest_is_adjacent=adjacent,
+        pca_share=share[:3],
+        refuses_block_size_plus_one=refuses,
+        figures=[figure],
+    )
+
+
 def main(argv=None):
-    args = make_parser("positions", __doc__).parse_args(argv)
-    run(args.outdir)
+    args = add_pretrained_arg(make_parser("positions", __doc__)).parse_args(argv)
+    if args.pretrained is not None:
+        run_learned(args.pretrained, args.outdir)
+    else:
+        run(args.outdir)
 
 
 if __name__ == "__main__":

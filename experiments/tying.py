@@ -1,6 +1,7 @@
 """Experiment 7: weight tying — what it saves, what the shared table's gradient is, which rows move.
 
     python -m experiments.tying --outdir results/tying
+    python -m experiments.tying --outdir results/tying_gpt2 --pretrained path/to/gpt2
 
 GPT-2 small's token table is 38,597,376 of its 124,439,808 parameters; untying the head adds
 that many again. On the mini-GPT, the tied table's gradient equals the sum of its two uses
@@ -20,7 +21,14 @@ import numpy as np
 import optax
 
 from configs import gpt2_small
-from experiments.common import make_parser, new_figure, print_table, save_figure
+from experiments.common import (
+    add_pretrained_arg,
+    load_pretrained,
+    make_parser,
+    new_figure,
+    print_table,
+    save_figure,
+)
 from minigpt_jax import GPTConfig, count_params, init_params, next_token_losses
 from minigpt_jax.run_config import gpt_config_from
 
@@ -72,17 +80,26 @@ def run(
     length: int = 33,
     id_range: int = 100,
     seed: int = 0,
+    params=None,
 ) -> dict:
     """Parameter counts, the summed gradient, and rows changed by one step per optimizer.
 
     The batch draws ids from [0, id_range) only, so most of the vocabulary is absent.
-    cfg defaults to the mini-GPT with dropout 0.
+    cfg defaults to the mini-GPT with dropout 0; `params` (e.g. GPT-2's, with its cfg) replace
+    the fresh init.
     """
+    if params is not None and cfg is None:
+        raise ValueError("run(params=...) needs the cfg those params belong to.")
+    if cfg is not None and not cfg.tie_embeddings:
+        raise ValueError("the tying study needs a tied model (tie_embeddings=True).")
     cfg = (cfg or GPTConfig()).replace(dropout=0.0)
 
     # ---- parameter counts
     counts = {}
-    for name, model_cfg in (("GPT-2 small", GPT2_SMALL), ("mini-GPT", cfg)):
+    for name, model_cfg in (
+        ("GPT-2 small", GPT2_SMALL),
+        ("mini-GPT" if params is None else "loaded model", cfg),
+    ):
         tied = count_params(model_cfg)
         untied = count_params(model_cfg.replace(tie_embeddings=False))
         counts[name] = dict(table=table_size(model_cfg), tied=tied, untied=untied)
@@ -101,7 +118,7 @@ def run(
     )
 
     # ---- the shared table's gradient is the sum of both uses
-    params = init_params(cfg, jax.random.key(seed))
+    params = init_params(cfg, jax.random.key(seed)) if params is None else params
     tokens_BxT = np.random.default_rng(seed).integers(0, id_range, (batch, length))
     twin_cfg, twin = untied_twin(params, cfg)
     tied_grad_VxD = np.asarray(grad_fn(params, tokens_BxT, cfg)["embed"]["tok"]["embedding"])
@@ -177,8 +194,12 @@ def run(
 
 
 def main(argv=None):
-    args = make_parser("tying", __doc__).parse_args(argv)
-    run(args.outdir)
+    args = add_pretrained_arg(make_parser("tying", __doc__)).parse_args(argv)
+    if args.pretrained is None:
+        run(args.outdir)
+    else:
+        cfg, params, _ = load_pretrained(args.pretrained)
+        run(args.outdir, cfg=cfg, params=params, batch=4, length=17)
 
 
 if __name__ == "__main__":

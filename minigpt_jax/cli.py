@@ -1,8 +1,13 @@
-"""The command line, `minigpt-jax train|sample|lab` (also `python -m minigpt_jax`): flags only.
+"""The command line, `minigpt-jax train|sample|export|eval|lab` (also `python -m minigpt_jax`):
+flags only.
 
   minigpt-jax train  --config configs/X.py [--config.key=value ...] --workdir runs/X
-  minigpt-jax sample --workdir runs/X --prompt "ROMEO:" --max_new_tokens 500 \
-                     [--temperature 0.8] [--top_k 200] [--top_p 0.95] [--seed 0] [--num_samples 3]
+                     [--config.init_from=HF_GPT2_DIR_OR_RUN]
+  minigpt-jax sample (--workdir runs/X | --pretrained HF_GPT2_DIR) --prompt "ROMEO:" \
+                     --max_new_tokens 500 [--temperature 0.8] [--top_k 200] [--top_p 0.95] \
+                     [--seed 0] [--num_samples 3]
+  minigpt-jax export --workdir runs/X --out HF_GPT2_DIR
+  minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
 """
 
@@ -14,7 +19,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sample", "lab")
+COMMANDS = ("train", "sample", "export", "eval", "lab")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -28,7 +33,17 @@ _TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep only the k most likel
 _TOP_P = flags.DEFINE_float("top_p", None, "sample: keep the smallest set with mass >= p.")
 _SEED = flags.DEFINE_integer("seed", 0, "sample: random seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "sample: independent samples to print.")
-_CHECKPOINT = flags.DEFINE_enum("checkpoint", "latest", ["latest", "best"], "sample: which one.")
+_CHECKPOINT = flags.DEFINE_enum(
+    "checkpoint", "latest", ["latest", "best"], "sample, export, eval: which checkpoint of a run."
+)
+_PRETRAINED = flags.DEFINE_string(
+    "pretrained", None, "sample, eval: a Hugging Face GPT-2 directory instead of --workdir."
+)
+_OUT = flags.DEFINE_string("out", None, "export: the Hugging Face GPT-2 directory to write.")
+_TEXT = flags.DEFINE_string("text", None, "eval: a UTF-8 text file to measure perplexity on.")
+_STRIDE = flags.DEFINE_integer(
+    "stride", None, "eval: tokens between sliding windows (default: the model's block_size)."
+)
 _PORT = flags.DEFINE_integer("port", None, "lab: port on 127.0.0.1; default: a free one.")
 _OPEN = flags.DEFINE_bool("open", False, "lab: open the page in the default browser.")
 _LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.")
@@ -55,23 +70,49 @@ def _train() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.runs import sample_from_workdir
+    from minigpt_jax.runs import sample_from_pretrained, sample_from_workdir
 
-    texts = sample_from_workdir(
-        _WORKDIR.value,
-        _PROMPT.value,
+    settings = dict(
         max_new_tokens=_MAX_NEW_TOKENS.value,
         temperature=_TEMPERATURE.value,
         top_k=_TOP_K.value,
         top_p=_TOP_P.value,
         seed=_SEED.value,
         num_samples=_NUM_SAMPLES.value,
-        checkpoint=_CHECKPOINT.value,
     )
+    if _PRETRAINED.value:
+        texts = sample_from_pretrained(_PRETRAINED.value, _PROMPT.value, **settings)
+    else:
+        texts = sample_from_workdir(
+            _WORKDIR.value, _PROMPT.value, checkpoint=_CHECKPOINT.value, **settings
+        )
     for i, text in enumerate(texts):
         if len(texts) > 1:
             print(f"---------- sample {i + 1}/{len(texts)}")
         print(text)
+
+
+def _export() -> None:
+    from minigpt_jax.pretrained import export_run
+
+    if _OUT.value is None:
+        raise app.UsageError("export needs --out, the directory to write, e.g. --out hf/run.")
+    out = export_run(_WORKDIR.value, _OUT.value, _CHECKPOINT.value)
+    print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def _eval() -> None:
+    from minigpt_jax.evaluate import perplexity_of
+
+    if _TEXT.value is None:
+        raise app.UsageError("eval needs --text, a UTF-8 text file, e.g. --text valid.txt.")
+    result = perplexity_of(
+        _PRETRAINED.value or _WORKDIR.value,
+        _TEXT.value,
+        stride=_STRIDE.value,
+        checkpoint=_CHECKPOINT.value,
+    )
+    print(result.summary())
 
 
 def _lab() -> None:
@@ -88,15 +129,20 @@ def _run(argv: list[str]) -> None:
     commands = [a for a in argv[1:] if not a.startswith("-")]
     if len(commands) != 1 or commands[0] not in COMMANDS:
         raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
-    if _WORKDIR.value is None and commands[0] != "lab":
+    command = commands[0]
+    if command in ("sample", "eval") and _PRETRAINED.value is not None:
+        if _WORKDIR.value is not None:
+            raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
+    elif _WORKDIR.value is None and command != "lab":
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
+    run = {"train": _train, "sample": _sample, "export": _export, "eval": _eval, "lab": _lab}
     try:
-        {"train": _train, "sample": _sample, "lab": _lab}[commands[0]]()
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError, RuntimeError) as error:
+        run[command]()
+    except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as error:
         # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
-        sys.exit(f"minigpt-jax {commands[0]}: error: {error}")
+        sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -318,20 +318,29 @@ def prepare_dataset(
     block_size: int,
     workdir: str | os.PathLike | None,
     val_fraction: float = 0.1,
+    tokenizer: Tokenizer | None = None,
 ) -> Dataset:
     """Loads, tokenises and splits a corpus; checks each split holds one window.
 
     With a workdir, an existing workdir/tokenizer.json is reused (a resumed run keeps its
     vocabulary), else the new tokenizer is saved there; tokens are cached in
-    workdir/tokens.npy. workdir=None writes nothing.
+    workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
+    replaces tokenizer_kind and vocab_size.
     """
     text = load_text(corpus, path)
     tokenizer_path = Path(workdir) / TOKENIZER_FILENAME if workdir is not None else None
     if tokenizer_path is not None and tokenizer_path.exists():
-        tokenizer = load_tokenizer(tokenizer_path)
-        _check_reused_tokenizer(tokenizer, tokenizer_path, tokenizer_kind, vocab_size)
+        saved = load_tokenizer(tokenizer_path)
+        if tokenizer is None:
+            _check_reused_tokenizer(saved, tokenizer_path, tokenizer_kind, vocab_size)
+        elif saved.to_json() != tokenizer.to_json():
+            raise ValueError(
+                f"{tokenizer_path} holds another tokenizer than the pretrained model's; "
+                "use a fresh workdir."
+            )
+        tokenizer = saved
     else:
-        tokenizer = make_tokenizer(tokenizer_kind, text, vocab_size)
+        tokenizer = tokenizer or make_tokenizer(tokenizer_kind, text, vocab_size)
         if tokenizer_path is not None:
             tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
             tokenizer.save(tokenizer_path)

@@ -17,6 +17,7 @@ from typing import Any
 
 from minigpt_jax import data
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.tokenizers import Tokenizer
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
 # model key: the tokenizer decides it (data.vocab_size sets the BPE size).
@@ -32,6 +33,7 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
         "log_every",
         "checkpoint_every",
         "keep_checkpoints",
+        "init_from",
         "model",
         "optim",
         "data",
@@ -102,9 +104,12 @@ def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
     return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())
 
 
-def dataset_from(config: Any, workdir: str | Path | None) -> data.Dataset:
+def dataset_from(
+    config: Any, workdir: str | Path | None, tokenizer: Tokenizer | None = None
+) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
-    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there)."""
+    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there). A given
+    `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size."""
     return data.prepare_dataset(
         config.data.corpus,
         config.data.path,
@@ -113,6 +118,7 @@ def dataset_from(config: Any, workdir: str | Path | None) -> data.Dataset:
         config.model.block_size,
         workdir,
         config.data.val_fraction,
+        tokenizer=tokenizer,
     )
 
 

@@ -1,4 +1,5 @@
-"""Trained runs on disk: sampling from a run directory's checkpoint and tokenizer.
+"""Models on disk: sampling from a run directory's checkpoint and tokenizer, or from a Hugging
+Face GPT-2 directory.
 
 The I/O side of `minigpt-jax sample`, kept out of `sampling` (which works on params and ids)
 and out of `cli` (which only parses flags).
@@ -14,29 +15,20 @@ import numpy as np
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.data import TOKENIZER_FILENAME
+from minigpt_jax.model import Params
+from minigpt_jax.pretrained import load_model
 from minigpt_jax.sampling import generate
-from minigpt_jax.tokenizers import load_tokenizer
+from minigpt_jax.tokenizers import Tokenizer, load_tokenizer
 
 
 def sample_from_workdir(
-    workdir: str | Path,
-    prompt: str,
-    *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    num_samples: int = 1,
-    checkpoint: str = "latest",
+    workdir: str | Path, prompt: str, *, checkpoint: str = "latest", **settings
 ) -> list[str]:
-    """Decoded texts: `num_samples` continuations of `prompt` by a trained run.
+    """Decoded texts: continuations of `prompt` by a trained run.
 
-    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; the
-    samples are independent draws from one `generate` call seeded by `seed`.
+    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; `settings`
+    are those of `sample_texts` (max_new_tokens, temperature, top_k, top_p, seed, num_samples).
     """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
     params, meta = load_params(workdir, checkpoint)
     cfg = GPTConfig(**meta["gpt_config"])
     tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
@@ -46,6 +38,32 @@ def sample_from_workdir(
             "`minigpt-jax train`, which saves its tokenizer there."
         )
     tokenizer = load_tokenizer(tokenizer_path)
+    return sample_texts(params, cfg, tokenizer, prompt, **settings)
+
+
+def sample_from_pretrained(path: str | Path, prompt: str, **settings) -> list[str]:
+    """`sample_from_workdir` for a Hugging Face GPT-2 directory (weights and tokenizer)."""
+    model = load_model(path)
+    return sample_texts(model.params, model.cfg, model.tokenizer, prompt, **settings)
+
+
+def sample_texts(
+    params: Params,
+    cfg: GPTConfig,
+    tokenizer: Tokenizer,
+    prompt: str,
+    *,
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    num_samples: int = 1,
+) -> list[str]:
+    """Decoded texts: `num_samples` independent continuations of `prompt`, drawn by one
+    `generate` call seeded by `seed`."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
     prompt_ids = tokenizer.encode(prompt)
     if prompt_ids.size == 0:
         raise ValueError("the prompt is empty: give at least one character, e.g. --prompt='\\n'.")

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 TOKENIZER_KINDS = ("char", "bpe")
 _BYTE_ALPHABET_SIZE = 256
+# GPT-2's one special token: it separates documents and is the model's BOS and EOS.
+GPT2_EOT = "<|endoftext|>"
 
 # GPT-2's pre-tokenizer regex never joins a newline that follows a non-space character with
 # the non-space character after it, so cutting the text there encodes each chunk exactly as
@@ -177,7 +179,30 @@ class BPETokenizer:
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         """Inverse of encode: decode(encode(s)) == s for every str s."""
-        return self._hf.decode(_check_ids(ids, self.vocab_size).tolist())
+        # Special tokens are text too: "<|endoftext|>" decodes to itself, as in transformers.
+        return self._hf.decode(_check_ids(ids, self.vocab_size).tolist(), skip_special_tokens=False)
+
+    @property
+    def eot_id(self) -> int | None:
+        """The id of GPT-2's <|endoftext|>, or None when the vocabulary lacks it."""
+        return self._hf.token_to_id(GPT2_EOT)
+
+    def save_gpt2_files(self, directory: str | Path, model_max_length: int | None = None) -> None:
+        """Writes the Hugging Face files of a GPT-2 tokenizer: tokenizer.json, vocab.json,
+        merges.txt and tokenizer_config.json, which `transformers.AutoTokenizer` opens."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._hf.save(str(directory / "tokenizer.json"))
+        self._hf.model.save(str(directory))
+        special = (
+            {}
+            if self.eot_id is None
+            else {"bos_token": GPT2_EOT, "eos_token": GPT2_EOT, "unk_token": GPT2_EOT}
+        )
+        config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, **special}
+        if model_max_length is not None:
+            config["model_max_length"] = model_max_length
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def to_json(self) -> str:
         return json.dumps(
@@ -200,6 +225,47 @@ def _bpe_chunks(text: str) -> list[str]:
     if current:
         chunks.append("".join(current))
     return chunks
+
+
+def has_gpt2_tokenizer_files(directory: str | Path) -> bool:
+    """Whether `directory` holds tokenizer.json, or vocab.json + merges.txt."""
+    directory = Path(directory)
+    return (directory / "tokenizer.json").is_file() or (
+        (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
+    )
+
+
+def load_gpt2_tokenizer(directory: str | Path) -> BPETokenizer:
+    """GPT-2's byte-level BPE from a Hugging Face directory: tokenizer.json if present, else
+    vocab.json + merges.txt (the pre-tokenizer and decoder GPT-2 uses, <|endoftext|> special).
+
+    Encodes and decodes as `transformers.GPT2TokenizerFast` on the same files.
+    """
+    directory = Path(directory)
+    if (directory / "tokenizer.json").is_file():
+        try:
+            return BPETokenizer(HFTokenizer.from_file(str(directory / "tokenizer.json")))
+        except Exception as error:  # the Rust library raises a bare Exception
+            raise ValueError(
+                f"{directory / 'tokenizer.json'} is not a Hugging Face tokenizer file ({error})."
+            ) from error
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        raise FileNotFoundError(
+            f"{directory} has no GPT-2 tokenizer: it needs tokenizer.json, or vocab.json and "
+            f"merges.txt, from the same model as the weights."
+        )
+    try:
+        hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    except Exception as error:
+        raise ValueError(
+            f"{vocab} and {merges} are not a GPT-2 BPE vocabulary ({error})."
+        ) from error
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    if hf.token_to_id(GPT2_EOT) is not None:
+        hf.add_special_tokens([AddedToken(GPT2_EOT, special=True)])
+    return BPETokenizer(hf)
 
 
 def make_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:

@@ -25,6 +25,7 @@ from minigpt_jax.checkpoint import Checkpointer, CheckpointError
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.metrics import MetricsWriter
 from minigpt_jax.model import Params, init_params, next_token_losses
+from minigpt_jax.pretrained import load_model, params_for
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
 
 Array = chex.Array
@@ -248,8 +249,13 @@ class Trainer:
 
     def __init__(self, config: Any, workdir: Path):
         self.config, self.workdir = config, workdir
-        self.dataset = dataset_from(config, workdir)
-        self.cfg = gpt_config_from(config, self.dataset.tokenizer.vocab_size)
+        # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
+        self.pretrained = load_model(config.init_from) if config.init_from else None
+        self.dataset = dataset_from(
+            config, workdir, self.pretrained.tokenizer if self.pretrained else None
+        )
+        vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
+        self.cfg = gpt_config_from(config, vocab_size)
         self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
         self.mesh = sharding.make_mesh(config.mesh)
         sharding.check_batch_size(config.batch_size, self.mesh)
@@ -273,11 +279,17 @@ class Trainer:
 
     def _restore_or_init(self) -> tuple[TrainState, int | None, float]:
         """(state, step resumed from or None, best val loss so far): the latest checkpoint in
-        workdir if there is one, else a fresh state from config.seed."""
+        workdir if there is one, else a fresh state from config.seed, whose params are
+        config.init_from's when set."""
         state = make_init_state(self.cfg, self.tx, self.mesh, self.shardings)(
             jax.random.key(self.config.seed)
         )
         if self.checkpointer.latest_step() is None:
+            if self.pretrained is not None:
+                # AdamW's moments start at zero whatever the params, so only the params change.
+                # Host arrays, the same on every process, which device_put places on any mesh.
+                params = jax.tree_util.tree_map(np.asarray, params_for(self.pretrained, self.cfg))
+                state = state.replace(params=jax.device_put(params, self.shardings.params))
             return state, None, math.inf
         state, saved_meta = self.checkpointer.restore(state)
         if saved_meta.get("gpt_config") != self.meta["gpt_config"]:
@@ -439,6 +451,9 @@ def train_and_evaluate(
     config: Any, workdir: str | Path, *, progress: bool = True, stop_at: int | None = None
 ) -> RunSummary:
     """Trains `config` (an experiment ConfigDict) in `workdir`, resuming from its latest checkpoint.
+
+    A fresh run starts from config.init_from when set: a Hugging Face GPT-2 directory or another
+    run's workdir, whose tokenizer it takes; config.model must match that model's shape.
 
     stop_at: end this call after that step (a multiple of steps_per_call) with a checkpoint, as an
     interruption would; the learning-rate schedule still spans config.num_steps.

@@ -1,0 +1,491 @@
+"""GPT-2 checkpoints in the Hugging Face layout: read into the params pytree, and runs written out.
+
+A Hugging Face GPT-2 directory (what `GPT2LMHeadModel.save_pretrained` writes, and what the hub
+holds for gpt2, gpt2-medium, -large and -xl) is `config.json` + `model.safetensors` (or shards
+listed in `model.safetensors.index.json`), with the tokenizer as `tokenizer.json` or
+`vocab.json` + `merges.txt`. The tensors are read with numpy: no torch at run time.
+
+GPT-2's tensors and this package's params (N layers, D width, H heads, K head dim):
+  wte.weight (V, D)                 embed/tok/embedding; also the tied head (no lm_head tensor)
+  wpe.weight (T_max, D)             embed/pos/embedding
+  h.{i}.ln_1.{weight,bias}          block_{i}/ln_1/{scale,bias}   (ln_2, ln_f alike)
+  h.{i}.attn.c_attn.weight (D, 3D)  block_{i}/attn/qkv/kernel (D, 3, H, K): Conv1D is in x out,
+                                    its 3D outputs are q, k, v, each head-major
+  h.{i}.attn.c_proj.weight (D, D)   block_{i}/attn/proj/kernel (H, K, D)
+  h.{i}.mlp.c_fc.weight (D, F)      block_{i}/mlp/fc/kernel (D, F); c_proj likewise (F, D)
+  lm_head.weight (V, D)             lm_head/kernel (D, V), only when the config unties it
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minigpt_jax.checkpoint import load_params
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.data import TOKENIZER_FILENAME
+from minigpt_jax.model import LAYERNORM_EPS, Params
+from minigpt_jax.tokenizers import (
+    BPETokenizer,
+    Tokenizer,
+    has_gpt2_tokenizer_files,
+    load_gpt2_tokenizer,
+    load_tokenizer,
+)
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+# A run exported with a character-level tokenizer, which has no Hugging Face form, keeps it here.
+RUN_TOKENIZER_FILE = "minigpt_tokenizer.json"
+
+# GPT-2's activation_function values: "gelu_new" and "gelu_pytorch_tanh" are the tanh GELU,
+# "gelu" the exact erf GELU.
+_GELU_APPROXIMATE = {"gelu_new": True, "gelu_pytorch_tanh": True, "gelu": False}
+# Causal-mask buffers that older GPT-2 checkpoints store; they hold no parameters.
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+class GPT2CheckpointError(ValueError):
+    """A Hugging Face checkpoint that is missing, damaged or not a GPT-2 this package can run."""
+
+
+class LoadedModel(NamedTuple):
+    """A model ready to run: its config, params and the tokenizer its ids belong to."""
+
+    cfg: GPTConfig
+    params: Params
+    tokenizer: Tokenizer
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise GPT2CheckpointError(f"{path} cannot be read as JSON ({error}).") from error
+
+
+def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
+    """The GPTConfig of a GPT-2 `config.json` dict; refuses settings this model cannot run."""
+    model_type = hf.get("model_type")
+    if model_type != "gpt2":
+        raise GPT2CheckpointError(
+            f"{where} describes model_type={model_type!r}, not 'gpt2': only GPT-2 checkpoints "
+            f"(GPT2LMHeadModel) map onto this package's model."
+        )
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in _GELU_APPROXIMATE:
+        raise GPT2CheckpointError(
+            f"{where}: activation_function={activation!r} is not supported; "
+            f"allowed: {sorted(_GELU_APPROXIMATE)}."
+        )
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if not math.isclose(eps, LAYERNORM_EPS, rel_tol=1e-6):
+        raise GPT2CheckpointError(
+            f"{where}: layer_norm_epsilon={eps} but this model's LayerNorms use "
+            f"{LAYERNORM_EPS} (GPT-2's value)."
+        )
+    for key, expected in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+    ):
+        if hf.get(key, expected) != expected:
+            raise GPT2CheckpointError(
+                f"{where}: {key}={hf[key]!r} changes the attention this model computes; only "
+                f"{key}={expected} is supported."
+            )
+    n_embd = hf.get("n_embd", 768)
+    n_inner = hf.get("n_inner") or 4 * n_embd
+    if n_inner % n_embd:
+        raise GPT2CheckpointError(
+            f"{where}: n_inner={n_inner} is not a multiple of n_embd={n_embd}; the MLP width "
+            f"here is mlp_ratio * n_embd."
+        )
+    try:
+        return GPTConfig(
+            vocab_size=hf.get("vocab_size", 50257),
+            block_size=hf.get("n_positions", 1024),
+            n_layer=hf.get("n_layer", 12),
+            n_head=hf.get("n_head", 12),
+            n_embd=n_embd,
+            mlp_ratio=n_inner // n_embd,
+            dropout=hf.get("resid_pdrop", 0.1),
+            pos_encoding="learned",
+            tie_embeddings=hf.get("tie_word_embeddings", True),
+            use_bias=True,
+            gelu_approximate=_GELU_APPROXIMATE[activation],
+        )
+    except ValueError as error:
+        raise GPT2CheckpointError(f"{where}: {error}") from error
+
+
+def hf_config_from(cfg: GPTConfig, eos_token_id: int | None = None) -> dict:
+    """The `config.json` dict of a GPT2LMHeadModel with cfg's shape and settings."""
+    check_exportable(cfg)
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": cfg.mlp_dim,
+        "activation_function": "gelu_new" if cfg.gelu_approximate else "gelu",
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "layer_norm_epsilon": LAYERNORM_EPS,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+        "dtype": "float32",
+    }
+
+
+def check_exportable(cfg: GPTConfig) -> None:
+    """Raises ValueError when GPT-2's architecture cannot express cfg."""
+    problems = []
+    if cfg.pos_encoding != "learned":
+        problems.append(f"pos_encoding={cfg.pos_encoding!r} (GPT-2 has a learned table)")
+    if cfg.embed_scale != 1.0:
+        problems.append(f"embed_scale={cfg.embed_scale} (GPT-2 does not scale embeddings)")
+    if not cfg.causal:
+        problems.append("causal=False (GPT-2 is causal)")
+    if problems:
+        raise ValueError(
+            "this model has no GPT-2 form: " + "; ".join(problems) + ". Only models with "
+            "learned positions, embed_scale=1 and causal attention export to the Hugging Face "
+            "GPT-2 layout."
+        )
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def _tensor_names(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """GPT-2's tensor names (without the `transformer.` prefix) and their shapes for cfg."""
+    d, f = cfg.n_embd, cfg.mlp_dim
+    shapes = {"wte.weight": (cfg.vocab_size, d), "wpe.weight": (cfg.block_size, d)}
+    for i in range(cfg.n_layer):
+        for name, shape in (
+            ("ln_1.weight", (d,)),
+            ("ln_1.bias", (d,)),
+            ("attn.c_attn.weight", (d, 3 * d)),
+            ("attn.c_attn.bias", (3 * d,)),
+            ("attn.c_proj.weight", (d, d)),
+            ("attn.c_proj.bias", (d,)),
+            ("ln_2.weight", (d,)),
+            ("ln_2.bias", (d,)),
+            ("mlp.c_fc.weight", (d, f)),
+            ("mlp.c_fc.bias", (f,)),
+            ("mlp.c_proj.weight", (f, d)),
+            ("mlp.c_proj.bias", (d,)),
+        ):
+            shapes[f"h.{i}.{name}"] = shape
+    shapes["ln_f.weight"] = (d,)
+    shapes["ln_f.bias"] = (d,)
+    return shapes
+
+
+def params_from_hf(tensors: dict[str, np.ndarray], cfg: GPTConfig) -> Params:
+    """The params pytree of GPT-2 `tensors` (names without the `transformer.` prefix)."""
+    h, k, d = cfg.n_head, cfg.head_dim, cfg.n_embd
+
+    def ln(prefix):
+        return {"scale": tensors[f"{prefix}.weight"], "bias": tensors[f"{prefix}.bias"]}
+
+    def dense(prefix, kernel_shape=None, bias_shape=None):
+        kernel, bias = tensors[f"{prefix}.weight"], tensors[f"{prefix}.bias"]
+        return {
+            "kernel": kernel if kernel_shape is None else kernel.reshape(kernel_shape),
+            "bias": bias if bias_shape is None else bias.reshape(bias_shape),
+        }
+
+    params = {
+        "embed": {
+            "tok": {"embedding": tensors["wte.weight"]},
+            "pos": {"embedding": tensors["wpe.weight"]},
+        },
+        "ln_f": ln("ln_f"),
+    }
+    for i in range(cfg.n_layer):
+        p = f"h.{i}"
+        params[f"block_{i}"] = {
+            "ln_1": ln(f"{p}.ln_1"),
+            "attn": {
+                "qkv": dense(f"{p}.attn.c_attn", (d, 3, h, k), (3, h, k)),
+                "proj": dense(f"{p}.attn.c_proj", (h, k, d)),
+            },
+            "ln_2": ln(f"{p}.ln_2"),
+            "mlp": {"fc": dense(f"{p}.mlp.c_fc"), "proj": dense(f"{p}.mlp.c_proj")},
+        }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = {"kernel": tensors["lm_head.weight"].T}
+    return params
+
+
+def hf_tensors_from(params: Params, cfg: GPTConfig) -> dict[str, np.ndarray]:
+    """GPT-2's float32 tensors, named as `save_pretrained` names them, from a params pytree.
+
+    A model without biases gets zero biases, which compute the same function.
+    """
+    d = cfg.n_embd
+    get = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
+
+    def bias(node, size):
+        return get(node["bias"]) if "bias" in node else np.zeros(size, np.float32)
+
+    tensors = {
+        "wte.weight": get(params["embed"]["tok"]["embedding"]),
+        "wpe.weight": get(params["embed"]["pos"]["embedding"]),
+    }
+    for i in range(cfg.n_layer):
+        block, p = params[f"block_{i}"], f"h.{i}"
+        attn, mlp = block["attn"], block["mlp"]
+        for ln in ("ln_1", "ln_2"):
+            tensors[f"{p}.{ln}.weight"] = get(block[ln]["scale"])
+            tensors[f"{p}.{ln}.bias"] = bias(block[ln], d)
+        tensors[f"{p}.attn.c_attn.weight"] = get(attn["qkv"]["kernel"]).reshape(d, 3 * d)
+        tensors[f"{p}.attn.c_attn.bias"] = bias(attn["qkv"], (3, d)).reshape(3 * d)
+        tensors[f"{p}.attn.c_proj.weight"] = get(attn["proj"]["kernel"]).reshape(d, d)
+        tensors[f"{p}.attn.c_proj.bias"] = bias(attn["proj"], d)
+        tensors[f"{p}.mlp.c_fc.weight"] = get(mlp["fc"]["kernel"])
+        tensors[f"{p}.mlp.c_fc.bias"] = bias(mlp["fc"], cfg.mlp_dim)
+        tensors[f"{p}.mlp.c_proj.weight"] = get(mlp["proj"]["kernel"])
+        tensors[f"{p}.mlp.c_proj.bias"] = bias(mlp["proj"], d)
+    tensors["ln_f.weight"] = get(params["ln_f"]["scale"])
+    tensors["ln_f.bias"] = bias(params["ln_f"], d)
+    out = {f"transformer.{name}": value for name, value in tensors.items()}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = np.ascontiguousarray(get(params["lm_head"]["kernel"]).T)
+    return out
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    single, index = directory / WEIGHTS_FILE, directory / WEIGHTS_INDEX_FILE
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if not shards or missing:
+            raise GPT2CheckpointError(
+                f"{index} lists shard files that are not in {directory}: {missing or 'none'}; "
+                f"copy every shard next to it."
+            )
+        return [directory / s for s in shards]
+    others = sorted(p.name for p in directory.glob("*.bin")) + sorted(
+        p.name for p in directory.glob("*.h5")
+    )
+    raise GPT2CheckpointError(
+        f"{directory} has no {WEIGHTS_FILE}"
+        + (f" (only {', '.join(others)}, which needs torch to read)" if others else "")
+        + ": save the model with `GPT2LMHeadModel.save_pretrained(dir)` (safetensors is its "
+        "default), or download model.safetensors with the model."
+    )
+
+
+def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint as a numpy array, names stripped of `transformer.`."""
+    from safetensors import SafetensorError, safe_open
+
+    tensors = {}
+    for path in _weight_files(directory):
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():
+                    tensors[name.removeprefix("transformer.")] = f.get_tensor(name)
+        except (SafetensorError, OSError) as error:
+            raise GPT2CheckpointError(
+                f"{path} is not a readable safetensors file ({error}); download it again."
+            ) from error
+    return tensors
+
+
+def _check_tensors(tensors: dict[str, np.ndarray], cfg: GPTConfig, directory: Path) -> None:
+    expected = _tensor_names(cfg)
+    if not cfg.tie_embeddings:
+        expected["lm_head.weight"] = (cfg.vocab_size, cfg.n_embd)
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise GPT2CheckpointError(
+                f"{directory}: tensor {name!r} is missing; the checkpoint is incomplete or its "
+                f"config.json does not describe it (n_layer={cfg.n_layer})."
+            )
+        if tuple(tensors[name].shape) != shape:
+            raise GPT2CheckpointError(
+                f"{directory}: tensor {name!r} has shape {tuple(tensors[name].shape)}, but "
+                f"config.json implies {shape}; the weights and config.json do not belong together."
+            )
+    if cfg.tie_embeddings and "lm_head.weight" in tensors:
+        if not np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"]):
+            raise GPT2CheckpointError(
+                f"{directory}: config.json says tie_word_embeddings=true, but lm_head.weight "
+                f"differs from wte.weight; set tie_word_embeddings=false in config.json to load "
+                f"the separate head."
+            )
+    unexpected = sorted(
+        name
+        for name in tensors
+        if name not in expected and name != "lm_head.weight" and not name.endswith(_BUFFER_SUFFIXES)
+    )
+    if unexpected:
+        raise GPT2CheckpointError(
+            f"{directory}: tensors {unexpected[:5]} are not part of a GPT-2 with "
+            f"n_layer={cfg.n_layer}; the checkpoint belongs to another architecture or config."
+        )
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _existing_dir(path: str | Path) -> Path:
+    directory = Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(
+            f"{directory} does not exist: give a local directory holding a Hugging Face GPT-2 "
+            f"checkpoint ({CONFIG_FILE} + {WEIGHTS_FILE}); nothing is downloaded."
+        )
+    if not directory.is_dir():
+        raise GPT2CheckpointError(f"{directory} is a file; give the directory that holds it.")
+    return directory
+
+
+def load_gpt2(path: str | Path) -> tuple[GPTConfig, Params]:
+    """(cfg, params) of the Hugging Face GPT-2 checkpoint in directory `path`, in float32."""
+    directory = _existing_dir(path)
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise GPT2CheckpointError(
+            f"{directory} has no {CONFIG_FILE}: it is not a Hugging Face model directory."
+        )
+    cfg = gpt_config_from_hf(_read_json(config_path), str(config_path))
+    tensors = _read_tensors(directory)
+    _check_tensors(tensors, cfg, directory)
+    params = params_from_hf(tensors, cfg)
+    return cfg, jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
+def save_gpt2(
+    params: Params, cfg: GPTConfig, path: str | Path, tokenizer: Tokenizer | None = None
+) -> Path:
+    """Writes params as a Hugging Face GPT-2 directory that `transformers` opens unchanged.
+
+    Writes config.json and model.safetensors (float32); with a byte-level BPE tokenizer also
+    tokenizer.json, vocab.json, merges.txt and tokenizer_config.json. A character-level tokenizer
+    has no Hugging Face form: it is saved as minigpt_tokenizer.json, which `load_model` reads.
+    """
+    from safetensors.numpy import save_file
+
+    check_exportable(cfg)
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    eos = tokenizer.eot_id if isinstance(tokenizer, BPETokenizer) else None
+    (directory / CONFIG_FILE).write_text(
+        json.dumps(hf_config_from(cfg, eos), indent=2) + "\n", encoding="utf-8"
+    )
+    save_file(hf_tensors_from(params, cfg), str(directory / WEIGHTS_FILE), {"format": "pt"})
+    if isinstance(tokenizer, BPETokenizer):
+        tokenizer.save_gpt2_files(directory, model_max_length=cfg.block_size)
+    elif tokenizer is not None:
+        tokenizer.save(directory / RUN_TOKENIZER_FILE)
+    return directory
+
+
+def is_gpt2_dir(path: str | Path) -> bool:
+    """Whether `path` looks like a Hugging Face model directory (has config.json)."""
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:
+    """(cfg, params, tokenizer) of a Hugging Face GPT-2 directory or of a run's workdir.
+
+    checkpoint ('latest' or 'best') applies to a run's workdir only.
+    """
+    directory = _existing_dir(path)
+    if is_gpt2_dir(directory):
+        cfg, params = load_gpt2(directory)
+        if has_gpt2_tokenizer_files(directory):
+            tokenizer = load_gpt2_tokenizer(directory)
+        elif (directory / RUN_TOKENIZER_FILE).is_file():
+            tokenizer = load_tokenizer(directory / RUN_TOKENIZER_FILE)
+        else:
+            raise GPT2CheckpointError(
+                f"{directory} has weights but no tokenizer: add GPT-2's tokenizer.json, or "
+                f"vocab.json + merges.txt, from the same model."
+            )
+    elif (directory / "checkpoints").is_dir() or (directory / "best").is_dir():
+        params, meta = load_params(directory, checkpoint)
+        cfg = GPTConfig(**meta["gpt_config"])
+        tokenizer = load_tokenizer(directory / TOKENIZER_FILENAME)
+    else:
+        raise GPT2CheckpointError(
+            f"{directory} is neither a Hugging Face GPT-2 directory ({CONFIG_FILE} + "
+            f"{WEIGHTS_FILE}) nor a run directory (checkpoints/): point at one of those."
+        )
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise GPT2CheckpointError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{cfg.vocab_size}; the tokenizer files belong to another model."
+        )
+    return LoadedModel(cfg, params, tokenizer)
+
+
+def export_run(workdir: str | Path, out: str | Path, checkpoint: str = "latest") -> Path:
+    """Writes a run's checkpoint and tokenizer as a Hugging Face GPT-2 directory `out`."""
+    cfg, params, tokenizer = load_model(workdir, checkpoint)
+    if is_gpt2_dir(workdir):
+        raise ValueError(f"{workdir} is already a Hugging Face directory; copy it instead.")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty: choose a new --out directory.")
+    return save_gpt2(params, cfg, out, tokenizer)
+
+
+def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
+    """The fields where a checkpoint's model differs from a config's, beyond what fine-tuning
+    may change (dropout, dtypes, dense_grad, and a shorter block_size, which crops positions)."""
+    free = {"dropout", "dtype", "param_dtype", "dense_grad", "block_size"}
+    diffs = [
+        f"{name}: checkpoint {getattr(loaded, name)!r}, config {getattr(wanted, name)!r}"
+        for name in GPTConfig.__dataclass_fields__
+        if name not in free and getattr(loaded, name) != getattr(wanted, name)
+    ]
+    if wanted.block_size > loaded.block_size and loaded.pos_encoding == "learned":
+        diffs.append(
+            f"block_size: config {wanted.block_size} exceeds the checkpoint's learned "
+            f"{loaded.block_size} positions"
+        )
+    return diffs
+
+
+def params_for(loaded: LoadedModel, wanted: GPTConfig) -> Params:
+    """The loaded params shaped for `wanted`: the learned position table cropped to its
+    block_size (nanoGPT's crop_block_size). Raises ValueError when the shapes cannot match."""
+    diffs = shape_mismatch(loaded.cfg, wanted)
+    if diffs:
+        raise ValueError(
+            "the config's model does not match the checkpoint's: "
+            + "; ".join(diffs)
+            + ". Set those --config.model fields to the checkpoint's values."
+        )
+    params = loaded.params
+    if "pos" in params["embed"]:
+        pos = {"embedding": params["embed"]["pos"]["embedding"][: wanted.block_size]}
+        params = {**params, "embed": {**params["embed"], "pos": pos}}
+    return jax.tree_util.tree_map(lambda x: x.astype(wanted.weight_dtype), params)
