@@ -13,6 +13,7 @@ import numpy as np
 
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.model import Params, next_token_losses
+from minigpt_jax.pretrained import load_model
 from minigpt_jax.tokenizers import Tokenizer
 
 
@@ -120,8 +121,6 @@ def perplexity_of(
     batch_size: int = 8,
 ) -> Perplexity:
     """`perplexity` of a run directory or a Hugging Face GPT-2 directory on a UTF-8 text file."""
-    from minigpt_jax.pretrained import load_model
-
     text_path = Path(text_path)
     if not text_path.is_file():
         raise FileNotFoundError(f"no text file at {text_path}: give a UTF-8 .txt file.")

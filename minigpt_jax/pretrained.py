@@ -448,9 +448,9 @@ def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:
 
 def export_run(workdir: str | Path, out: str | Path, checkpoint: str = "latest") -> Path:
     """Writes a run's checkpoint and tokenizer as a Hugging Face GPT-2 directory `out`."""
-    cfg, params, tokenizer = load_model(workdir, checkpoint)
     if is_gpt2_dir(workdir):
         raise ValueError(f"{workdir} is already a Hugging Face directory; copy it instead.")
+    cfg, params, tokenizer = load_model(workdir, checkpoint)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty: choose a new --out directory.")

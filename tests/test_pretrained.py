@@ -11,14 +11,15 @@ from pydoc_data.topics import topics
 import jax
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from minigpt_jax import pretrained
 from minigpt_jax.evaluate import perplexity, sliding_windows
 from minigpt_jax.model import forward, forward_with_cache, init_cache
 from minigpt_jax.sampling import generate
 from minigpt_jax.tokenizers import GPT2_EOT, BPETokenizer, load_gpt2_tokenizer
+
+torch = pytest.importorskip("torch")  # the `hf` extra, installed by .ci/run
+transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = "\n\n".join(topics[k] for k in sorted(topics))[:20_000]
@@ -222,6 +223,31 @@ def _rewrite_config(directory, **changes):
     (directory / "config.json").write_text(json.dumps(config))
 
 
+def test_hub_layout_and_shards_load_the_same_params(hf_dir, loaded, tmp_path):
+    """The hub's gpt2 files name tensors without `transformer.` and keep the causal-mask buffers
+    `h.{i}.attn.bias`; big models come in shards listed by model.safetensors.index.json."""
+    from safetensors.numpy import load_file, save_file
+
+    directory = _copy(hf_dir, tmp_path)
+    tensors = {
+        name.removeprefix("transformer."): value
+        for name, value in load_file(str(directory / "model.safetensors")).items()
+    }
+    tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))
+    (directory / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {
+        "model-00001-of-00002.safetensors": names[:10],
+        "model-00002-of-00002.safetensors": names[10:],
+    }
+    for shard, shard_names in shards.items():
+        save_file({n: tensors[n] for n in shard_names}, str(directory / shard), {"format": "pt"})
+    weight_map = {n: shard for shard, shard_names in shards.items() for n in shard_names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _, params = pretrained.load_gpt2(directory)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, loaded.params)
+
+
 def test_nonexistent_path_says_nothing_is_downloaded(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist.*nothing is downloaded"):
         pretrained.load_gpt2(tmp_path / "gpt2")
@@ -411,3 +437,48 @@ def test_embedding_experiments_run_on_a_pretrained_checkpoint(hf_dir, loaded, tm
     expected = np.mean(np.sum(unit_TxD[:-1] * unit_TxD[1:], axis=1))
     np.testing.assert_allclose(result["cosine_at_offset"][1], expected, rtol=1e-6)
     assert result["refuses_block_size_plus_one"]
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def _finetune_config(init_from, corpus, **changes):
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.init_from = str(init_from)
+    config.data.corpus, config.data.path = "text", str(corpus)
+    config.model.block_size, config.model.n_head = 16, 4
+    config.model.gelu_approximate = True
+    config.num_steps = config.eval_every = config.checkpoint_every = 2
+    config.eval_batches = 1
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+@pytest.mark.slow
+def test_init_from_starts_training_at_the_checkpoint(hf_dir, loaded, tmp_path):
+    """With a zero learning rate the run's params stay the checkpoint's (positions cropped to
+    the config's block_size), from a Hugging Face directory and from a run directory alike."""
+    from minigpt_jax.train import train_and_evaluate
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    config = _finetune_config(hf_dir, corpus)
+    config.optim.lr = config.optim.min_lr = config.optim.weight_decay = 0.0
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    run = pretrained.load_model(tmp_path / "run")
+    assert run.tokenizer.to_json() == loaded.tokenizer.to_json()
+    expected = pretrained.params_for(loaded, run.cfg)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, run.params, expected)
+
+    config.init_from = str(tmp_path / "run")
+    train_and_evaluate(config, tmp_path / "run2", progress=False)
+    again = pretrained.load_model(tmp_path / "run2")
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, expected)
+
+    config.init_from = str(hf_dir)
+    config.model.n_embd, config.model.n_head = 64, 4
+    with pytest.raises(ValueError, match="n_embd: checkpoint 32, config 64"):
+        train_and_evaluate(config, tmp_path / "run3", progress=False)
