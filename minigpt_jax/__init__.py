@@ -13,6 +13,7 @@ from minigpt_jax.model import (
     next_token_losses,
 )
 from minigpt_jax.positions import POSITION_ENCODINGS, PositionEncoding, sinusoidal_positions
+from minigpt_jax.pretrained import load_gpt2, save_gpt2
 from minigpt_jax.sampling import generate
 
 __version__ = "0.1.0"
@@ -31,6 +32,8 @@ __all__ = [
     "forward_with_attention",
     "generate",
     "init_params",
+    "load_gpt2",
     "next_token_losses",
+    "save_gpt2",
     "sinusoidal_positions",
 ]
