@@ -412,6 +412,20 @@ def is_gpt2_dir(path: str | Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
+def load_run(workdir: str | Path, checkpoint: str = "latest") -> LoadedModel:
+    """(cfg, params, tokenizer) of a run's workdir: its checkpoint ('latest' or 'best') and the
+    tokenizer `minigpt-jax train` saved beside it."""
+    params, meta = load_params(workdir, checkpoint)
+    cfg = GPTConfig(**meta["gpt_config"])
+    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
+    if not tokenizer_path.exists():
+        raise FileNotFoundError(
+            f"{tokenizer_path} is missing: use the workdir of a run made by "
+            "`minigpt-jax train`, which saves its tokenizer there."
+        )
+    return LoadedModel(cfg, params, load_tokenizer(tokenizer_path))
+
+
 def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:
     """(cfg, params, tokenizer) of a Hugging Face GPT-2 directory or of a run's workdir.
 
@@ -430,9 +444,7 @@ def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:
                 f"vocab.json + merges.txt, from the same model."
             )
     elif (directory / "checkpoints").is_dir() or (directory / "best").is_dir():
-        params, meta = load_params(directory, checkpoint)
-        cfg = GPTConfig(**meta["gpt_config"])
-        tokenizer = load_tokenizer(directory / TOKENIZER_FILENAME)
+        cfg, params, tokenizer = load_run(directory, checkpoint)
     else:
         raise GPT2CheckpointError(
             f"{directory} is neither a Hugging Face GPT-2 directory ({CONFIG_FILE} + "

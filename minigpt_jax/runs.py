@@ -12,13 +12,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.data import TOKENIZER_FILENAME
 from minigpt_jax.model import Params
-from minigpt_jax.pretrained import load_model
+from minigpt_jax.pretrained import load_model, load_run
 from minigpt_jax.sampling import generate
-from minigpt_jax.tokenizers import Tokenizer, load_tokenizer
+from minigpt_jax.tokenizers import Tokenizer
 
 
 def sample_from_workdir(
@@ -29,16 +27,8 @@ def sample_from_workdir(
     Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; `settings`
     are those of `sample_texts` (max_new_tokens, temperature, top_k, top_p, seed, num_samples).
     """
-    params, meta = load_params(workdir, checkpoint)
-    cfg = GPTConfig(**meta["gpt_config"])
-    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
-    if not tokenizer_path.exists():
-        raise FileNotFoundError(
-            f"{tokenizer_path} is missing: sample from the workdir of a run made by "
-            "`minigpt-jax train`, which saves its tokenizer there."
-        )
-    tokenizer = load_tokenizer(tokenizer_path)
-    return sample_texts(params, cfg, tokenizer, prompt, **settings)
+    run = load_run(workdir, checkpoint)
+    return sample_texts(run.params, run.cfg, run.tokenizer, prompt, **settings)
 
 
 def sample_from_pretrained(path: str | Path, prompt: str, **settings) -> list[str]:
