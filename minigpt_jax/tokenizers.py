@@ -1,12 +1,15 @@
 """Text <-> token-id tokenizers: character-level and byte-level BPE, saved as JSON.
 
-Every tokenizer maps a str to a 1-D int32 array of ids in [0, vocab_size) and back.
+Every tokenizer maps a str to a 1-D int32 array of ids in [0, vocab_size) and back. A tokenizer
+built with `eot=True` also holds an end-of-text token, the last id (GPT-2's <|endoftext|> is
+50256 of 50257): the sharded corpora of minigpt_jax.shards put it after every document.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -34,7 +37,14 @@ class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def eot_id(self) -> int | None: ...  # the end-of-text id, or None without one
+
     def encode(self, text: str) -> np.ndarray: ...
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
+
+    def safe_cut(self, text: str) -> int: ...
 
     def decode(self, ids: np.ndarray | list[int]) -> str: ...
 
@@ -67,7 +77,7 @@ class CharTokenizer:
 
     kind = "char"
 
-    def __init__(self, chars: str):
+    def __init__(self, chars: str, eot: bool = False):
         if not chars:
             raise ValueError(
                 "CharTokenizer needs at least one character; build it from a non-empty corpus."
@@ -78,25 +88,31 @@ class CharTokenizer:
                 "use CharTokenizer.from_text(corpus) to build one."
             )
         self.chars = chars
+        self.eot = bool(eot)
         # Sorted code points, so encode is a vectorised binary search.
         self._codepoints = _codepoints(chars)
 
     @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        """Builds the vocabulary from every distinct character of `text`."""
+    def from_text(cls, text: str, eot: bool = False) -> CharTokenizer:
+        """Builds the vocabulary from every distinct character of `text` (+ end-of-text)."""
         if not text:
             raise ValueError("cannot build a CharTokenizer from empty text; pass the corpus.")
-        return cls("".join(sorted(set(text))))
+        return cls("".join(sorted(set(text))), eot=eot)
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars)
+        return len(self.chars) + self.eot
+
+    @property
+    def eot_id(self) -> int | None:
+        """len(chars): after every character; encode never yields it, decode shows GPT2_EOT."""
+        return len(self.chars) if self.eot else None
 
     def encode(self, text: str) -> np.ndarray:
         """Returns int32 ids of shape (len(text),)."""
         codepoints = _codepoints(text)
         ids = np.searchsorted(self._codepoints, codepoints)
-        clipped = np.minimum(ids, self.vocab_size - 1)
+        clipped = np.minimum(ids, len(self.chars) - 1)
         unknown = np.flatnonzero(self._codepoints[clipped] != codepoints)
         if unknown.size:
             position = int(unknown[0])
@@ -109,13 +125,29 @@ class CharTokenizer:
             )
         return ids.astype(np.int32)
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """[encode(text) for text in texts]."""
+        return [self.encode(text) for text in texts]
+
+    def safe_cut(self, text: str) -> int:
+        """Any cut is safe: characters are encoded one by one."""
+        return len(text)
+
     def decode(self, ids: np.ndarray | list[int]) -> str:
-        """Inverse of encode: ids of shape (n,) -> str of length n."""
+        """Inverse of encode: ids of shape (n,) -> str of length n (end-of-text: GPT2_EOT)."""
         ids = _check_ids(ids, self.vocab_size)
+        if self.eot:
+            parts = np.split(ids, np.flatnonzero(ids == self.eot_id))
+            return GPT2_EOT.join(self._decode_chars(part[part != self.eot_id]) for part in parts)
+        return self._decode_chars(ids)
+
+    def _decode_chars(self, ids: np.ndarray) -> str:
         return self._codepoints[ids].tobytes().decode("utf-32-le", errors="surrogatepass")
 
     def to_json(self) -> str:
-        return json.dumps({"type": self.kind, "chars": self.chars}, ensure_ascii=False)
+        # "eot" only when set, so tokenizers saved before it existed read back unchanged.
+        spec = {"type": self.kind, "chars": self.chars} | ({"eot": True} if self.eot else {})
+        return json.dumps(spec, ensure_ascii=False)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
@@ -135,8 +167,12 @@ class BPETokenizer:
         self._hf = hf_tokenizer
 
     @classmethod
-    def train(cls, text: str, vocab_size: int = 512) -> BPETokenizer:
-        """Learns vocab_size - 256 merges from `text`; the result has exactly vocab_size tokens.
+    def train(
+        cls, text: str | Iterable[str], vocab_size: int = 512, eot: bool = False
+    ) -> BPETokenizer:
+        """Learns vocab_size - 256 merges (- 1 with eot) from `text` (a str, or an iterable of
+        strs such as a sample of a large corpus); the result has exactly vocab_size tokens, the
+        end-of-text token last.
 
         Raises ValueError if the corpus is too small to learn that many merges.
         """
@@ -145,25 +181,29 @@ class BPETokenizer:
                 f"BPE vocab_size must be at least {_BYTE_ALPHABET_SIZE} (one token per byte), "
                 f"got {vocab_size}; raise vocab_size or use the 'char' tokenizer."
             )
-        if not text:
+        texts = [text] if isinstance(text, str) else list(text)
+        n_chars = sum(len(t) for t in texts)
+        if not n_chars:
             raise ValueError("cannot train a BPE tokenizer on empty text; pass the corpus.")
         hf = HFTokenizer(models.BPE())
         # add_prefix_space=False keeps decode(encode(s)) == s, leading spaces included.
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
+            vocab_size=vocab_size - eot,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             special_tokens=[],
             show_progress=False,
         )
-        hf.train_from_iterator([text], trainer=trainer)
+        hf.train_from_iterator(texts, trainer=trainer)
+        if eot:
+            hf.add_special_tokens([AddedToken(GPT2_EOT, special=True)])
         learned = hf.get_vocab_size()
         if learned != vocab_size:
             raise ValueError(
-                f"the corpus ({len(text)} characters) only supports {learned - 256} BPE merges, "
-                f"so the vocabulary has {learned} tokens instead of the requested {vocab_size}; "
-                f"use vocab_size <= {learned} or a larger corpus."
+                f"the corpus ({n_chars} characters) only supports {learned - 256 - eot} BPE "
+                f"merges, so the vocabulary has {learned} tokens instead of the requested "
+                f"{vocab_size}; use vocab_size <= {learned} or a larger corpus (sample)."
             )
         return cls(hf)
 
@@ -173,9 +213,30 @@ class BPETokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         """Returns int32 ids of shape (n,); never fails (every byte is in the vocabulary)."""
-        encodings = self._hf.encode_batch(_bpe_chunks(text))
-        ids = [token_id for encoding in encodings for token_id in encoding.ids]
-        return np.asarray(ids, dtype=np.int32)
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """[encode(text) for text in texts], all chunks of all texts in one multi-threaded call."""
+        chunks = [_bpe_chunks(text) for text in texts]
+        encodings = iter(self._hf.encode_batch([c for text_chunks in chunks for c in text_chunks]))
+        return [
+            np.concatenate(
+                [np.asarray(next(encodings).ids, np.int32) for _ in text_chunks]
+                or [np.zeros(0, np.int32)]
+            )
+            for text_chunks in chunks
+        ]
+
+    def safe_cut(self, text: str) -> int:
+        """The last index i with encode(text) == encode(text[:i]) + encode(text[i:]), by the
+        pre-tokenizer's rule (0 when text holds no such cut)."""
+        cut = 0
+        for start in (max(0, len(text) - _BPE_CHUNK_CHARS), 0):  # the tail first: cheap
+            for match in _BPE_SAFE_CUT.finditer(text, start):
+                cut = match.start()
+            if cut:
+                break
+        return cut
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         """Inverse of encode: decode(encode(s)) == s for every str s."""
@@ -184,7 +245,8 @@ class BPETokenizer:
 
     @property
     def eot_id(self) -> int | None:
-        """The id of GPT-2's <|endoftext|>, or None when the vocabulary lacks it."""
+        """The id of GPT-2's <|endoftext|>, or None when the vocabulary lacks it (a tokenizer
+        trained with eot=True has it last; the text "<|endoftext|>" itself encodes to it)."""
         return self._hf.token_to_id(GPT2_EOT)
 
     def save_gpt2_files(self, directory: str | Path, model_max_length: int | None = None) -> None:
@@ -268,12 +330,12 @@ def load_gpt2_tokenizer(directory: str | Path) -> BPETokenizer:
     return BPETokenizer(hf)
 
 
-def make_tokenizer(kind: str, text: str, vocab_size: int = 512) -> Tokenizer:
+def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = False) -> Tokenizer:
     """Builds a tokenizer of `kind` from `text`; vocab_size is used by 'bpe' only."""
     if kind == "char":
-        return CharTokenizer.from_text(text)
+        return CharTokenizer.from_text(text, eot=eot)
     if kind == "bpe":
-        return BPETokenizer.train(text, vocab_size)
+        return BPETokenizer.train(text, vocab_size, eot=eot)
     raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(TOKENIZER_KINDS)}.")
 
 
@@ -288,7 +350,7 @@ def tokenizer_from_json(serialized: str) -> Tokenizer:
             "create one with tokenizer.save(path)."
         ) from error
     if kind == "char":
-        return CharTokenizer(spec["chars"])
+        return CharTokenizer(spec["chars"], eot=spec.get("eot", False))
     if kind == "bpe":
         return BPETokenizer(HFTokenizer.from_str(spec["hf_tokenizer"]))
     raise ValueError(
