@@ -14,7 +14,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
     config = ml_collections.ConfigDict()
     config.seed = 0  # one key, split into init, data and dropout keys
-    config.batch_size = 16  # sequences per step
+    config.batch_size = 16  # sequences per optimizer step (all micro-batches, all devices)
+    config.grad_accum_steps = 1  # micro-batches of batch_size / grad_accum_steps per step
     config.num_steps = 1500  # optimizer steps in the whole run
     config.steps_per_call = 1  # optimizer steps per compiled call (lax.scan over batches)
     config.eval_every = 250  # steps between validation passes (multiple of steps_per_call)
@@ -55,10 +56,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.data = ml_collections.ConfigDict()
     config.data.corpus = "pydoc"  # pydoc (embedded) | shakespeare | text (a .txt file or dir)
-    config.data.path = config_dict.placeholder(str)  # file or directory for shakespeare/text
+    config.data.path = config_dict.placeholder(str)  # file, directory or glob (shards)
     config.data.tokenizer = "bpe"  # char | bpe (byte-level)
     config.data.vocab_size = 512  # BPE vocabulary (256 bytes + merges); char ignores it
     config.data.val_fraction = 0.1  # the last 10% of the tokens is the validation split
+    # memory: the corpus is read, encoded and held in RAM (workdir/tokens.npy), for small texts;
+    # shards: streamed into memory-mapped token shards with an end-of-text id after every
+    # document (.txt files and .jsonl lines), any size (minigpt_jax/shards.py).
+    config.data.format = "memory"
+    config.data.shards_dir = config_dict.placeholder(str)  # shards: default workdir/shards
+    config.data.text_field = "text"  # shards: the field of a .jsonl line that holds its text
+    config.data.shard_tokens = 1 << 27  # shards: tokens per shard file (256 MB of uint16)
+    config.data.tokenizer_sample_bytes = 1 << 26  # shards: text a BPE tokenizer is trained on
 
     # Device mesh (minigpt_jax/sharding.py): the batch splits over data × fsdp, params over
     # fsdp, heads / MLP units / vocabulary over tensor. -1: all remaining devices.

@@ -1,4 +1,4 @@
-"""`python -m minigpt_jax train|sample|lab ...`: the same as the `minigpt-jax` command."""
+"""`python -m minigpt_jax train|prepare|sample|lab ...`: the same as the `minigpt-jax` command."""
 
 from minigpt_jax.cli import main
 

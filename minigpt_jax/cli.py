@@ -1,8 +1,11 @@
-"""The command line, `minigpt-jax train|sample|export|eval|lab` (also `python -m minigpt_jax`):
-flags only.
+"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
+`python -m minigpt_jax`): flags only.
 
-  minigpt-jax train  --config configs/X.py [--config.key=value ...] --workdir runs/X
-                     [--config.init_from=HF_GPT2_DIR_OR_RUN]
+  minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
+                      [--config.init_from=HF_GPT2_DIR_OR_RUN]
+  minigpt-jax prepare --config configs/X.py [--config.key=value ...] --workdir runs/X
+                      (token shards of config.data in data.shards_dir, default runs/X/shards;
+                       train with data.format=shards prepares them itself when missing or stale)
   minigpt-jax sample (--workdir runs/X | --pretrained HF_GPT2_DIR) --prompt "ROMEO:" \
                      --max_new_tokens 500 [--temperature 0.8] [--top_k 200] [--top_p 0.95] \
                      [--seed 0] [--num_samples 3]
@@ -19,7 +22,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-COMMANDS = ("train", "sample", "export", "eval", "lab")
+COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -66,6 +69,23 @@ def _train() -> None:
         f"median {fmt(summary.median_step_ms)} ms/step"
         + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
         + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
+    )
+
+
+def _prepare() -> None:
+    from minigpt_jax.shards import sharded_dataset
+
+    if _CONFIG.value is None:
+        raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
+    config = _CONFIG.value
+    dataset = sharded_dataset(
+        config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
+    )
+    print(
+        f"{len(dataset.train) + len(dataset.val):,} tokens ({len(dataset.train):,} train, "
+        f"{len(dataset.val):,} val), {dataset.tokenizer.kind} tokenizer with "
+        f"{dataset.tokenizer.vocab_size:,} ids (end-of-text {dataset.tokenizer.eot_id})"
+        + ("" if config.data.format == "shards" else "; train on them with data.format=shards")
     )
 
 
@@ -135,7 +155,14 @@ def _run(argv: list[str]) -> None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
     elif _WORKDIR.value is None and command != "lab":
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
-    run = {"train": _train, "sample": _sample, "export": _export, "eval": _eval, "lab": _lab}
+    run = {
+        "train": _train,
+        "prepare": _prepare,
+        "sample": _sample,
+        "export": _export,
+        "eval": _eval,
+        "lab": _lab,
+    }
     try:
         run[command]()
     except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as error:

@@ -9,6 +9,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -270,7 +271,8 @@ def get_batch(
     step: int,
     split: str = "train",
 ) -> np.ndarray:
-    """Returns int32 windows of shape (batch_size, block_size + 1) from one split's tokens.
+    """Returns int32 windows of shape (batch_size, block_size + 1) from one split's tokens
+    (a 1-D array, or a shards.TokenStream: the same windows of the same stream).
 
     inputs = batch[:, :-1], targets = batch[:, 1:]. Window starts are uniform over the split
     and a pure function of (seed, step, split), so a resumed run replays the same batches.
@@ -288,7 +290,9 @@ def get_batch(
     check_split_length(tokens, block_size, split)
     rng = np.random.default_rng([seed, step, SPLITS.index(split)])
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
-    return tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
+    if isinstance(tokens, np.ndarray):
+        return tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
+    return tokens.windows(starts, block_size + 1)  # memory-mapped shards (shards.TokenStream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,11 +301,12 @@ def get_batch(
 
 @dataclass(frozen=True)
 class Dataset:
-    """A tokenised corpus: its tokenizer and contiguous uint16 train/val token arrays."""
+    """A tokenised corpus: its tokenizer and contiguous train/val token streams (uint16 arrays
+    in memory, or shards.TokenStream views of memory-mapped shards)."""
 
     tokenizer: Tokenizer
-    train: np.ndarray
-    val: np.ndarray
+    train: Any
+    val: Any
 
     def split(self, name: str) -> np.ndarray:
         """Returns the token array of split `name` ("train" or "val")."""

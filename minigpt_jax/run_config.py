@@ -26,6 +26,7 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
     "": (
         "seed",
         "batch_size",
+        "grad_accum_steps",
         "num_steps",
         "steps_per_call",
         "eval_every",
@@ -41,7 +42,18 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "model": MODEL_KEYS,
     "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
-    "data": ("corpus", "path", "tokenizer", "vocab_size", "val_fraction"),
+    "data": (
+        "corpus",
+        "path",
+        "tokenizer",
+        "vocab_size",
+        "val_fraction",
+        "format",
+        "shards_dir",
+        "text_field",
+        "shard_tokens",
+        "tokenizer_sample_bytes",
+    ),
     "mesh": ("data", "fsdp", "tensor"),
 }
 

@@ -96,7 +96,7 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 def test_unknown_command_and_missing_workdir(tmp_path):
     result = _run([sys.executable, "-m", "minigpt_jax", "fly", "--workdir", str(tmp_path)])
-    assert result.returncode != 0 and "name one command: train | sample" in result.stderr
+    assert result.returncode != 0 and "name one command: train | prepare | sample" in result.stderr
     result = _run([sys.executable, "-m", "minigpt_jax", "train", "--config", "configs/tiny.py"])
     assert result.returncode != 0 and "--workdir is required" in result.stderr
 

@@ -1,0 +1,257 @@
+"""Sharded corpora: streamed prepare equals one-call encoding, killed prepares resume to the
+same shards, stale shards are rebuilt, memory-mapped batches equal in-memory ones, and a run
+on shards resumes bit-exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from pydoc_data.topics import topics
+
+import numpy as np
+import pytest
+
+from configs import tiny
+from minigpt_jax import data, shards
+from minigpt_jax.metrics import read_metrics
+from minigpt_jax.tokenizers import EOT_TEXT, BPETokenizer, CharTokenizer, load_tokenizer
+from minigpt_jax.train import train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+_TEXT = "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def _documents():
+    """Twelve documents of real text with non-ASCII characters (multi-byte UTF-8)."""
+    docs = [_TEXT[i * 3000 : (i + 1) * 3000] for i in range(12)]
+    docs[3] = "naïve café — 東京 🙂\n" + docs[3]
+    docs[7] = ""  # an empty document still ends with an end-of-text id
+    return docs
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    """Docs 0-5 as .txt files (a nested folder too), docs 6-11 as the lines of two .jsonl files."""
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    docs = _documents()
+    for i in range(4):
+        (root / f"a{i}.txt").write_text(docs[i], encoding="utf-8")
+    for i in (4, 5):
+        (root / "sub" / f"b{i}.txt").write_text(docs[i], encoding="utf-8")
+    for name, lines in (("c.jsonl", docs[6:9]), ("d.jsonl", docs[9:])):
+        body = "".join(json.dumps({"body": doc, "id": j}) + "\n" for j, doc in enumerate(lines))
+        (root / name).write_text(body + "\n", encoding="utf-8")  # a trailing blank line
+    return root
+
+
+def _data_config(path, tokenizer="char", **overrides):
+    config = tiny.get_config().data
+    config.corpus, config.path, config.format = "text", str(path), "shards"
+    config.tokenizer, config.vocab_size, config.text_field = tokenizer, 300, "body"
+    config.shard_tokens = 5000
+    for key, value in overrides.items():
+        config[key] = value
+    return config
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Reads and batches far smaller than a document, so pieces and shards cut mid-document."""
+    monkeypatch.setattr(shards, "_READ_BYTES", 700)
+    monkeypatch.setattr(shards, "_BATCH_CHARS", 2500)
+
+
+def _stream(directory):
+    manifest, _, train, val = shards.load_shards(directory)
+    return manifest, np.concatenate([np.asarray(train), np.asarray(val)])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_many_files_and_documents_equal_encoding_the_concatenation(
+    corpus_dir, tmp_path, small_pieces, kind
+):
+    manifest = shards.prepare_shards(tmp_path / "shards", _data_config(corpus_dir, kind))
+    tokenizer = load_tokenizer(tmp_path / "shards" / "tokenizer.json")
+    docs = _documents()  # in the files' sorted order: a0-a3, c.jsonl, d.jsonl, sub/b4, sub/b5
+    ordered = docs[:4] + docs[6:12] + docs[4:6]
+    if kind == "bpe":  # BPE encodes the end-of-text text as its id
+        expected = tokenizer.encode("".join(doc + EOT_TEXT for doc in ordered))
+    else:
+        eot = [tokenizer.eot_id]
+        expected = np.concatenate([np.append(tokenizer.encode(doc), eot) for doc in ordered])
+    _, stream = _stream(tmp_path / "shards")
+    np.testing.assert_array_equal(stream, expected)
+    assert tokenizer.eot_id == tokenizer.vocab_size - 1
+    assert manifest["documents"] == 12 and manifest["tokens"] == len(expected)
+    assert manifest["dtype"] == "<u2"
+    sizes = [s["tokens"] for s in manifest["shards"]]
+    assert sizes[:-1] == [5000] * (len(sizes) - 1) and 0 < sizes[-1] <= 5000
+    assert manifest["split"]["train_tokens"] == int(len(expected) * 0.9)
+    assert not (tmp_path / "shards" / shards.PROGRESS_FILENAME).exists()
+
+
+def test_bpe_tokenizer_is_trained_on_a_sample(corpus_dir, tmp_path):
+    """A 20 kB sample of a 36 kB corpus: the vocabulary differs from training on all of it."""
+    config = _data_config(corpus_dir, "bpe", tokenizer_sample_bytes=20_000)
+    shards.prepare_shards(tmp_path / "sampled", config)
+    sampled = load_tokenizer(tmp_path / "sampled" / "tokenizer.json")
+    whole = BPETokenizer.train("".join(_documents()), 300, eot=True)
+    assert sampled.vocab_size == whole.vocab_size == 300
+    assert sampled.to_json() != whole.to_json()
+
+
+def test_token_stream_windows_equal_the_array_across_shard_boundaries():
+    tokens = np.random.default_rng(0).integers(0, 60_000, 1000).astype(np.uint16)
+    stream = shards.TokenStream([tokens[:300], tokens[300:310], tokens[310:]], 5, 990)
+    assert len(stream) == 985
+    for step in range(5):
+        np.testing.assert_array_equal(
+            data.get_batch(stream, 64, 40, seed=1, step=step),
+            data.get_batch(tokens[5:990], 64, 40, seed=1, step=step),
+        )
+
+
+def test_unchanged_inputs_reuse_the_shards_and_changed_ones_rebuild_them(corpus_dir, tmp_path):
+    config = _data_config(corpus_dir)
+    first = shards.prepare_shards(tmp_path / "s", config)
+    inode = (tmp_path / "s" / "tokens_000000.bin").stat().st_ino
+    assert shards.prepare_shards(tmp_path / "s", config) == first
+    assert (tmp_path / "s" / "tokens_000000.bin").stat().st_ino == inode
+    (corpus_dir / "a0.txt").write_text("A new first document.", encoding="utf-8")
+    second = shards.prepare_shards(tmp_path / "s", config)
+    assert second["inputs_fingerprint"] != first["inputs_fingerprint"]
+    assert second["tokens"] < first["tokens"]
+    _, stream = _stream(tmp_path / "s")
+    tokenizer = load_tokenizer(tmp_path / "s" / "tokenizer.json")
+    assert tokenizer.decode(stream[:22]) == "A new first document." + EOT_TEXT
+
+
+def test_bad_inputs_are_named(corpus_dir, tmp_path):
+    (corpus_dir / "c.jsonl").write_text('{"text": "no body field"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c.jsonl.*'body' field.*data.text_field"):
+        shards.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        shards.prepare_shards(tmp_path / "s", _data_config(tmp_path / "missing.txt"))
+    (tmp_path / "bad.txt").write_bytes(b"ok \xff bad")
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        shards.prepare_shards(tmp_path / "s", _data_config(tmp_path / "bad.txt"))
+
+
+_KILLER = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from minigpt_jax import shards
+from tests.test_shards import _data_config
+shards._READ_BYTES, shards._BATCH_CHARS = 700, 2500
+original = shards._ShardWriter.{hook}
+def hooked(self, *args):
+    result = original(self, *args)
+    if self.written > {after}:
+        os.kill(os.getpid(), signal.SIGKILL)  # as abrupt as a power cut: no cleanup runs
+    return result
+shards._ShardWriter.{hook} = hooked
+shards.prepare_shards({out!r}, _data_config({corpus!r}, {kind!r}), progress=False)
+"""
+
+
+@pytest.mark.parametrize(
+    "kind, hook, after",
+    [
+        ("char", "_close_shard", 0),  # a shard renamed, its progress not yet recorded
+        ("char", "write", 12_000),  # mid-batch, tokens in a .part file past the record
+        ("bpe", "write", 7000),
+    ],
+)
+def test_killed_prepare_resumes_to_identical_shards(
+    corpus_dir, tmp_path, small_pieces, kind, hook, after
+):
+    killed = tmp_path / "killed"
+    script = textwrap.dedent(_KILLER).format(
+        repo=str(REPO), hook=hook, after=after, out=str(killed), corpus=str(corpus_dir), kind=kind
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not (killed / shards.MANIFEST_FILENAME).exists(), "a manifest over partial shards"
+    progress = json.loads((killed / shards.PROGRESS_FILENAME).read_text())
+    assert progress["tokens"] > 0
+    done = sorted(killed.glob("tokens_*.bin"))
+    inodes = {p.name: p.stat().st_ino for p in done if p.stat().st_size == 10_000}
+
+    resumed = shards.prepare_shards(killed, _data_config(corpus_dir, kind), progress=False)
+    fresh = shards.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir, kind))
+    for manifest in (resumed, fresh):
+        manifest.pop("prepare_seconds")
+    assert resumed == fresh
+    for shard in fresh["shards"]:
+        name = shard["file"]
+        assert (killed / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+    for name, inode in inodes.items():  # resumed, not restarted: finished shards were kept
+        assert (killed / name).stat().st_ino == inode
+    assert sorted(p.name for p in killed.iterdir()) == sorted(
+        p.name for p in (tmp_path / "fresh").iterdir()
+    )
+
+
+def test_char_tokenizer_end_of_text_round_trips(tmp_path):
+    tokenizer = CharTokenizer.from_text("abc", eot=True)
+    assert (tokenizer.vocab_size, tokenizer.eot_id) == (4, 3)
+    assert tokenizer.decode([0, 3, 2, 3]) == "a" + EOT_TEXT + "c" + EOT_TEXT
+    tokenizer.save(tmp_path / "t.json")
+    assert load_tokenizer(tmp_path / "t.json").eot_id == 3
+    assert CharTokenizer.from_text("abc").eot_id is None
+    assert '"eot"' not in CharTokenizer.from_text("abc").to_json()  # old files unchanged
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _run_config(corpus_dir, **overrides):
+    config = tiny.get_config()
+    config.data = _data_config(corpus_dir, shard_tokens=3000)
+    config.num_steps, config.eval_every, config.checkpoint_every = 20, 10, 10
+    for key, value in overrides.items():
+        config[key] = value
+    return config
+
+
+def test_run_on_shards_resumes_bit_exactly(corpus_dir, tmp_path):
+    full = train_and_evaluate(_run_config(corpus_dir), tmp_path / "full", progress=False)
+    train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False, stop_at=10)
+    resumed = train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False)
+    assert resumed.resumed_from == 10
+    assert (tmp_path / "full" / "shards" / shards.MANIFEST_FILENAME).exists()
+    losses = [
+        [r["train_loss"] for r in read_metrics(tmp_path / run) if "train_loss" in r]
+        for run in ("full", "resumed")
+    ]
+    assert len(losses[0]) == 20 and losses[0] == losses[1]
+    assert resumed.val_loss == full.val_loss
+    assert load_tokenizer(tmp_path / "full" / "tokenizer.json").eot_id is not None
+
+
+def test_memory_format_workdir_is_refused_by_a_shards_run(corpus_dir, tmp_path):
+    config = _run_config(corpus_dir)
+    CharTokenizer.from_text(_TEXT).save(tmp_path / "tokenizer.json")
+    with pytest.raises(ValueError, match="in-memory corpus.*fresh workdir"):
+        train_and_evaluate(config, tmp_path, progress=False)
+
+
+def test_prepare_command_writes_the_shards(corpus_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", "prepare", "--config", str(REPO / "configs/tiny.py")]
+        + [f"--workdir={tmp_path / 'run'}", "--config.data.corpus=text", "--progress=false"]
+        + [f"--config.data.path={corpus_dir}/*.txt", "--config.data.format=shards"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "run" / "shards" / "manifest.json").read_text())
+    assert manifest["inputs"]["files"] == 4 and manifest["documents"] == 4
+    assert f"{manifest['tokens']:,} tokens" in result.stdout
