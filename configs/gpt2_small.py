@@ -1,10 +1,15 @@
 """GPT-2 small (124M parameters) for accelerators: bfloat16 compute, float32 params and logits.
 
 Run:      minigpt-jax train --config configs/gpt2_small.py --workdir runs/gpt2_small \
-            --config.data.corpus=text --config.data.path=/path/to/corpus
-Needs:    a GPU or TPU; on a 2-core CPU one step takes tens of seconds.
-Expect:   124,439,808 parameters with a 50,257-token vocabulary (GPT-2's size; the BPE is
-          trained on the given corpus, so a small corpus yields fewer merges and errors).
+            --config.data.path='/path/to/corpus/*.jsonl'
+          (the first run streams the corpus into token shards in runs/gpt2_small/shards, as
+          `minigpt-jax prepare` with the same flags does ahead of time; later runs reuse them)
+Needs:    a GPU or TPU; on a 2-core CPU one step takes minutes.
+Expect:   124,439,808 parameters with a 50,257-token vocabulary (GPT-2's size: 50,000 merges
+          learned from a 64 MB sample of the corpus, 256 bytes and <|endoftext|> last).
+Batch:    GPT-2's ~0.5M tokens per optimizer step: 512 sequences of 1,024 tokens, accumulated
+          over 32 micro-batches of 16 (nanoGPT: 12 x 1,024 x 40). Each micro-batch splits over
+          mesh data x fsdp; on 8 devices, --config.grad_accum_steps=4 gives each 16 rows.
 """
 
 import ml_collections
@@ -14,7 +19,8 @@ from configs import default
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = default.get_config(arg)
-    config.batch_size = 32
+    config.batch_size = 512  # sequences per optimizer step: 512 x 1024 = 524,288 tokens
+    config.grad_accum_steps = 32  # micro-batches of 16 sequences
     config.num_steps = 20_000
     config.steps_per_call = 10
     config.eval_every = 1000
@@ -34,6 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.warmup_steps = 700
     config.optim.b1, config.optim.b2 = 0.9, 0.95
     config.data.corpus = "text"
+    config.data.format = "shards"  # any corpus size: memory-mapped token shards
     config.data.tokenizer = "bpe"
     config.data.vocab_size = 50257
     return config

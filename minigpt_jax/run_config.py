@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
-from minigpt_jax import data
+import jax
+from jax.experimental import multihost_utils
+
+from minigpt_jax import data, shards
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.tokenizers import Tokenizer
+
+DATA_FORMATS = ("memory", "shards")
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
 # model key: the tokenizer decides it (data.vocab_size sets the BPE size).
@@ -95,9 +101,20 @@ def _check_schedule(config: Any) -> None:
                 f"config.{name}={value!r} must be a positive multiple of "
                 f"steps_per_call={k}: steps run in chunks of {k}."
             )
-    for name in ("batch_size", "eval_batches", "log_every", "keep_checkpoints"):
+    for name in ("batch_size", "grad_accum_steps", "eval_batches", "log_every", "keep_checkpoints"):
         if not isinstance(config[name], int) or config[name] < 1:
             raise ValueError(f"config.{name} must be a positive integer, got {config[name]!r}.")
+    if config.batch_size % config.grad_accum_steps:
+        raise ValueError(
+            f"config.batch_size={config.batch_size} (sequences per optimizer step) does not split "
+            f"into grad_accum_steps={config.grad_accum_steps} equal micro-batches; use a "
+            f"multiple of {config.grad_accum_steps}."
+        )
+    if config.data.format not in DATA_FORMATS:
+        raise ValueError(
+            f"config.data.format={config.data.format!r} is unknown; choose one of "
+            f"{list(DATA_FORMATS)}."
+        )
 
 
 def check_experiment_config(config: Any) -> None:
@@ -117,11 +134,33 @@ def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
 
 
 def dataset_from(
-    config: Any, workdir: str | Path | None, tokenizer: Tokenizer | None = None
+    config: Any,
+    workdir: str | Path | None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    progress: bool = False,
 ) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
-    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there). A given
-    `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size."""
+    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there): held in RAM
+    (data.format "memory"), or memory-mapped from shards prepared on first use ("shards"). A
+    given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size."""
+    if config.data.format == "shards":
+        if workdir is None:
+            raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
+        prepare = functools.partial(
+            shards.sharded_dataset,
+            config.data,
+            config.model.block_size,
+            workdir,
+            tokenizer=tokenizer,
+        )
+        if jax.process_count() > 1:
+            # One process prepares the shards in the shared folder while the others wait;
+            # then every process maps them (and a host without that folder prepares its own).
+            if jax.process_index() == 0:
+                prepare(progress=progress)
+            multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
+        return prepare(progress=progress and jax.process_index() == 0)
     return data.prepare_dataset(
         config.data.corpus,
         config.data.path,

@@ -624,31 +624,34 @@ def sharded_dataset(
     block_size: int,
     workdir: str | os.PathLike,
     *,
+    tokenizer: Tokenizer | None = None,
     progress: bool = True,
 ) -> Dataset:
     """The Dataset of config.data with format "shards": prepared (or brought up to date) in
     data.shards_dir, default workdir/shards, then memory-mapped.
 
     The run keeps a copy of the tokenizer as workdir/tokenizer.json; a resumed run's copy is
-    the tokenizer the shards are (re)encoded with, so its vocabulary never changes.
+    the tokenizer the shards are (re)encoded with, so its vocabulary never changes. A given
+    `tokenizer` (a pretrained model's) encodes a new run's shards instead of a trained one.
     """
     workdir = Path(workdir)
     directory = Path(data_config.shards_dir or workdir / SHARDS_DIRNAME)
     run_tokenizer_path = workdir / TOKENIZER_FILENAME
-    run_tokenizer = load_tokenizer(run_tokenizer_path) if run_tokenizer_path.exists() else None
-    if run_tokenizer is not None:
+    saved = load_tokenizer(run_tokenizer_path) if run_tokenizer_path.exists() else None
+    if saved is not None and tokenizer is None:
         _check_reused_tokenizer(
-            run_tokenizer, run_tokenizer_path, data_config.tokenizer, data_config.vocab_size
+            saved, run_tokenizer_path, data_config.tokenizer, data_config.vocab_size
         )
-        if run_tokenizer.eot_id is None:
-            raise ValueError(
-                f"{run_tokenizer_path} was made for an in-memory corpus (no end-of-text id), "
-                f"but this run reads shards (data.format='shards'); use a fresh workdir, or "
-                f"data.format='memory' as the run that created it."
-            )
+    run_tokenizer = saved or tokenizer  # a pretrained model's for a new run
+    if run_tokenizer is not None and run_tokenizer.eot_id is None:
+        raise ValueError(
+            f"the tokenizer of {workdir} has no end-of-text id (it was made for an in-memory "
+            f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
+            f"or data.format='memory' as the run that created it."
+        )
     prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
     _, tokenizer, train, val = load_shards(directory)
-    if run_tokenizer is None:
+    if saved is None:
         workdir.mkdir(parents=True, exist_ok=True)
         _save_tokenizer(tokenizer, run_tokenizer_path)
     check_split_length(train, block_size, "train")

@@ -94,6 +94,40 @@ def loss_fn(params: Params, batch_BxT1: Array, cfg: GPTConfig, *, train: bool, r
     return next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng).mean()
 
 
+def accumulated_value_and_grad(
+    params: Params, batch_BxT1: Array, cfg: GPTConfig, dropout_rng: Array, grad_accum_steps: int
+) -> tuple[Array, Params]:
+    """(training loss, grads) of the batch, from grad_accum_steps micro-batches in turn."""
+    value_and_grad = jax.value_and_grad(loss_fn)
+    if grad_accum_steps == 1:
+        return value_and_grad(params, batch_BxT1, cfg, train=True, rng=dropout_rng)
+    batch_size, width = batch_BxT1.shape
+    if batch_size % grad_accum_steps:
+        raise ValueError(
+            f"batch of {batch_size} rows does not split into grad_accum_steps="
+            f"{grad_accum_steps} micro-batches; use a batch_size divisible by it."
+        )
+    # Micro-batch a takes rows a, a + A, a + 2A, ...: with the batch split over devices in
+    # contiguous blocks, every device holds its share of every micro-batch, so no row moves.
+    micro_AxMxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
+    micro_AxMxT1 = micro_AxMxT1.swapaxes(0, 1)
+
+    def add_micro_batch(carry, inputs):
+        loss_sum, grads_sum = carry
+        index, micro_MxT1 = inputs
+        rng = jax.random.fold_in(dropout_rng, index)
+        loss, grads = value_and_grad(params, micro_MxT1, cfg, train=True, rng=rng)
+        return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grads_sum, grads)), None
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree_util.tree_map(jnp.zeros_like, params))
+    (loss_sum, grads_sum), _ = jax.lax.scan(
+        add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxMxT1)
+    )
+    # Equal micro-batches: the mean of their means is the mean over the batch.
+    scale = 1.0 / grad_accum_steps
+    return loss_sum * scale, jax.tree_util.tree_map(lambda g: g * scale, grads_sum)
+
+
 def train_step(
     state: TrainState,
     batch_BxT1: Array,
@@ -101,12 +135,17 @@ def train_step(
     cfg: GPTConfig,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
+    grad_accum_steps: int = 1,
 ) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer step. Metrics: loss (before the update), grad_norm (before clipping), lr."""
+    """One optimizer step. Metrics: loss (before the update), grad_norm (before clipping), lr.
+
+    grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
+    (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
+    """
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = jax.value_and_grad(loss_fn)(
-        state.params, batch_BxT1, cfg, train=True, rng=dropout_rng
+    loss, grads = accumulated_value_and_grad(
+        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps
     )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
@@ -138,12 +177,16 @@ def make_train_chunk(
     schedule: optax.Schedule,
     mesh: Mesh | None = None,
     shardings: Any = None,
+    grad_accum_steps: int = 1,
 ):
     """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
     per compiled call through `lax.scan`, the state donated. Dispatching once per C steps cuts
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
-    `make_init_state`) and the batches split over data × fsdp."""
-    step = functools.partial(train_step, cfg=cfg, tx=tx, schedule=schedule)
+    `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
+    over grad_accum_steps micro-batches of B / grad_accum_steps rows."""
+    step = functools.partial(
+        train_step, cfg=cfg, tx=tx, schedule=schedule, grad_accum_steps=grad_accum_steps
+    )
 
     def train_chunk(state, batches_CxBxT1):
         return jax.lax.scan(step, state, batches_CxBxT1)
@@ -247,18 +290,23 @@ class Trainer:
     """One run's model, data and state: restore-or-init, compiled steps, evaluation that keeps the
     best params, checkpoints. `train_and_evaluate` drives it chunk by chunk."""
 
-    def __init__(self, config: Any, workdir: Path):
+    def __init__(self, config: Any, workdir: Path, *, progress: bool = False):
         self.config, self.workdir = config, workdir
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
         self.pretrained = load_model(config.init_from) if config.init_from else None
         self.dataset = dataset_from(
-            config, workdir, self.pretrained.tokenizer if self.pretrained else None
+            config,
+            workdir,
+            self.pretrained.tokenizer if self.pretrained else None,
+            progress=progress,
         )
         vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
         self.cfg = gpt_config_from(config, vocab_size)
         self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
         self.mesh = sharding.make_mesh(config.mesh)
-        sharding.check_batch_size(config.batch_size, self.mesh)
+        # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
+        self.micro_batch_size = config.batch_size // config.grad_accum_steps
+        sharding.check_batch_size(self.micro_batch_size, self.mesh)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
         self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
         self.checkpointer = Checkpointer(workdir, config.keep_checkpoints)
@@ -266,7 +314,14 @@ class Trainer:
 
         compile_start = time.perf_counter()
         self._train_chunk = (
-            make_train_chunk(self.cfg, self.tx, self.schedule, self.mesh, self.shardings)
+            make_train_chunk(
+                self.cfg,
+                self.tx,
+                self.schedule,
+                self.mesh,
+                self.shardings,
+                grad_accum_steps=config.grad_accum_steps,
+            )
             .lower(self.state, self.batches_from(self.step))
             .compile()
         )
@@ -332,7 +387,7 @@ class Trainer:
                 self.state.params,
                 tokens,
                 num_batches=self.config.eval_batches,
-                batch_size=self.config.batch_size,
+                batch_size=self.micro_batch_size,  # what fits in memory
                 block_size=self.config.model.block_size,
                 seed=self.config.seed,
                 split=split,
@@ -458,7 +513,9 @@ def train_and_evaluate(
     stop_at: end this call after that step (a multiple of steps_per_call) with a checkpoint, as an
     interruption would; the learning-rate schedule still spans config.num_steps.
 
-    Writes workdir/{tokenizer.json, tokens.npy, metrics.jsonl, tensorboard/, checkpoints/, best/}.
+    Writes workdir/{tokenizer.json, tokens.npy (data.format "memory") or shards/ (data.format
+    "shards", unless data.shards_dir is elsewhere), metrics.jsonl, tensorboard/, checkpoints/,
+    best/}.
     SIGINT/SIGTERM save a checkpoint and return; a non-finite loss raises FloatingPointError and
     leaves the last good checkpoint in place.
     """
@@ -472,7 +529,7 @@ def train_and_evaluate(
     last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config, workdir)
+    trainer = Trainer(config, workdir, progress=progress)
     log = RunLogger(config, workdir, trainer, progress=progress)
     stop = _StopRequest()
     try:

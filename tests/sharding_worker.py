@@ -38,6 +38,8 @@ MESHES = {
     "data2_fsdp2_tensor2": (2, 2, 2),
     # GPTConfig.dense_grad="direct" with params sharded over fsdp and heads over tensor
     "data2_fsdp2_tensor2_direct_vjp": (2, 2, 2),
+    # grad_accum_steps=2: micro-batches of 4 rows, each split over data × fsdp
+    "data2_fsdp2_tensor2_accum2": (2, 2, 2),
 }
 
 
@@ -55,7 +57,8 @@ def low_level(result):
         run_cfg = cfg.replace(dense_grad="direct") if name.endswith("direct_vjp") else cfg
         mesh = sharding.make_mesh(mesh_config(sizes))
         state = make_init_state(run_cfg, tx, mesh)(jax.random.key(0))
-        step = make_train_chunk(run_cfg, tx, schedule, mesh)
+        accum = 2 if name.endswith("accum2") else 1
+        step = make_train_chunk(run_cfg, tx, schedule, mesh, grad_accum_steps=accum)
         state, metrics = step(state, sharding.put_batch(batches, sharding.batch_sharding(mesh, 3)))
         qkv = state.params["block_0"]["attn"]["qkv"]["kernel"]
         mu = state.opt_state[1][0].mu["block_0"]["mlp"]["fc"]["kernel"]

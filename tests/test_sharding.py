@@ -18,7 +18,13 @@ from minigpt_jax import sharding
 
 pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("sharding_worker.py")
-MESHES = ("data8", "data2_fsdp4", "data2_fsdp2_tensor2", "data2_fsdp2_tensor2_direct_vjp")
+MESHES = (
+    "data8",
+    "data2_fsdp4",
+    "data2_fsdp2_tensor2",
+    "data2_fsdp2_tensor2_direct_vjp",
+    "data2_fsdp2_tensor2_accum2",
+)
 
 
 @pytest.fixture(scope="module")

@@ -236,7 +236,7 @@ def test_run_on_shards_resumes_bit_exactly(corpus_dir, tmp_path):
 def test_memory_format_workdir_is_refused_by_a_shards_run(corpus_dir, tmp_path):
     config = _run_config(corpus_dir)
     CharTokenizer.from_text(_TEXT).save(tmp_path / "tokenizer.json")
-    with pytest.raises(ValueError, match="in-memory corpus.*fresh workdir"):
+    with pytest.raises(ValueError, match="no end-of-text id.*fresh workdir"):
         train_and_evaluate(config, tmp_path, progress=False)
 
 

@@ -17,8 +17,10 @@ from minigpt_jax.metrics import read_metrics
 from minigpt_jax.run_config import gpt_config_from
 from minigpt_jax.tokenizers import load_tokenizer
 from minigpt_jax.train import (
+    accumulated_value_and_grad,
     decay_mask,
     init_state,
+    loss_fn,
     make_optimizer,
     make_train_chunk,
     train_and_evaluate,
@@ -196,6 +198,7 @@ def test_missing_corpus_says_where_to_put_it(corpus_file, tmp_path, monkeypatch)
         ("eval_every", 7, "multiple of steps_per_call=2"),
         ("steps_per_call", 0, "steps_per_call must be a positive integer"),
         ("batch_size", 0, "batch_size must be a positive integer"),
+        ("grad_accum_steps", 3, "does not split into grad_accum_steps=3"),
     ],
 )
 def test_bad_schedule_values_are_named(corpus_file, tmp_path, key, value, message):
@@ -213,6 +216,27 @@ def test_multi_step_calls_match_single_steps(corpus_file, full_run, tmp_path):
     np.testing.assert_allclose(
         _train_losses(tmp_path), _train_losses(full_run[0]), rtol=1e-5, atol=1e-5
     )
+
+
+def test_grad_accumulation_equals_one_k_times_larger_batch(corpus_file):
+    """grad_accum_steps=4 micro-batches of 2: the loss, gradients and updates of the batch of 8."""
+    config = tiny_config(corpus_file)
+    cfg = gpt_config_from(config, vocab_size=40)
+    tx, schedule = make_optimizer(config.optim, config.num_steps)
+    batches = np.random.default_rng(1).integers(0, 40, (3, 8, 17)).astype(np.int32)
+    params = init_state(cfg, tx, jax.random.key(0)).params
+    rng = jax.random.key(1)
+    loss, grads = jax.value_and_grad(loss_fn)(params, batches[0], cfg, train=True, rng=rng)
+    loss_4, grads_4 = jax.jit(accumulated_value_and_grad, static_argnums=(2, 4))(
+        params, batches[0], cfg, rng, 4
+    )
+    np.testing.assert_allclose(loss_4, loss, rtol=1e-6)
+    chex.assert_trees_all_close(grads_4, grads, rtol=1e-5, atol=1e-7)
+    states = {}
+    for accum in (1, 4):
+        step = make_train_chunk(cfg, tx, schedule, grad_accum_steps=accum)
+        states[accum], _ = step(init_state(cfg, tx, jax.random.key(0)), batches)
+    chex.assert_trees_all_close(states[4].params, states[1].params, rtol=1e-5, atol=1e-6)
 
 
 def test_gpt_config_round_trips_through_checkpoint_meta(full_run):
