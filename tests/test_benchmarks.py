@@ -74,3 +74,17 @@ def test_gpu_mfu_smoke_preset_runs_on_cpu():
     assert result["tokens_per_s"] * result["ms_median"] / 1e3 == pytest.approx(tokens)
     assert result["mfu"] == pytest.approx(result["tflops"])  # against a 1 TFLOP/s peak
     assert result["ms_p10"] <= result["ms_median"] <= result["ms_p90"]
+
+
+def test_data_prep_prints_prepare_and_naive_rows(capsys):
+    """benchmarks/data_prep.py on a 2 MB corpus, char tokenizer, no training run."""
+    from benchmarks import data_prep
+
+    data_prep.main(
+        ["--size-gb", "0.002", "--files", "4", "--naive-mb", "1", "--tokenizers", "char"]
+        + ["--no-train"]
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"^prepare --tokenizer char +2 MB .* \d+ MB$", out, re.M), out
+    assert re.search(r"^naive \(memory\) --tokenizer char +1 MB", out, re.M), out
+    assert re.search(r"^prepare \(same files\) char +1 MB", out, re.M), out
