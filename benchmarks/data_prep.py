@@ -11,8 +11,8 @@ Measures: `minigpt-jax prepare` in a child process per tokenizer (char; byte-lev
           (read every .txt into one string, encode it in one call, hold the tokens in RAM), on
           --naive-mb of .txt files, next to `prepare` on the very same files. Then a
           configs/gpt2_small.py-shaped run (its batch of 512 x 1024 tokens in 32 micro-batches,
-          block 1024, steps_per_call 1; a tiny model) on the BPE shards: the time from launch to
-          the first optimizer step and the peak RSS while training.
+          block 1024, steps_per_call 1; a tiny model) on the shards of the last --tokenizers
+          entry: the time from launch to the first optimizer step and the peak RSS meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-train", action="store_true")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))  # still clean up
 
     root = Path(tempfile.mkdtemp(prefix="minigpt_data_prep_", dir=args.tmp_dir))
     try:
@@ -249,9 +251,10 @@ def main(argv: list[str] | None = None) -> None:
             row(f"prepare (same files) {kind}", subset_size, result["wall"],
                 result["manifest"]["tokens"], result["rss"])  # fmt: skip
 
-        if not args.no_train and "bpe" in prepared:
-            data_overrides = _data_overrides(corpus, "bpe", args.vocab_size, args.sample_mb)
-            result = train_on_shards(data_overrides, prepared["bpe"], root / "train")
+        if not args.no_train:
+            kind = list(prepared)[-1]  # bpe when it was prepared
+            data_overrides = _data_overrides(corpus, kind, args.vocab_size, args.sample_mb)
+            result = train_on_shards(data_overrides, prepared[kind], root / "train")
             print(f"train: {result['command']}")
             print(f"  {result['stdout']}")
             print(

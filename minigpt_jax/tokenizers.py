@@ -228,8 +228,9 @@ class BPETokenizer:
         ]
 
     def safe_cut(self, text: str) -> int:
-        """The last index i with encode(text) == encode(text[:i]) + encode(text[i:]), by the
-        pre-tokenizer's rule (0 when text holds no such cut)."""
+        """The last index i where the pre-tokenizer's rule guarantees encode(text) ==
+        encode(text[:i]) + encode(text[i:]): after a newline that follows a non-space, before a
+        non-space (0 when text holds no such place)."""
         cut = 0
         for start in (max(0, len(text) - _BPE_CHUNK_CHARS), 0):  # the tail first: cheap
             for match in _BPE_SAFE_CUT.finditer(text, start):
