@@ -8,6 +8,7 @@ thing everywhere:
   F  MLP width                  V  vocabulary              N  layers (n_layer)
   C  steps per compiled call    P  prompt slots            G  new-token slots (sampling)
   L  P + G (sampling buffer)    W  recomputed window       M, I, O  rows, in and out features
+  A  micro-batches per step (grad_accum_steps)             U  rows of a micro-batch (B / A)
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
 Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.

@@ -109,19 +109,19 @@ def accumulated_value_and_grad(
         )
     # Micro-batch a takes rows a, a + A, a + 2A, ...: with the batch split over devices in
     # contiguous blocks, every device holds its share of every micro-batch, so no row moves.
-    micro_AxMxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
-    micro_AxMxT1 = micro_AxMxT1.swapaxes(0, 1)
+    rows_UxAxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
+    micro_AxUxT1 = rows_UxAxT1.swapaxes(0, 1)
 
     def add_micro_batch(carry, inputs):
         loss_sum, grads_sum = carry
-        index, micro_MxT1 = inputs
+        index, micro_UxT1 = inputs
         rng = jax.random.fold_in(dropout_rng, index)
-        loss, grads = value_and_grad(params, micro_MxT1, cfg, train=True, rng=rng)
+        loss, grads = value_and_grad(params, micro_UxT1, cfg, train=True, rng=rng)
         return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grads_sum, grads)), None
 
     zeros = (jnp.zeros((), jnp.float32), jax.tree_util.tree_map(jnp.zeros_like, params))
     (loss_sum, grads_sum), _ = jax.lax.scan(
-        add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxMxT1)
+        add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxUxT1)
     )
     # Equal micro-batches: the mean of their means is the mean over the batch.
     scale = 1.0 / grad_accum_steps
