@@ -17,7 +17,7 @@ import pytest
 from configs import tiny
 from minigpt_jax import data, shards
 from minigpt_jax.metrics import read_metrics
-from minigpt_jax.tokenizers import EOT_TEXT, BPETokenizer, CharTokenizer, load_tokenizer
+from minigpt_jax.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
 from minigpt_jax.train import train_and_evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_many_files_and_documents_equal_encoding_the_concatenation(
     docs = _documents()  # in the files' sorted order: a0-a3, c.jsonl, d.jsonl, sub/b4, sub/b5
     ordered = docs[:4] + docs[6:12] + docs[4:6]
     if kind == "bpe":  # BPE encodes the end-of-text text as its id
-        expected = tokenizer.encode("".join(doc + EOT_TEXT for doc in ordered))
+        expected = tokenizer.encode("".join(doc + GPT2_EOT for doc in ordered))
     else:
         eot = [tokenizer.eot_id]
         expected = np.concatenate([np.append(tokenizer.encode(doc), eot) for doc in ordered])
@@ -127,7 +127,7 @@ def test_unchanged_inputs_reuse_the_shards_and_changed_ones_rebuild_them(corpus_
     assert second["tokens"] < first["tokens"]
     _, stream = _stream(tmp_path / "s")
     tokenizer = load_tokenizer(tmp_path / "s" / "tokenizer.json")
-    assert tokenizer.decode(stream[:22]) == "A new first document." + EOT_TEXT
+    assert tokenizer.decode(stream[:22]) == "A new first document." + GPT2_EOT
 
 
 def test_bad_inputs_are_named(corpus_dir, tmp_path):
@@ -199,7 +199,7 @@ def test_killed_prepare_resumes_to_identical_shards(
 def test_char_tokenizer_end_of_text_round_trips(tmp_path):
     tokenizer = CharTokenizer.from_text("abc", eot=True)
     assert (tokenizer.vocab_size, tokenizer.eot_id) == (4, 3)
-    assert tokenizer.decode([0, 3, 2, 3]) == "a" + EOT_TEXT + "c" + EOT_TEXT
+    assert tokenizer.decode([0, 3, 2, 3]) == "a" + GPT2_EOT + "c" + GPT2_EOT
     tokenizer.save(tmp_path / "t.json")
     assert load_tokenizer(tmp_path / "t.json").eot_id == 3
     assert CharTokenizer.from_text("abc").eot_id is None
