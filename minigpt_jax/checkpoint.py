@@ -3,24 +3,33 @@
 Layout under a run's workdir:
   checkpoints/<step>/{state,meta}   latest `keep` train states (resume from the newest)
   best/<step>/{params,meta}         params of the lowest val loss so far (for sampling)
-Saves are synchronous and atomic (orbax writes a temporary directory, then renames it), so a run
-killed at any moment leaves only complete checkpoints behind.
+  <step>/sha256sums.txt             the digest of every file of the step, written after the save
+                                    completes (`sha256sum -c sha256sums.txt` checks it by hand)
+Saves are synchronous and atomic (orbax writes a temporary directory, then renames it). A step
+counts only once its digest is written and matches: one killed before that, or damaged later, is
+skipped with a warning in favour of the newest intact one, and saving a step that exists
+replaces it, so the same command always resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from minigpt_jax.data import sha256_file
+
 # Orbax logs every save at INFO; the training loop reports what matters.
 logging.getLogger("absl").setLevel(logging.WARNING)
+_log = logging.getLogger(__name__)
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "best"
+DIGEST_FILENAME = "sha256sums.txt"
 
 
 class CheckpointError(RuntimeError):
@@ -39,36 +48,112 @@ def _manager(directory: Path, keep: int, items: tuple[str, ...], read_only=False
     return ocp.CheckpointManager(directory, options=options, item_names=items)
 
 
-class Checkpointer:
-    """Saves and restores a run's checkpoints under `workdir`."""
+def _step_files(step_dir: Path) -> list[Path]:
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGEST_FILENAME)
 
-    def __init__(self, workdir: str | Path, keep: int = 3):
+
+def write_digest(step_dir: Path) -> None:
+    """Writes step_dir/sha256sums.txt over every file of a completed save (atomically)."""
+    lines = "".join(
+        f"{sha256_file(p)}  {p.relative_to(step_dir).as_posix()}\n" for p in _step_files(step_dir)
+    )
+    tmp = step_dir / (DIGEST_FILENAME + ".part")
+    tmp.write_text(lines, encoding="ascii")
+    os.replace(tmp, step_dir / DIGEST_FILENAME)
+
+
+def check_digest(step_dir: Path) -> str | None:
+    """None if step_dir matches its sha256sums.txt, else what is wrong with it."""
+    digest_path = step_dir / DIGEST_FILENAME
+    if not digest_path.is_file():
+        return "incomplete: it has no sha256sums.txt, so its save never finished"
+    expected = {}
+    for line in digest_path.read_text(encoding="ascii", errors="replace").splitlines():
+        hexdigest, _, name = line.partition("  ")
+        expected[name] = hexdigest
+    actual = {p.relative_to(step_dir).as_posix(): p for p in _step_files(step_dir)}
+    for name, hexdigest in expected.items():
+        if name not in actual:
+            return f"damaged: {name} is missing"
+        if sha256_file(actual[name]) != hexdigest:
+            return f"damaged: {name} does not match its sha256"
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        return f"damaged: {extra[0]} is not part of the saved checkpoint"
+    return None
+
+
+def newest_intact_step(manager) -> int | None:
+    """The newest step of `manager` whose files match their digest, warning about each newer
+    step it skips. Raises CheckpointError if steps exist but every one is damaged."""
+    skipped = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        step_dir = Path(manager.directory) / str(step)
+        problem = check_digest(step_dir)
+        if problem is None:
+            if skipped:
+                _log.warning(
+                    "skipping %s; using step %d, the newest intact checkpoint.",
+                    "; ".join(skipped),
+                    step,
+                )
+            return step
+        skipped.append(f"{step_dir} ({problem})")
+    if any("(damaged" in s for s in skipped):
+        raise CheckpointError(
+            f"every checkpoint in {manager.directory} is damaged or incomplete: "
+            f"{'; '.join(skipped)}. Restore them from a backup, or delete them to train again "
+            "from step 0."
+        )
+    if skipped:
+        _log.warning("skipping %s; no complete checkpoint remains.", skipped[0])
+    return None
+
+
+def _save(manager, step: int, args, write: bool) -> None:
+    """Saves `step`, replacing a step of that number left by an interrupted earlier run."""
+    if step in manager.all_steps():
+        manager.delete(step)
+    manager.save(step, args=args, force=True)
+    if write:
+        write_digest(Path(manager.directory) / str(step))
+
+
+class Checkpointer:
+    """Saves and restores a run's checkpoints under `workdir`.
+
+    write_digests: whether this process writes the digests (process 0 of a multi-host run).
+    """
+
+    def __init__(self, workdir: str | Path, keep: int = 3, *, write_digests: bool = True):
         self.workdir = Path(workdir).resolve()
+        self._write = write_digests
         self._latest = _manager(self.workdir / LATEST_DIR, keep, ("state", "meta"))
         self._best = _manager(self.workdir / BEST_DIR, 1, ("params", "meta"))
+        self._last_saved: int | None = None
 
     def latest_step(self) -> int | None:
-        return self._latest.latest_step()
+        """The newest intact checkpoint (skipping, with a warning, incomplete or damaged ones)."""
+        if self._last_saved is not None:
+            return self._last_saved
+        return newest_intact_step(self._latest)
 
     def save(self, state: Any, meta: dict) -> None:
         """Saves the train state (a pytree with a `step`) and JSON metadata."""
         step = int(state.step)
-        self._latest.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        _save(self._latest, step, args, self._write)
+        self._last_saved = step
 
     def save_best(self, step: int, params: Any, meta: dict) -> None:
-        self._best.save(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
         )
+        _save(self._best, step, args, self._write)
+
+    def read_meta(self, step: int) -> dict:
+        """The JSON metadata saved with checkpoint `step` (reads nothing else)."""
+        return _restore(self._latest, step, ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
     def restore(self, target_state: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restores (state, meta) at `step` (default: latest) into the structure of target_state."""
@@ -93,18 +178,12 @@ def _restore(manager, step: int, args) -> Any:
     step_dir = Path(manager.directory) / str(step)
     try:
         return manager.restore(step, args=args)
-    except Exception as error:  # orbax/tensorstore raise many types for damaged files
-        others = [s for s in manager.all_steps() if s != step]
+    except Exception as error:  # orbax/tensorstore raise many types for unreadable files
         raise CheckpointError(
-            f"checkpoint {step_dir} cannot be read ({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:200] if str(error) else 'no detail'}). It is damaged "
-            f"or was written by a different model/config. "
-            + (
-                f"Delete {step_dir} to resume from step {max(others)}, "
-                if others
-                else "Delete it, "
-            )
-            + "or train in a fresh --workdir."
+            f"checkpoint {step_dir} matches its sha256sums.txt but cannot be read "
+            f"({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200] if str(error) else 'no detail'}); it was "
+            "written by a different version or model. Train in a fresh --workdir."
         ) from error
 
 
@@ -138,7 +217,7 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
         )
     item = "state" if which == "latest" else "params"
     manager = _manager(directory, 1, (item, "meta"), read_only=True)
-    step = manager.latest_step()
+    step = newest_intact_step(manager)
     if step is None:
         raise CheckpointError(f"no complete checkpoint in {directory}.")
     restored = _restore(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from minigpt_jax.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+
+_log = logging.getLogger(__name__)
 
 CORPORA = ("pydoc", "shakespeare", "text")
 SPLITS = ("train", "val")
@@ -110,7 +113,8 @@ def _cache_dir() -> Path:
     return Path(base) / "minigpt_jax"
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
@@ -119,7 +123,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def _check_shakespeare(path: Path) -> Path:
-    actual = _sha256_file(path)
+    actual = sha256_file(path)
     if actual != SHAKESPEARE_SHA256:
         raise ValueError(
             f"{path} is not the canonical Tiny Shakespeare (sha256 {actual}, expected "
@@ -199,8 +203,10 @@ def encode_cached(
 ) -> np.ndarray:
     """Returns tokenizer.encode(text) as uint16 of shape (n,), cached as .npy at cache_path.
 
-    A sidecar `<cache_path>.fingerprint` holds sha256(text, tokenizer JSON); a missing,
-    stale or unreadable cache is rebuilt. cache_path=None encodes without caching.
+    A sidecar `<cache_path>.fingerprint` holds sha256(text, tokenizer JSON) and the sha256 of
+    the tokens; a cache that is missing, stale, unreadable, altered, or holds an id outside the
+    tokenizer's vocabulary is rebuilt (with a warning when it was there but wrong).
+    cache_path=None encodes without caching.
     """
     if cache_path is None:
         return _encode_uint16(text, tokenizer)
@@ -208,10 +214,13 @@ def encode_cached(
     fingerprint_path = cache_path.with_name(cache_path.name + ".fingerprint")
     fingerprint = _fingerprint(text, tokenizer)
     try:
-        if fingerprint_path.read_text(encoding="ascii") == fingerprint:
+        saved = fingerprint_path.read_text(encoding="ascii").split()
+        if saved[:1] == [fingerprint]:
             tokens = np.load(cache_path, allow_pickle=False)
-            if tokens.dtype == np.uint16 and tokens.ndim == 1:
+            problem = _tokens_problem(tokens, saved[1:], tokenizer.vocab_size)
+            if problem is None:
                 return tokens
+            _log.warning("%s %s; encoding the corpus again.", cache_path, problem)
     except (OSError, ValueError, EOFError):
         pass  # missing or corrupt cache: rebuild below
 
@@ -221,8 +230,20 @@ def encode_cached(
     # old fingerprint.
     fingerprint_path.unlink(missing_ok=True)
     _atomic_write(cache_path, lambda file: np.save(file, tokens, allow_pickle=False))
-    _atomic_write(fingerprint_path, lambda file: file.write(fingerprint.encode("ascii")))
+    sidecar = f"{fingerprint}\n{hashlib.sha256(tokens.tobytes()).hexdigest()}\n"
+    _atomic_write(fingerprint_path, lambda file: file.write(sidecar.encode("ascii")))
     return tokens
+
+
+def _tokens_problem(tokens: np.ndarray, saved_digest: list[str], vocab_size: int) -> str | None:
+    """What is wrong with cached tokens, or None: dtype, shape, sha256, id range."""
+    if tokens.dtype != np.uint16 or tokens.ndim != 1:
+        return f"holds {tokens.dtype} of shape {tokens.shape}, not uint16 of shape (n,)"
+    if saved_digest != [hashlib.sha256(tokens.tobytes()).hexdigest()]:
+        return "does not match the sha256 in its .fingerprint file (damaged or edited)"
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        return f"holds id {int(tokens.max())}, outside the tokenizer's [0, {vocab_size})"
+    return None
 
 
 def _atomic_write(path: Path, write) -> None:

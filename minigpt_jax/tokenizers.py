@@ -340,6 +340,10 @@ def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = Fals
     raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(TOKENIZER_KINDS)}.")
 
 
+# The fields a saved tokenizer of each type needs, with their JSON types.
+_FIELDS = {"char": ("chars", str), "bpe": ("hf_tokenizer", str)}
+
+
 def tokenizer_from_json(serialized: str) -> Tokenizer:
     """Inverse of Tokenizer.to_json."""
     try:
@@ -350,14 +354,26 @@ def tokenizer_from_json(serialized: str) -> Tokenizer:
             "not a saved minigpt_jax tokenizer (expected a JSON object with a 'type' field); "
             "create one with tokenizer.save(path)."
         ) from error
+    if kind not in _FIELDS:
+        raise ValueError(
+            f"saved tokenizer has unknown type {kind!r}; expected one of {list(TOKENIZER_KINDS)}. "
+            f"Recreate it with make_tokenizer(...).save(path)."
+        )
+    field, field_type = _FIELDS[kind]
+    if not isinstance(spec.get(field), field_type):
+        raise ValueError(
+            f"saved {kind!r} tokenizer lacks its {field!r} field (a {field_type.__name__}); "
+            "the file is damaged or hand-edited. Restore it, or train in a fresh workdir."
+        )
     if kind == "char":
         return CharTokenizer(spec["chars"], eot=spec.get("eot", False))
-    if kind == "bpe":
+    try:
         return BPETokenizer(HFTokenizer.from_str(spec["hf_tokenizer"]))
-    raise ValueError(
-        f"saved tokenizer has unknown type {kind!r}; expected one of {list(TOKENIZER_KINDS)}. "
-        f"Recreate it with make_tokenizer(...).save(path)."
-    )
+    except Exception as error:  # the Rust library raises its own Exception type
+        raise ValueError(
+            f"saved 'bpe' tokenizer's 'hf_tokenizer' field cannot be read ({error}); the file "
+            "is damaged or hand-edited. Restore it, or train in a fresh workdir."
+        ) from None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -113,3 +113,15 @@ def test_load_tokenizer_errors(tmp_path):
     not_json.write_text("hello")
     with pytest.raises(ValueError, match="not a saved minigpt_jax tokenizer"):
         load_tokenizer(not_json)
+    for text, message in [
+        ('{"type": "char"}', "saved 'char' tokenizer lacks its 'chars' field"),
+        ('{"type": "bpe", "hf_tokenizer": 3}', "saved 'bpe' tokenizer lacks its 'hf_tokenizer'"),
+        (
+            '{"type": "bpe", "hf_tokenizer": "{}"}',
+            "saved 'bpe' tokenizer's 'hf_tokenizer' field cannot",
+        ),
+    ]:
+        fields = tmp_path / "fields.json"
+        fields.write_text(text)
+        with pytest.raises(ValueError, match=f"{fields}: {message}"):
+            load_tokenizer(fields)
