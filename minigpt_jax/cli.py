@@ -2,7 +2,7 @@
 `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
-                      [--config.init_from=HF_GPT2_DIR_OR_RUN]
+                      [--config.init_from=HF_GPT2_DIR_OR_RUN] [--allow_resume_changes]
   minigpt-jax prepare --config configs/X.py [--config.key=value ...] --workdir runs/X
                       (token shards of config.data in data.shards_dir, default runs/X/shards;
                        train with data.format=shards prepares them itself when missing or stale)
@@ -29,6 +29,11 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_ALLOW_RESUME_CHANGES = flags.DEFINE_bool(
+    "allow_resume_changes",
+    False,
+    "train: resume even though seed, batch_size, data or optim differ from the checkpoint's.",
+)
 _PROMPT = flags.DEFINE_string("prompt", "\n", "sample: text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "sample: tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "sample: softmax temperature; 0 = greedy.")
@@ -60,7 +65,12 @@ def _train() -> None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
     initialize_distributed()  # multi-host runs only: see minigpt_jax/sharding.py
     with exit_when_a_process_is_lost(_WORKDIR.value):
-        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
+        summary = train_and_evaluate(
+            _CONFIG.value,
+            _WORKDIR.value,
+            progress=_PROGRESS.value,
+            allow_resume_changes=_ALLOW_RESUME_CHANGES.value,
+        )
     fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     print(
         f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -117,13 +118,48 @@ def _check_schedule(config: Any) -> None:
         )
 
 
+# (name, lowest allowed, whether the lowest itself is allowed, the bound it must stay below)
+_OPTIM_RANGES = (
+    ("lr", 0.0, False, None),
+    ("min_lr", 0.0, True, None),
+    ("warmup_steps", 0, True, None),
+    ("b1", 0.0, True, 1.0),
+    ("b2", 0.0, True, 1.0),
+    ("eps", 0.0, False, None),
+    ("weight_decay", 0.0, True, None),
+    ("grad_clip", 0.0, False, None),
+)
+
+
+def _check_optim(optim: Any) -> None:
+    for name, low, low_ok, high in _OPTIM_RANGES:
+        value = optim[name]
+        kind = int if name == "warmup_steps" else (int, float)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, kind)
+            or not math.isfinite(value)
+            or value < low
+            or (value == low and not low_ok)
+            or (high is not None and value >= high)
+        ):
+            allowed = f"{'>=' if low_ok else '>'} {low}" + (f" and < {high}" if high else "")
+            raise ValueError(
+                f"config.optim.{name}={value!r} is out of range: it must be "
+                f"{'an integer' if kind is int else 'a finite number'} {allowed}."
+            )
+
+
 def check_experiment_config(config: Any) -> None:
-    """Raises ValueError for a missing or unknown key in an experiment ConfigDict, or a loop
+    """Raises ValueError for a missing or unknown key in an experiment ConfigDict, a loop
     setting that is not a positive integer (num_steps, eval_every and checkpoint_every must be
-    multiples of steps_per_call). The model group's values are GPTConfig's to check."""
+    multiples of steps_per_call), an optimizer setting out of range (e.g. a negative lr) or a
+    model the model group cannot build; all before a run writes anything."""
     for path in EXPERIMENT_KEYS:
         _check_keys(config, path)
     _check_schedule(config)
+    _check_optim(config.optim)
+    GPTConfig(vocab_size=1, **config.model.to_dict())  # the tokenizer sets vocab_size later
 
 
 def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import signal
 import statistics
@@ -21,14 +22,17 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from minigpt_jax import data, sharding
-from minigpt_jax.checkpoint import Checkpointer, CheckpointError
+from minigpt_jax.checkpoint import LATEST_DIR, Checkpointer
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.metrics import MetricsWriter
 from minigpt_jax.model import Params, init_params, next_token_losses
 from minigpt_jax.pretrained import load_model, params_for
+from minigpt_jax.resume import check_resume
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
+from minigpt_jax.run_lock import RunLock
 
 Array = chex.Array
+_log = logging.getLogger(__name__)
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -290,8 +294,16 @@ class Trainer:
     """One run's model, data and state: restore-or-init, compiled steps, evaluation that keeps the
     best params, checkpoints. `train_and_evaluate` drives it chunk by chunk."""
 
-    def __init__(self, config: Any, workdir: Path, *, progress: bool = False):
+    def __init__(
+        self,
+        config: Any,
+        workdir: Path,
+        *,
+        progress: bool = False,
+        allow_resume_changes: bool = False,
+    ):
         self.config, self.workdir = config, workdir
+        self.allow_resume_changes = allow_resume_changes
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
         self.pretrained = load_model(config.init_from) if config.init_from else None
         self.dataset = dataset_from(
@@ -309,50 +321,59 @@ class Trainer:
         sharding.check_batch_size(self.micro_batch_size, self.mesh)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
         self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
-        self.checkpointer = Checkpointer(workdir, config.keep_checkpoints)
-        self.state, self.resumed_from, self.best_val = self._restore_or_init()
-
-        compile_start = time.perf_counter()
-        self._train_chunk = (
-            make_train_chunk(
-                self.cfg,
-                self.tx,
-                self.schedule,
-                self.mesh,
-                self.shardings,
-                grad_accum_steps=config.grad_accum_steps,
-            )
-            .lower(self.state, self.batches_from(self.step))
-            .compile()
+        self.checkpointer = Checkpointer(
+            workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
         )
-        self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params)
-        self.compile_time_s = time.perf_counter() - compile_start
+        try:
+            self.state, self.resumed_from, self.best_val = self._restore_or_init()
+            compile_start = time.perf_counter()
+            self._train_chunk = (
+                make_train_chunk(
+                    self.cfg,
+                    self.tx,
+                    self.schedule,
+                    self.mesh,
+                    self.shardings,
+                    grad_accum_steps=config.grad_accum_steps,
+                )
+                .lower(self.state, self.batches_from(self.step))
+                .compile()
+            )
+            self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params)
+            self.compile_time_s = time.perf_counter() - compile_start
+        except BaseException:
+            self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
+            raise
 
     @property
     def step(self) -> int:
         return int(self.state.step)
 
     def _restore_or_init(self) -> tuple[TrainState, int | None, float]:
-        """(state, step resumed from or None, best val loss so far): the latest checkpoint in
-        workdir if there is one, else a fresh state from config.seed, whose params are
+        """(state, step resumed from or None, best val loss so far): the newest intact
+        checkpoint in workdir if there is one, once its saved model and trajectory settings
+        are checked against this run's; else a fresh state from config.seed, whose params are
         config.init_from's when set."""
         state = make_init_state(self.cfg, self.tx, self.mesh, self.shardings)(
             jax.random.key(self.config.seed)
         )
-        if self.checkpointer.latest_step() is None:
+        latest = self.checkpointer.latest_step()
+        if latest is None:
             if self.pretrained is not None:
                 # AdamW's moments start at zero whatever the params, so only the params change.
                 # Host arrays, the same on every process, which device_put places on any mesh.
                 params = jax.tree_util.tree_map(np.asarray, params_for(self.pretrained, self.cfg))
                 state = state.replace(params=jax.device_put(params, self.shardings.params))
             return state, None, math.inf
-        state, saved_meta = self.checkpointer.restore(state)
-        if saved_meta.get("gpt_config") != self.meta["gpt_config"]:
-            raise CheckpointError(
-                f"{self.workdir} holds checkpoints of a different model "
-                f"({saved_meta.get('gpt_config')}); this config builds "
-                f"{self.meta['gpt_config']}. Use a fresh --workdir."
-            )
+        changes = check_resume(
+            self.checkpointer.read_meta(latest),
+            self.meta,
+            self.checkpointer.workdir / LATEST_DIR / str(latest),
+            allow_changes=self.allow_resume_changes,
+        )
+        if changes:
+            _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
+        state, saved_meta = self.checkpointer.restore(state, latest)
         return state, int(state.step), saved_meta.get("best_val_loss") or math.inf
 
     def batches_from(self, first_step: int) -> jax.Array:
@@ -395,14 +416,23 @@ class Trainer:
             )
             for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train"))
         )
+        if not math.isfinite(val_loss):
+            raise non_finite_error(f"val loss {val_loss}", step, self.checkpointer)
         if val_loss < self.best_val:
+            self._check_params_finite(step)
             self.best_val = val_loss
             self.checkpointer.save_best(
                 step, self.state.params, {**self.meta, "val_loss": val_loss}
             )
         return val_loss, train_loss
 
+    def _check_params_finite(self, step: int) -> None:
+        if not bool(jax.device_get(_all_finite(self.state.params))):
+            raise non_finite_error("parameters", step, self.checkpointer)
+
     def save(self) -> None:
+        """Checkpoints the train state; refuses non-finite parameters (never saved as good)."""
+        self._check_params_finite(self.step)
         self.checkpointer.save(
             self.state, {**self.meta, "best_val_loss": _finite_or_none(self.best_val)}
         )
@@ -460,7 +490,8 @@ class RunLogger:
             step = first_step + i + 1
             loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise FloatingPointError(self._non_finite_message(loss, grad_norm, step))
+                what = f"training loss {loss} (grad norm {grad_norm})"
+                raise non_finite_error(what, step, self.checkpointer)
             row = {"train_loss": loss, "grad_norm": grad_norm, "lr": float(metrics["lr"][i])}
             row["tokens_per_sec"] = tokens_per_sec
             self.writer.write(step, row, tensorboard=step % self.log_every == 0)
@@ -468,16 +499,6 @@ class RunLogger:
         self.bar.update(self.steps_per_call)
         if (first_step + self.steps_per_call) % self.log_every < self.steps_per_call:
             self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{tokens_per_sec:,.0f}")
-
-    def _non_finite_message(self, loss: float, grad_norm: float, step: int) -> str:
-        good = self.checkpointer.latest_step()
-        return f"non-finite training loss {loss} (grad norm {grad_norm}) at step {step}. " + (
-            f"The last good checkpoint, step {good}, is kept in {self.checkpointer.workdir}; "
-            "lower optim.lr or raise optim.warmup_steps, then rerun the same command to resume "
-            "from it."
-            if good is not None
-            else "No checkpoint was saved yet; lower optim.lr and start again."
-        )
 
     def evaluation(self, step: int, val_loss: float, eval_train_loss: float) -> None:
         self.val_loss, self.eval_train_loss = val_loss, eval_train_loss
@@ -503,7 +524,12 @@ class RunLogger:
 
 
 def train_and_evaluate(
-    config: Any, workdir: str | Path, *, progress: bool = True, stop_at: int | None = None
+    config: Any,
+    workdir: str | Path,
+    *,
+    progress: bool = True,
+    stop_at: int | None = None,
+    allow_resume_changes: bool = False,
 ) -> RunSummary:
     """Trains `config` (an experiment ConfigDict) in `workdir`, resuming from its latest checkpoint.
 
@@ -512,15 +538,20 @@ def train_and_evaluate(
 
     stop_at: end this call after that step (a multiple of steps_per_call) with a checkpoint, as an
     interruption would; the learning-rate schedule still spans config.num_steps.
+    allow_resume_changes: resume even though seed, batch_size, data or optim differ from the
+    checkpoint's (minigpt_jax.resume); the model must always match.
 
-    Writes workdir/{tokenizer.json, tokens.npy (data.format "memory") or shards/ (data.format
-    "shards", unless data.shards_dir is elsewhere), metrics.jsonl, tensorboard/, checkpoints/,
-    best/}.
-    SIGINT/SIGTERM save a checkpoint and return; a non-finite loss raises FloatingPointError and
-    leaves the last good checkpoint in place.
+    Writes workdir/{run.lock, tokenizer.json, tokens.npy (data.format "memory") or shards/
+    (data.format "shards", unless data.shards_dir is elsewhere), metrics.jsonl, tensorboard/,
+    checkpoints/, best/}, only once every config, model and mesh check has passed, and holding
+    run.lock, so a second trainer in the same workdir fails at once. SIGINT/SIGTERM save a
+    checkpoint and return; a non-finite loss, val loss or parameter raises FloatingPointError
+    and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
     wall_start = time.perf_counter()
     check_experiment_config(config)
+    micro_batch_size = config.batch_size // config.grad_accum_steps
+    sharding.check_batch_size(micro_batch_size, sharding.make_mesh(config.mesh))
     chunk = config.steps_per_call
     if stop_at is not None and (stop_at < 1 or stop_at % chunk):
         raise ValueError(
@@ -528,39 +559,42 @@ def train_and_evaluate(
         )
     last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config, workdir, progress=progress)
-    log = RunLogger(config, workdir, trainer, progress=progress)
-    stop = _StopRequest()
-    try:
-        with stop:
-            for first_step in range(trainer.step, last_step, chunk):
-                dispatched_at = time.perf_counter()
-                log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
-                end = first_step + chunk
-                evaluate_now = end % config.eval_every == 0 or end == config.num_steps
-                save_now = (
-                    end % config.checkpoint_every == 0
-                    or end == last_step
-                    or stop.signal_name is not None
-                )
-                if not (evaluate_now or save_now):
-                    continue
-                log.drain()
-                if evaluate_now:
-                    log.evaluation(end, *trainer.evaluate_and_keep_best(end))
-                if save_now:
-                    trainer.save()
-                log.flush()
-                if stop.signal_name is not None:
-                    log.message(
-                        f"{stop.signal_name} received: checkpoint saved at step {end}; "
-                        "rerun the same command to resume."
+    with RunLock(workdir, jax.process_index()):  # creates workdir
+        trainer = Trainer(
+            config, workdir, progress=progress, allow_resume_changes=allow_resume_changes
+        )
+        stop, log = _StopRequest(), None
+        try:
+            log = RunLogger(config, workdir, trainer, progress=progress)
+            with stop:
+                for first_step in range(trainer.step, last_step, chunk):
+                    dispatched_at = time.perf_counter()
+                    log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+                    end = first_step + chunk
+                    evaluate_now = end % config.eval_every == 0 or end == config.num_steps
+                    save_now = (
+                        end % config.checkpoint_every == 0
+                        or end == last_step
+                        or stop.signal_name is not None
                     )
-                    break
-    finally:
-        log.close()
-        trainer.checkpointer.close()
+                    if not (evaluate_now or save_now):
+                        continue
+                    log.drain()
+                    if evaluate_now:
+                        log.evaluation(end, *trainer.evaluate_and_keep_best(end))
+                    if save_now:
+                        trainer.save()
+                    log.flush()
+                    if stop.signal_name is not None:
+                        log.message(
+                            f"{stop.signal_name} received: checkpoint saved at step {end}; "
+                            "rerun the same command to resume."
+                        )
+                        break
+        finally:
+            if log is not None:
+                log.close()
+            trainer.checkpointer.close()
 
     return RunSummary(
         step=trainer.step,
@@ -573,6 +607,27 @@ def train_and_evaluate(
         median_step_ms=log.median_step_ms(),
         resumed_from=trainer.resumed_from,
         interrupted_by=stop.signal_name,
+    )
+
+
+@jax.jit
+def _all_finite(tree: Any) -> Array:
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)]))
+
+
+def non_finite_error(what: str, step: int, checkpointer: Checkpointer) -> FloatingPointError:
+    """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
+    one, since nothing non-finite is ever saved."""
+    good = checkpointer.latest_step()
+    return FloatingPointError(
+        f"non-finite {what} at step {step}; nothing of it was saved. "
+        + (
+            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; lower "
+            "optim.lr or raise optim.warmup_steps, then rerun the same command with "
+            "--allow_resume_changes to resume from it."
+            if good is not None
+            else "No checkpoint was saved yet; lower optim.lr and start again."
+        )
     )
 
 

@@ -1,0 +1,360 @@
+"""Crash safety: runs killed at any moment resume bit-identically; damage is found, never trusted.
+
+The fault-injection tests run `python -m minigpt_jax train` in subprocesses and SIGKILL them at
+chosen and random moments (inside orbax saves among them); the others recreate each crash window
+and each kind of damage in a copy of one uninterrupted run and check its error or fallback.
+"""
+
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import pytest
+import test_train
+from test_cli import _train_args
+
+from minigpt_jax import data
+from minigpt_jax.checkpoint import CheckpointError, load_params
+from minigpt_jax.metrics import read_metrics
+from minigpt_jax.run_lock import RunDirectoryInUse, RunLock
+from minigpt_jax.tokenizers import CharTokenizer
+from minigpt_jax.train import train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+corpus_file = test_train.corpus_file  # the same 40 kB text fixture
+# Saves every 4 steps keep the kill targets dense; 2 kept checkpoints leave one to fall back to.
+SETTINGS = {
+    "num_steps": 40,
+    "steps_per_call": 2,
+    "eval_every": 8,
+    "checkpoint_every": 4,
+    "keep_checkpoints": 2,
+}
+
+
+def _config(corpus_file, **overrides):
+    return test_train.tiny_config(corpus_file, **{**SETTINGS, **overrides})
+
+
+def _train_command(workdir, corpus_file):
+    return _train_args(workdir, corpus_file, *(f"--config.{k}={v}" for k, v in SETTINGS.items()))
+
+
+def _run(args):
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def _trajectory(workdir, upto_step=None):
+    """Every metrics record without its timing (tokens_per_sec), which differs run to run."""
+    return [
+        {k: v for k, v in record.items() if k != "tokens_per_sec"}
+        for record in read_metrics(workdir, upto_step)
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(corpus_file, tmp_path_factory):
+    """One uninterrupted run of the command every test resumes or damages."""
+    workdir = tmp_path_factory.mktemp("reference")
+    result = _run(_train_command(workdir, corpus_file))
+    assert result.returncode == 0, result.stderr
+    return workdir
+
+
+@pytest.fixture
+def copy_of(reference, tmp_path):
+    """A fresh copy of the reference run directory."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    return workdir
+
+
+# ----------------------------------------------------------------------------- fault injection
+
+
+def _orbax_tmp_dir(workdir: Path) -> bool:
+    for sub in ("checkpoints", "best"):
+        directory = workdir / sub
+        if directory.is_dir() and any("tmp" in p.name for p in os.scandir(directory)):
+            return True
+    return False
+
+
+def _kill_when(args, trigger, deadline_s=240.0) -> bool:
+    """Starts `args` and SIGKILLs it as soon as trigger() holds; False if it finished first."""
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    deadline = time.monotonic() + deadline_s
+    while process.poll() is None and time.monotonic() < deadline:
+        if trigger():
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return True
+        time.sleep(0.001)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    return False
+
+
+@pytest.mark.slow
+def test_random_sigkills_resume_bit_identically(reference, corpus_file, tmp_path):
+    """Killed inside a save of checkpoints/ or best/, and at random moments, again and again:
+    every rerun of the same command resumes, and the finished run's metrics equal those of
+    the uninterrupted one bit for bit."""
+    workdir = tmp_path / "run"
+    args = _train_command(workdir, corpus_file)
+    rng = random.Random(0)
+
+    def after_first_checkpoint(delay_s):
+        seen = {"at": None}
+
+        def trigger():
+            if seen["at"] is None and any((workdir / "checkpoints").glob("*/sha256sums.txt")):
+                seen["at"] = time.monotonic()
+            return seen["at"] is not None and time.monotonic() - seen["at"] >= delay_s
+
+        return trigger
+
+    def in_best_save():
+        return (workdir / "best").is_dir() and any(
+            "tmp" in p.name for p in os.scandir(workdir / "best")
+        )
+
+    kills = [
+        lambda: _orbax_tmp_dir(workdir),  # inside the first save
+        in_best_save,
+        lambda: _orbax_tmp_dir(workdir),
+        after_first_checkpoint(rng.uniform(0.0, 0.5)),
+        after_first_checkpoint(rng.uniform(0.0, 0.5)),
+    ]
+    killed = sum(_kill_when(args, trigger) for trigger in kills)
+    assert killed >= 3, f"only {killed} of {len(kills)} kills landed before the run finished"
+    result = _run(args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("step 40:")
+    assert _trajectory(workdir) == _trajectory(reference)
+
+
+@pytest.mark.slow
+def test_second_trainer_fails_at_once_naming_the_holder(corpus_file, tmp_path):
+    """The run directory lock: a live holder is named; a SIGKILLed one leaves no stale lock."""
+    workdir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from minigpt_jax.run_lock import RunLock\n"
+            "with RunLock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(600)",
+            str(workdir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    result = _run(_train_command(workdir, corpus_file))
+    assert result.returncode != 0
+    assert f"in use by another trainer (PID {holder.pid} on host" in result.stderr
+    assert not (workdir / "metrics.jsonl").exists()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with RunLock(workdir):  # the OS released it with the process
+        pass
+
+
+def test_lock_refuses_a_second_holder_in_the_same_process(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(RunDirectoryInUse, match=rf"PID {os.getpid()} on host"):
+            with RunLock(tmp_path):
+                pass
+    with RunLock(tmp_path):
+        pass
+
+
+# ----------------------------------------------------------------------------- crash windows
+
+
+def _resume(workdir, corpus_file, **overrides):
+    return train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
+
+
+def test_crash_between_best_and_checkpoint_saves_resumes(reference, copy_of, corpus_file):
+    """best/40 written, checkpoints/40 not (issue: every rerun failed with
+    StepAlreadyExistsError): the rerun resumes from 36 and rewrites best/40."""
+    assert (copy_of / "best" / "40").is_dir()
+    shutil.rmtree(copy_of / "checkpoints" / "40")
+    summary = _resume(copy_of, corpus_file)
+    assert summary.resumed_from == 36 and summary.step == 40
+    assert _trajectory(copy_of) == _trajectory(reference)
+    chex.assert_trees_all_equal(load_params(copy_of, "best")[0], load_params(reference, "best")[0])
+
+
+def test_checkpoint_without_digest_is_incomplete_and_replaced(
+    reference, copy_of, corpus_file, caplog
+):
+    """Killed after orbax renamed checkpoints/40 into place but before its digest was written."""
+    (copy_of / "checkpoints" / "40" / "sha256sums.txt").unlink()
+    with caplog.at_level(logging.WARNING):
+        summary = _resume(copy_of, corpus_file)
+    assert "checkpoints/40 (incomplete" in caplog.text
+    assert summary.resumed_from == 36
+    assert (copy_of / "checkpoints" / "40" / "sha256sums.txt").is_file()
+    assert _trajectory(copy_of) == _trajectory(reference)
+
+
+def test_torn_metrics_line_is_dropped_on_resume(reference, copy_of, corpus_file):
+    """Killed while appending the step-38 record, after checkpoint 36 (issue: the resume
+    stopped with a bare JSON error)."""
+    path = copy_of / "metrics.jsonl"
+    text = path.read_text()
+    torn = text.index('{"step": 38')
+    path.write_text(text[: torn + 20])
+    shutil.rmtree(copy_of / "checkpoints" / "40")
+    summary = _resume(copy_of, corpus_file)
+    assert summary.resumed_from == 36
+    assert _trajectory(copy_of) == _trajectory(reference)
+
+
+def test_metrics_reader_names_the_file_for_a_bad_middle_line(reference, tmp_path):
+    lines = (reference / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[3] = lines[3][:10] + "\n"
+    (tmp_path / "metrics.jsonl").write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 4, is not a metrics record"):
+        read_metrics(tmp_path)
+    assert [r["step"] for r in read_metrics(reference, upto_step=3)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- damage
+
+
+def _largest_file(directory: Path) -> Path:
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(
+    reference, copy_of, corpus_file, caplog
+):
+    """4 KB XOR-ed in checkpoints/40 (issue: loaded silently, NaN two steps later)."""
+    path = _largest_file(copy_of / "checkpoints" / "40")
+    damaged = bytearray(path.read_bytes())
+    for i in range(min(4096, len(damaged))):
+        damaged[i] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    with caplog.at_level(logging.WARNING):
+        summary = _resume(copy_of, corpus_file)
+    assert "does not match its sha256" in caplog.text and "using step 36" in caplog.text
+    assert summary.resumed_from == 36
+    assert _trajectory(copy_of) == _trajectory(reference)
+
+
+def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(
+    reference, copy_of, corpus_file
+):
+    for step in ("36", "40"):
+        path = _largest_file(copy_of / "checkpoints" / step)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"every checkpoint in .*checkpoints is damaged"):
+        _resume(copy_of, corpus_file)
+    with pytest.raises(CheckpointError, match="every checkpoint"):
+        load_params(copy_of)
+
+
+def test_sampling_falls_back_past_a_damaged_checkpoint(reference, copy_of, caplog):
+    (_largest_file(copy_of / "checkpoints" / "40")).write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        params, meta = load_params(copy_of)
+    assert "using step 36" in caplog.text
+    assert jax.tree.leaves(params)
+
+
+def test_tampered_token_cache_is_rebuilt(tmp_path, caplog):
+    """tokens.npy rewritten with other in-range ids, or with ids beyond the vocabulary (even
+    with a matching digest): found on load and encoded again (issue: trained on silently)."""
+    text = "to be or not to be, that is the question\n" * 20
+    tokenizer = CharTokenizer.from_text(text)
+    cache = tmp_path / "tokens.npy"
+    original = data.encode_cached(text, tokenizer, cache)
+    rng = np.random.default_rng(0)
+    np.save(cache, rng.integers(0, tokenizer.vocab_size, original.shape).astype(np.uint16))
+    with caplog.at_level(logging.WARNING):
+        np.testing.assert_array_equal(data.encode_cached(text, tokenizer, cache), original)
+    assert "does not match the sha256" in caplog.text
+    np.testing.assert_array_equal(np.load(cache), original)
+
+    out_of_range = original.copy()
+    out_of_range[::50] = tokenizer.vocab_size + 5
+    np.save(cache, out_of_range)
+    sidecar = tmp_path / "tokens.npy.fingerprint"
+    fingerprint = sidecar.read_text().split()[0]
+    import hashlib
+
+    sidecar.write_text(f"{fingerprint}\n{hashlib.sha256(out_of_range.tobytes()).hexdigest()}\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        np.testing.assert_array_equal(data.encode_cached(text, tokenizer, cache), original)
+    assert f"outside the tokenizer's [0, {tokenizer.vocab_size})" in caplog.text
+
+
+def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
+    """lr=1e6 (issue: a NaN-val-loss checkpoint was saved and announced as good): the run
+    stops naming the last good step, and every saved checkpoint holds finite params."""
+    workdir = tmp_path / "run"
+    config = _config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
+    with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
+        train_and_evaluate(config, workdir, progress=False)
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    if saved:
+        assert f"last good checkpoint, step {saved[-1]}" in str(error.value)
+        params, _ = load_params(workdir)
+        assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+    else:
+        assert "No checkpoint was saved yet" in str(error.value)
+
+
+# ----------------------------------------------------------------------------- resume settings
+
+
+def test_another_model_is_refused_naming_the_keys(reference, copy_of, corpus_file):
+    with pytest.raises(ValueError, match=r"different model .*n_embd: 32 -> 64"):
+        _resume(copy_of, corpus_file, **{"model.n_embd": 64})
+
+
+def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_file):
+    with pytest.raises(ValueError, match=r"config\.seed: 0 -> 7.*--allow_resume_changes"):
+        _resume(copy_of, corpus_file, seed=7, num_steps=44)
+    with pytest.raises(ValueError, match=r"config\.optim\.lr: 0\.003 -> 0\.001"):
+        _resume(copy_of, corpus_file, **{"optim.lr": 1e-3, "num_steps": 44})
+    summary = train_and_evaluate(
+        _config(corpus_file, seed=7, num_steps=44),
+        copy_of,
+        progress=False,
+        allow_resume_changes=True,
+    )
+    assert summary.resumed_from == 40 and summary.step == 44
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optim.lr", -1e-3, "config.optim.lr=-0.001 is out of range"),
+        ("optim.warmup_steps", -5, "config.optim.warmup_steps=-5 is out of range"),
+        ("optim.grad_clip", -1.0, "config.optim.grad_clip=-1.0 is out of range"),
+        ("model.n_head", 3, "n_embd=32 is not divisible by n_head=3"),
+        ("mesh.data", 3, "needs 3 devices but 1 are present"),
+    ],
+)
+def test_config_errors_come_before_any_file_is_written(corpus_file, tmp_path, key, value, message):
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        train_and_evaluate(_config(corpus_file, **{key: value}), workdir, progress=False)
+    assert not workdir.exists()
