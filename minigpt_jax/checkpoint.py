@@ -36,9 +36,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read, or does not fit this run."""
 
 
-def _manager(directory: Path, keep: int, items: tuple[str, ...], read_only=False):
+def _manager(directory: Path, items: tuple[str, ...], read_only=False):
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
+        # Old steps are deleted by _save once the new one's digest is written, not by orbax
+        # before that: a crash in between must leave an intact step to resume from.
+        max_to_keep=None,
         enable_async_checkpointing=False,
         # read_only=True would make orbax log warnings on every load; not creating or cleaning
         # anything is enough to leave a run untouched.
@@ -110,13 +112,20 @@ def newest_intact_step(manager) -> int | None:
     return None
 
 
-def _save(manager, step: int, args, write: bool) -> None:
-    """Saves `step`, replacing a step of that number left by an interrupted earlier run."""
+def _save(manager, step: int, args, write: bool, keep: int) -> None:
+    """Saves `step`, replacing a step of that number left by an interrupted earlier run; then
+    writes its digest and keeps only it and the keep - 1 steps before it. (Steps after it are
+    leftovers of an interrupted or replaced trajectory.)"""
     if step in manager.all_steps():
         manager.delete(step)
     manager.save(step, args=args, force=True)
     if write:
         write_digest(Path(manager.directory) / str(step))
+    before = sorted(s for s in manager.all_steps() if s < step)
+    for old in before[: max(len(before) - (keep - 1), 0)] + [
+        s for s in manager.all_steps() if s > step
+    ]:
+        manager.delete(old)
 
 
 class Checkpointer:
@@ -128,8 +137,9 @@ class Checkpointer:
     def __init__(self, workdir: str | Path, keep: int = 3, *, write_digests: bool = True):
         self.workdir = Path(workdir).resolve()
         self._write = write_digests
-        self._latest = _manager(self.workdir / LATEST_DIR, keep, ("state", "meta"))
-        self._best = _manager(self.workdir / BEST_DIR, 1, ("params", "meta"))
+        self._keep = keep
+        self._latest = _manager(self.workdir / LATEST_DIR, ("state", "meta"))
+        self._best = _manager(self.workdir / BEST_DIR, ("params", "meta"))
         self._last_saved: int | None = None
 
     def latest_step(self) -> int | None:
@@ -142,14 +152,14 @@ class Checkpointer:
         """Saves the train state (a pytree with a `step`) and JSON metadata."""
         step = int(state.step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        _save(self._latest, step, args, self._write)
+        _save(self._latest, step, args, self._write, self._keep)
         self._last_saved = step
 
     def save_best(self, step: int, params: Any, meta: dict) -> None:
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
         )
-        _save(self._best, step, args, self._write)
+        _save(self._best, step, args, self._write, 1)
 
     def read_meta(self, step: int) -> dict:
         """The JSON metadata saved with checkpoint `step` (reads nothing else)."""
@@ -216,7 +226,7 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
             f"`minigpt-jax train --config configs/X.py --workdir {workdir}`."
         )
     item = "state" if which == "latest" else "params"
-    manager = _manager(directory, 1, (item, "meta"), read_only=True)
+    manager = _manager(directory, (item, "meta"), read_only=True)
     step = newest_intact_step(manager)
     if step is None:
         raise CheckpointError(f"no complete checkpoint in {directory}.")

@@ -196,6 +196,7 @@ def test_crash_between_best_and_checkpoint_saves_resumes(reference, copy_of, cor
     summary = _resume(copy_of, corpus_file)
     assert summary.resumed_from == 36 and summary.step == 40
     assert _trajectory(copy_of) == _trajectory(reference)
+    assert _steps(copy_of / "checkpoints") == [36, 40] and _steps(copy_of / "best") == [40]
     chex.assert_trees_all_equal(load_params(copy_of, "best")[0], load_params(reference, "best")[0])
 
 
@@ -235,6 +236,10 @@ def test_metrics_reader_names_the_file_for_a_bad_middle_line(reference, tmp_path
 
 
 # ----------------------------------------------------------------------------- damage
+
+
+def _steps(directory: Path) -> list[int]:
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def _largest_file(directory: Path) -> Path:
@@ -312,7 +317,7 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
     config = _config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
         train_and_evaluate(config, workdir, progress=False)
-    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    saved = _steps(workdir / "checkpoints")
     if saved:
         assert f"last good checkpoint, step {saved[-1]}" in str(error.value)
         params, _ = load_params(workdir)
