@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from minigpt_jax.data import sha256_file
+from minigpt_jax.digests import sha256_file
 
 # Orbax logs every save at INFO; the training loop reports what matters.
 logging.getLogger("absl").setLevel(logging.WARNING)

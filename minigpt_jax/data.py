@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from minigpt_jax.digests import sha256_file
 from minigpt_jax.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
 
 _log = logging.getLogger(__name__)
@@ -111,15 +112,6 @@ def _read_text_path(path: str | os.PathLike | None) -> tuple[str, Path]:
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "minigpt_jax"
-
-
-def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_shakespeare(path: Path) -> Path:
