@@ -81,12 +81,9 @@ def copy_of(reference, tmp_path):
 # ----------------------------------------------------------------------------- fault injection
 
 
-def _orbax_tmp_dir(workdir: Path) -> bool:
-    for sub in ("checkpoints", "best"):
-        directory = workdir / sub
-        if directory.is_dir() and any("tmp" in p.name for p in os.scandir(directory)):
-            return True
-    return False
+def _saving(directory: Path) -> bool:
+    """Whether orbax is writing a step there (its temporary directory exists)."""
+    return directory.is_dir() and any("tmp" in p.name for p in os.scandir(directory))
 
 
 def _kill_when(args, trigger, deadline_s=240.0) -> bool:
@@ -115,27 +112,26 @@ def test_random_sigkills_resume_bit_identically(reference, corpus_file, tmp_path
     args = _train_command(workdir, corpus_file)
     rng = random.Random(0)
 
-    def after_first_checkpoint(delay_s):
-        seen = {"at": None}
+    def after_a_new_checkpoint(delay_s):
+        """Fires delay_s after the first checkpoint that this run itself completes."""
+        seen = {"before": None, "at": None}
 
         def trigger():
-            if seen["at"] is None and any((workdir / "checkpoints").glob("*/sha256sums.txt")):
+            done = set((workdir / "checkpoints").glob("*/sha256sums.txt"))
+            if seen["before"] is None:
+                seen["before"] = done
+            elif seen["at"] is None and done - seen["before"]:
                 seen["at"] = time.monotonic()
             return seen["at"] is not None and time.monotonic() - seen["at"] >= delay_s
 
         return trigger
 
-    def in_best_save():
-        return (workdir / "best").is_dir() and any(
-            "tmp" in p.name for p in os.scandir(workdir / "best")
-        )
-
     kills = [
-        lambda: _orbax_tmp_dir(workdir),  # inside the first save
-        in_best_save,
-        lambda: _orbax_tmp_dir(workdir),
-        after_first_checkpoint(rng.uniform(0.0, 0.5)),
-        after_first_checkpoint(rng.uniform(0.0, 0.5)),
+        lambda: _saving(workdir / "checkpoints"),  # inside the first save
+        lambda: _saving(workdir / "best"),
+        lambda: _saving(workdir / "checkpoints") or _saving(workdir / "best"),
+        after_a_new_checkpoint(rng.uniform(0.0, 0.3)),
+        after_a_new_checkpoint(rng.uniform(0.0, 0.3)),
     ]
     killed = sum(_kill_when(args, trigger) for trigger in kills)
     assert killed >= 3, f"only {killed} of {len(kills)} kills landed before the run finished"
