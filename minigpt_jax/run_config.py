@@ -120,7 +120,7 @@ def _check_schedule(config: Any) -> None:
 
 # (name, lowest allowed, whether the lowest itself is allowed, the bound it must stay below)
 _OPTIM_RANGES = (
-    ("lr", 0.0, False, None),
+    ("lr", 0.0, True, None),  # 0 is allowed: a run that only evaluates or checks a model
     ("min_lr", 0.0, True, None),
     ("warmup_steps", 0, True, None),
     ("b1", 0.0, True, 1.0),
