@@ -5,10 +5,12 @@ Layout under a run's workdir:
   best/<step>/{params,meta}         params of the lowest val loss so far (for sampling)
   <step>/sha256sums.txt             the digest of every file of the step, written after the save
                                     completes (`sha256sum -c sha256sums.txt` checks it by hand)
-Saves are synchronous and atomic (orbax writes a temporary directory, then renames it). A step
-counts only once its digest is written and matches: one killed before that, or damaged later, is
-skipped with a warning in favour of the newest intact one, and saving a step that exists
-replaces it, so the same command always resumes.
+Saves are synchronous and atomic (orbax writes a temporary directory, then renames it), so every
+step directory holds a complete save. A step whose files do not match its digest (damaged later)
+is skipped with a warning in favour of the newest intact one. A step without a digest (written by
+a version without digests, or killed between orbax's rename and the digest) is used unverified,
+with a warning, so older run directories still resume. Saving a step that exists replaces it, so
+the same command always resumes.
 """
 
 from __future__ import annotations
@@ -64,11 +66,15 @@ def write_digest(step_dir: Path) -> None:
     os.replace(tmp, step_dir / DIGEST_FILENAME)
 
 
+UNVERIFIED = "unverified: it has no sha256sums.txt"
+
+
 def check_digest(step_dir: Path) -> str | None:
-    """None if step_dir matches its sha256sums.txt, else what is wrong with it."""
+    """None if step_dir matches its sha256sums.txt, UNVERIFIED if it has none, else what is
+    wrong with it."""
     digest_path = step_dir / DIGEST_FILENAME
     if not digest_path.is_file():
-        return "incomplete: it has no sha256sums.txt, so its save never finished"
+        return UNVERIFIED
     expected = {}
     for line in digest_path.read_text(encoding="ascii", errors="replace").splitlines():
         hexdigest, _, name = line.partition("  ")
@@ -92,6 +98,15 @@ def newest_intact_step(manager) -> int | None:
     for step in sorted(manager.all_steps(), reverse=True):
         step_dir = Path(manager.directory) / str(step)
         problem = check_digest(step_dir)
+        if problem == UNVERIFIED:
+            # orbax renames a step into place only once its save is complete
+            _log.warning(
+                "%s has no %s (written by an older minigpt-jax, or killed just before its "
+                "digest): using it unverified.",
+                step_dir,
+                DIGEST_FILENAME,
+            )
+            problem = None
         if problem is None:
             if skipped:
                 _log.warning(
@@ -103,12 +118,10 @@ def newest_intact_step(manager) -> int | None:
         skipped.append(f"{step_dir} ({problem})")
     if any("(damaged" in s for s in skipped):
         raise CheckpointError(
-            f"every checkpoint in {manager.directory} is damaged or incomplete: "
+            f"every checkpoint in {manager.directory} is damaged: "
             f"{'; '.join(skipped)}. Restore them from a backup, or delete them to train again "
             "from step 0."
         )
-    if skipped:
-        _log.warning("skipping %s; no complete checkpoint remains.", skipped[0])
     return None
 
 
@@ -143,7 +156,7 @@ class Checkpointer:
         self._last_saved: int | None = None
 
     def latest_step(self) -> int | None:
-        """The newest intact checkpoint (skipping, with a warning, incomplete or damaged ones)."""
+        """The newest intact checkpoint (skipping damaged ones with a warning)."""
         if self._last_saved is not None:
             return self._last_saved
         return newest_intact_step(self._latest)

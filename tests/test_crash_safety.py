@@ -196,16 +196,29 @@ def test_crash_between_best_and_checkpoint_saves_resumes(reference, copy_of, cor
     chex.assert_trees_all_equal(load_params(copy_of, "best")[0], load_params(reference, "best")[0])
 
 
-def test_checkpoint_without_digest_is_incomplete_and_replaced(
-    reference, copy_of, corpus_file, caplog
-):
-    """Killed after orbax renamed checkpoints/40 into place but before its digest was written."""
-    (copy_of / "checkpoints" / "40" / "sha256sums.txt").unlink()
+def test_checkpoint_without_digest_is_used_unverified(reference, copy_of, corpus_file, caplog):
+    """Killed after orbax renamed checkpoints/36 into place but before its digest was written:
+    the save itself is complete, so the rerun resumes from it (with a warning)."""
+    shutil.rmtree(copy_of / "checkpoints" / "40")
+    shutil.rmtree(copy_of / "best" / "40")
+    (copy_of / "checkpoints" / "36" / "sha256sums.txt").unlink()
     with caplog.at_level(logging.WARNING):
         summary = _resume(copy_of, corpus_file)
-    assert "checkpoints/40 (incomplete" in caplog.text
+    assert "checkpoints/36 has no sha256sums.txt" in caplog.text
     assert summary.resumed_from == 36
     assert (copy_of / "checkpoints" / "40" / "sha256sums.txt").is_file()
+    assert _trajectory(copy_of) == _trajectory(reference)
+
+
+def test_run_directory_from_before_digests_still_resumes(reference, copy_of, corpus_file):
+    """A run directory written before checkpoints had digests resumes from its newest step
+    instead of starting again (and deleting it)."""
+    for digest in copy_of.glob("*/*/sha256sums.txt"):
+        digest.unlink()
+    shutil.rmtree(copy_of / "checkpoints" / "40")
+    shutil.rmtree(copy_of / "best" / "40")
+    summary = _resume(copy_of, corpus_file)
+    assert summary.resumed_from == 36 and summary.step == 40
     assert _trajectory(copy_of) == _trajectory(reference)
 
 
