@@ -15,9 +15,15 @@ TRAJECTORY_KEYS = ("seed", "batch_size", "data", "optim")
 
 
 def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
-    """'key: saved -> current' for every leaf that differs, nested dicts flattened with dots."""
+    """'key: saved -> current' for every leaf that differs, nested dicts flattened with dots.
+
+    A key the checkpoint does not record is a setting added to minigpt-jax after it was
+    written; its default keeps the old behaviour, so it is not a difference (older run
+    directories still resume)."""
     out = []
     for key in sorted(set(saved) | set(current)):
+        if key not in saved:
+            continue
         old, new = saved.get(key), current.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
             out += _differences(old, new, f"{prefix}{key}.")

@@ -25,6 +25,7 @@ from test_cli import _train_args
 from minigpt_jax import data
 from minigpt_jax.checkpoint import CheckpointError, load_params
 from minigpt_jax.metrics import read_metrics
+from minigpt_jax.resume import check_resume
 from minigpt_jax.run_lock import RunDirectoryInUse, RunLock
 from minigpt_jax.tokenizers import CharTokenizer
 from minigpt_jax.train import train_and_evaluate
@@ -372,3 +373,17 @@ def test_config_errors_come_before_any_file_is_written(corpus_file, tmp_path, ke
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         train_and_evaluate(_config(corpus_file, **{key: value}), workdir, progress=False)
     assert not workdir.exists()
+
+
+def test_settings_newer_than_the_checkpoint_are_not_differences():
+    """A checkpoint written before a setting existed resumes under the setting's default; a
+    recorded setting that changed is still named."""
+    saved = {"gpt_config": {"n_embd": 32}, "config": {"seed": 0, "data": {"corpus": "text"}}}
+    current = {
+        "gpt_config": {"n_embd": 32, "attention": "auto"},
+        "config": {"seed": 0, "data": {"corpus": "text", "format": "memory"}},
+    }
+    assert check_resume(saved, current, "ckpt") == []
+    current["config"]["data"]["corpus"] = "pydoc"
+    with pytest.raises(ValueError, match=r"config\.data\.corpus: 'text' -> 'pydoc'"):
+        check_resume(saved, current, "ckpt")
