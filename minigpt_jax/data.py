@@ -231,6 +231,8 @@ def _tokens_problem(tokens: np.ndarray, saved_digest: list[str], vocab_size: int
     """What is wrong with cached tokens, or None: dtype, shape, sha256, id range."""
     if tokens.dtype != np.uint16 or tokens.ndim != 1:
         return f"holds {tokens.dtype} of shape {tokens.shape}, not uint16 of shape (n,)"
+    if not saved_digest:
+        return "has no token sha256 in its .fingerprint file (an older minigpt-jax wrote it)"
     if saved_digest != [hashlib.sha256(tokens.tobytes()).hexdigest()]:
         return "does not match the sha256 in its .fingerprint file (damaged or edited)"
     if tokens.size and int(tokens.max()) >= vocab_size:
