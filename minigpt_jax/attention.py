@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax import backend
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.positions import POSITION_ENCODINGS
@@ -77,11 +78,38 @@ def mix_values(weights_BxHxTxS: Array, v_BxSxHxK: Array) -> Array:
     return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
+def fused_attention(
+    q_BxTxHxK: Array,
+    k_BxSxHxK: Array,
+    v_BxSxHxK: Array,
+    mask: Array | None,
+    *,
+    causal: bool,
+    implementation: str,
+) -> Array:
+    """out_BxTxHxK = softmax(q·kᵀ / sqrt(K)) · v through `jax.nn.dot_product_attention`.
+
+    implementation "xla" or "cudnn" (flash attention: bf16/fp16, head dim a multiple of 8).
+    causal: query t sees keys 0..t (the top-left-aligned triangle, what self-attention over
+    positions 0..T-1 needs); mask (broadcasting to B, H, T, S; False: no weight) is for the cache
+    path, where XLA takes it. Neither returns the weights nor drops them out.
+    """
+    return jax.nn.dot_product_attention(
+        q_BxTxHxK,
+        k_BxSxHxK,
+        v_BxSxHxK,
+        mask=mask,
+        is_causal=causal,
+        implementation=implementation,
+    )
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with H heads of width K = D / H; causal unless cfg.causal is False.
 
-    The attention weights (B, H, T, S) are sown into the 'intermediates' collection as
-    `attention_weights`; see `model.forward_with_attention`.
+    `backend.attention` picks the kernel (cfg.attention). The explicit path sows the attention
+    weights (B, H, T, S) into the 'intermediates' collection as `attention_weights`; see
+    `model.forward_with_attention`, which asks for it.
 
     Returns `(out_BxTxD, cache)`. With a `cache` the T new keys and values are written at
     `cache.index` and the queries attend to every filled slot (positions_BxT must then be
@@ -110,19 +138,33 @@ class MultiHeadAttention(nn.Module):
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
             k_BxTxHxK = rotary(k_BxTxHxK, positions_BxT)
         if cache is None:
-            mask = causal_mask(positions_BxT, positions_BxT) if cfg.causal else None
-            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxTxHxK, mask)
-            v_BxSxHxK = v_BxTxHxK
+            keys_BxSxHxK, v_BxSxHxK, mask = k_BxTxHxK, v_BxTxHxK, None
+            if cfg.causal:
+                mask = causal_mask(positions_BxT, positions_BxT)
         else:
             cache = _write(cache, k_BxTxHxK, v_BxTxHxK, positions_BxT)
+            keys_BxSxHxK, v_BxSxHxK = cache.k_BxSxHxK, cache.v_BxSxHxK
             mask = (cache.positions_BxS >= 0)[:, None, None, :]
             if cfg.causal:
                 mask = mask & causal_mask(positions_BxT, cache.positions_BxS)
-            weights_BxHxTxS = attention_weights(q_BxTxHxK, cache.k_BxSxHxK, mask)
-            v_BxSxHxK = cache.v_BxSxHxK
-        self.sow("intermediates", "attention_weights", weights_BxHxTxS)
-        weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
-        out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
+        weight_dropout = not deterministic and cfg.dropout > 0
+        path = backend.attention(cfg, weight_dropout=weight_dropout, cached=cache is not None)
+        if path == "explicit":
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask)
+            self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+            weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
+            out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
+        else:
+            # Without a cache, positions are 0..T-1 and the causal mask is the triangle that
+            # is_causal builds (cuDNN skips its masked blocks instead of reading a mask).
+            out_BxTxHxK = fused_attention(
+                q_BxTxHxK,
+                keys_BxSxHxK,
+                v_BxSxHxK,
+                None if cache is None else mask,
+                causal=cfg.causal and cache is None,
+                implementation=path,
+            )
         out_BxTxD = nn.DenseGeneral(
             cfg.n_embd,
             axis=(-2, -1),

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from minigpt_jax.positions import POSITION_ENCODINGS
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_DENSE_GRADS = ("autodiff", "direct")
+_DENSE_GRADS = ("auto", "autodiff", "direct")
+_ATTENTIONS = ("auto", "explicit", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +45,22 @@ class GPTConfig:
     gelu_approximate: bool = False
     # How Dense layers are differentiated (same math, a speed choice): "autodiff" is jax.grad of
     # lax.dot_general; "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU
-    # (measured there only: benchmarks/README.md).
-    dense_grad: str = "autodiff"
+    # (measured there only: benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere,
+    # when the model is traced (minigpt_jax.backend), so a run's config stays portable.
+    dense_grad: str = "auto"
+    # Which kernel computes softmax(q·kᵀ/√K)·v (same math, a speed choice): "explicit" is the
+    # einsum + softmax path that can return the weights and drop them out; "xla" and "cudnn" are
+    # jax.nn.dot_product_attention's implementations (cuDNN flash attention: NVIDIA GPUs, bf16 or
+    # fp16, head dim a multiple of 8); "auto" picks per backend when traced (minigpt_jax.backend).
+    attention: str = "auto"
+    # Rows of the token table (and columns of an untied head) are padded up to a multiple of this
+    # (64 for GPT-2: 50,257 -> 50,304, nanoGPT's choice) so that the head's matmul tiles evenly.
+    # Padded ids are never looked up, sampled or scored: logits keep vocab_size columns.
+    vocab_multiple: int = 1
+    # Tokens per chunk of the loss's read-out: 0 computes all B·T·V logits at once; n > 0
+    # computes the cross-entropy n tokens at a time (recomputed in the backward pass), so the
+    # float32 (B·T, V) logits of a wide vocabulary never exist at once (minigpt_jax.loss).
+    loss_chunk: int = 0
     dtype: str = "float32"  # activations / compute; logits and softmax are always float32
     param_dtype: str = "float32"
 
@@ -72,6 +87,32 @@ class GPTConfig:
                 f"allowed: {sorted(POSITION_ENCODINGS)}."
             )
         POSITION_ENCODINGS[self.pos_encoding].validate(self)
+        if not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
+            raise ValueError(
+                f"GPTConfig.vocab_multiple must be a positive integer (1: no padding), "
+                f"got {self.vocab_multiple!r}."
+            )
+        if not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
+            raise ValueError(
+                f"GPTConfig.loss_chunk must be 0 (all logits at once) or a positive number of "
+                f"tokens per chunk, got {self.loss_chunk!r}."
+            )
+        if self.attention not in _ATTENTIONS:
+            raise ValueError(
+                f"GPTConfig.attention={self.attention!r} is unknown; allowed: {list(_ATTENTIONS)}."
+            )
+        if self.attention in ("xla", "cudnn") and self.dropout > 0:
+            raise ValueError(
+                f"GPTConfig.attention={self.attention!r} cannot drop out attention weights "
+                f"(dropout={self.dropout}): use attention='auto' (the explicit path while "
+                f"dropout is active) or 'explicit', or set dropout=0."
+            )
+        if self.attention == "cudnn" and (self.dtype == "float32" or self.head_dim % 8):
+            raise ValueError(
+                f"GPTConfig.attention='cudnn' needs dtype bfloat16 or float16 and a head dim "
+                f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
+                f"use attention='auto', which falls back to XLA."
+            )
         if self.dense_grad not in _DENSE_GRADS:
             raise ValueError(
                 f"GPTConfig.dense_grad={self.dense_grad!r} is unknown; "
@@ -88,6 +129,11 @@ class GPTConfig:
     def head_dim(self) -> int:
         """K: width of one attention head."""
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token table: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def mlp_dim(self) -> int:

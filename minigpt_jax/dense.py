@@ -2,7 +2,8 @@
 
 `GPTConfig.dense_grad` picks it: "autodiff" leaves flax's Dense layers on `lax.dot_general`
 and `jax.grad`; "direct" hands them `direct_grad_dot_general`, whose backward pass writes
-dx = dy·Wᵀ and dW = xᵀ·dy as two plain 2-D dots (benchmarks/train_throughput.py times both).
+dx = dy·Wᵀ and dW = xᵀ·dy as two plain 2-D dots (benchmarks/train_throughput.py times both);
+"auto" is direct on CPU, autodiff elsewhere (`backend.dense_grad`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import chex
 import flax.linen as nn
 import jax
 
+from minigpt_jax import backend
 from minigpt_jax.config import GPTConfig
 
 Array = chex.Array
@@ -78,11 +80,12 @@ def direct_grad_dot_general(
 def dense_options(cfg: GPTConfig) -> dict:
     """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
     the `dot_general` that `cfg.dense_grad` picks (None is flax's lax default)."""
+    direct = backend.dense_grad(cfg) == "direct"
     return dict(
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
-        dot_general=direct_grad_dot_general if cfg.dense_grad == "direct" else None,
+        dot_general=direct_grad_dot_general if direct else None,
     )
 
 
