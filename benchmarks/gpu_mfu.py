@@ -1,19 +1,34 @@
-"""GPT-2 small (124M) training throughput and MFU on one accelerator, in bfloat16.
+"""GPT-2 small (124M) training on one accelerator: minigpt-jax beside its PyTorch twin, in bf16.
 
-Run:      python -m benchmarks.gpu_mfu                       # on a GPU (H100/H200: 989 TFLOP/s)
-          python -m benchmarks.gpu_mfu --preset smoke        # a seconds-long check on any CPU
-Prints:   ms/step (median, p10, p90), tokens/s, model TFLOP/s and MFU against the peak bf16 rate.
+Run:      python -m benchmarks.gpu_mfu                     # on a GPU (H100/H200: 989 TFLOP/s)
+          python -m benchmarks.gpu_mfu --variants          # + every JAX setting in VARIANTS
+          python -m benchmarks.gpu_mfu --preset smoke      # a seconds-long check on any CPU
+Columns:  "jax default" is configs/gpt2_small.py as `minigpt-jax train` runs it (steps_per_call
+          steps per compiled call). "torch" is benchmarks/torch_reference.TorchGPT, the same
+          model (vocabulary padding included) from the same initial weights, under bf16 autocast
+          with float32 params, on CUDA with torch.compile, flash attention
+          (F.scaled_dot_product_attention held to its FLASH_ATTENTION backend) and fused AdamW
+          (nanoGPT's setup); on a CPU it runs eager (--torch-compile to compile there too). Same
+          batch, same AdamW settings, schedule and clipping. The columns alternate within
+          each of --rounds rounds, so drifting clocks and neighbours hit them alike.
+Prints:   ms/step (median, p10, p90 over all rounds), tokens/s, model TFLOP/s, MFU against
+          --peak_tflops, the ratio to the torch column, compile time, the last loss.
 
 FLOPs per token follow nanoGPT's estimate (PaLM appendix B): 6·N + 12·L·H·K·T, where N counts
-every parameter but the position table. Synthetic tokens: throughput does not depend on data.
+every parameter but the position table and the vocabulary padding. Synthetic tokens:
+throughput does not depend on data.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,89 +38,314 @@ from minigpt_jax.run_config import gpt_config_from, load_config_file
 from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-# configs/gpt2_small.py's optimizer, with a short warmup: the timed steps are the first few.
+# configs/gpt2_small.py's optimizer, with a short warmup and schedule: the timed steps are the
+# first ones of a run.
 WARMUP_STEPS = 10
+SCHEDULE_STEPS = 1000
 
 
 GPT2_SMALL = load_config_file(str(CONFIGS / "gpt2_small.py"))
 
 PRESETS = {
-    "gpt2_small": dict(cfg=gpt_config_from(GPT2_SMALL, vocab_size=50257), batch_size=16),
+    "gpt2_small": dict(
+        cfg=gpt_config_from(GPT2_SMALL, vocab_size=50257),
+        batch_size=16,
+        steps_per_call=GPT2_SMALL.steps_per_call,
+    ),
     "smoke": dict(
         cfg=GPTConfig(
-            vocab_size=256,
+            vocab_size=250,
             block_size=64,
             n_layer=2,
             n_head=2,
             n_embd=64,
             dropout=0.0,
             dtype="bfloat16",
+            vocab_multiple=64,
         ),
         batch_size=4,
+        steps_per_call=2,
     ),
 }
 
+# JAX settings timed by --variants, each against "jax default": GPTConfig fields, "batch_size",
+# "steps_per_call", "donate", and XLA compiler options (keys starting "xla_", the same as
+# XLA_FLAGS, for this one compile). A variant that fails to compile is reported, not fatal.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "vocab unpadded (50,257)": {"vocab_multiple": 1},
+    "attention xla": {"attention": "xla"},
+    "attention explicit (softmax)": {"attention": "explicit"},
+    "loss in chunks of 2048 tokens": {"loss_chunk": 2048},
+    "remat dots": {"remat": "dots"},
+    "remat full": {"remat": "full"},
+    "batch 32": {"batch_size": 32},
+    "batch 32, remat dots": {"batch_size": 32, "remat": "dots"},
+    "1 step per call": {"steps_per_call": 1},
+    "no donation": {"donate": False},
+    "latency-hiding scheduler": {"xla_gpu_enable_latency_hiding_scheduler": True},
+    "Triton GEMM off": {"xla_gpu_enable_triton_gemm": False},
+    "Triton GEMM on": {"xla_gpu_enable_triton_gemm": True},
+    "command buffers off": {"xla_gpu_enable_command_buffer": ""},
+}
 
-def measure(cfg: GPTConfig, batch_size: int, steps: int, steps_per_call: int, peak_flops: float):
-    """Times `steps` compiled calls of `steps_per_call` train steps each; returns a result dict."""
+
+# ----------------------------------------------------------------------------- columns
+
+
+@dataclasses.dataclass
+class Column:
+    """One timed setting: `run(steps)` trains about that many more steps and returns one
+    seconds-per-step sample per compiled call (JAX) or per step (torch)."""
+
+    name: str
+    batch_size: int
+    run: Callable[[int], list[float]]
+    compile_s: float | None = None
+    note: str = ""
+    times_s: list[float] = dataclasses.field(default_factory=list)
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+
+def _optim():
     optim = GPT2_SMALL.optim.copy_and_resolve_references()
     optim.warmup_steps = WARMUP_STEPS
-    tx, schedule = make_optimizer(optim, 1000)
+    return optim
+
+
+def _batches(cfg: GPTConfig, batch_size: int, count: int) -> np.ndarray:
+    shape = (count, batch_size, cfg.block_size + 1)
+    return np.random.default_rng(0).integers(0, cfg.vocab_size, shape, dtype=np.int32)
+
+
+def jax_column(
+    name: str,
+    cfg: GPTConfig,
+    batch_size: int,
+    steps_per_call: int,
+    *,
+    donate: bool = True,
+    compiler_options: dict[str, Any] | None = None,
+) -> Column:
+    """minigpt-jax's compiled train chunk (`make_train_chunk`), state initialised on device."""
+    tx, schedule = make_optimizer(_optim(), SCHEDULE_STEPS)
     state = jax.jit(lambda rng: init_state(cfg, tx, rng))(jax.random.key(0))
-    batches = np.random.default_rng(0).integers(
-        0, cfg.vocab_size, (steps_per_call, batch_size, cfg.block_size + 1), dtype=np.int32
-    )
-    batches = jax.device_put(batches)
+    batches = jax.device_put(_batches(cfg, batch_size, steps_per_call))
     start = time.perf_counter()
-    chunk = make_train_chunk(cfg, tx, schedule).lower(state, batches).compile()
+    chunk = make_train_chunk(cfg, tx, schedule, donate=donate).lower(state, batches)
+    chunk = chunk.compile(compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
-    state, metrics = chunk(state, batches)  # warm-up
-    jax.block_until_ready(metrics)
-    seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = chunk(state, batches)
-        jax.block_until_ready(metrics)
-        seconds.append((time.perf_counter() - start) / steps_per_call)
-    ms = sorted(1000 * s for s in seconds)
-    median_s = statistics.median(seconds)
-    tokens = batch_size * cfg.block_size
-    achieved = flops_per_token(cfg) * tokens / median_s
+    options = " ".join(f"{k}={v!r}" for k, v in (compiler_options or {}).items())
+    note = f"K={steps_per_call} attention={cfg.attention} remat={cfg.remat} {options}".strip()
+    column = Column(name, batch_size, None, compile_s, note)
+    holder = {"state": state}
+
+    def run(steps: int) -> list[float]:
+        times, state = [], holder["state"]
+        for _ in range(steps // steps_per_call):
+            start = time.perf_counter()
+            state, metrics = chunk(state, batches)
+            loss = jax.device_get(metrics["loss"])  # waits for the call
+            times.append((time.perf_counter() - start) / steps_per_call)
+            column.losses.extend(float(x) for x in loss)
+        holder["state"] = state
+        return times
+
+    column.run = run
+    return column
+
+
+def torch_column(
+    cfg: GPTConfig, batch_size: int, num_batches: int, *, compile_: bool | None = None
+) -> Column:
+    """TorchGPT from the JAX init: CUDA + bf16 autocast + torch.compile + flash SDPA + fused
+    AdamW where a GPU is, eager float32-params/bf16-autocast on CPU (compile_ overrides)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchmarks.torch_reference import (
+        TorchGPT,
+        load_jax_params,
+        make_torch_optimizer,
+        torch_train_step,
+    )
+    from minigpt_jax import init_params
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    compile_ = cuda if compile_ is None else compile_
+    torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT: TF32 for any float32 matmul left
+    torch.backends.cudnn.allow_tf32 = True
+    twin_cfg = cfg.replace(dtype="float32", param_dtype="float32")  # autocast does the bf16
+    init_rng, _ = jax.random.split(jax.random.key(0))  # train.init_state's split
+    model = load_jax_params(TorchGPT(twin_cfg), init_params(twin_cfg, init_rng))
+    model = model.to(device).train()
+    optimizer, scheduler = make_torch_optimizer(model, _optim(), SCHEDULE_STEPS)
+    # The JAX column's batches, in its order: step s trains on batch s % num_batches.
+    batches = torch.from_numpy(_batches(cfg, batch_size, num_batches)).long().to(device)
+    xs, ys = batches[:, :, :-1].contiguous(), batches[:, :, 1:].contiguous()
+    step_model = torch.compile(model) if compile_ else model
+    half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.dtype)
+
+    def kernels():  # flash attention on CUDA; on CPU whichever SDPA kernel torch picks
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if cuda else contextlib.nullcontext()
+
+    what = "torch.compile" if compile_ else "torch eager"
+    note = f"{device} {'bf16 autocast' if half else 'float32'}" + (
+        ", flash SDPA, fused AdamW" if cuda else ""
+    )
+    column = Column(what, batch_size, None, note=note)
+
+    def run(steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            i = len(column.losses) % num_batches
+            start = time.perf_counter()
+            with kernels(), torch.autocast(device, half, enabled=half is not None):
+                loss = torch_train_step(
+                    step_model,
+                    optimizer,
+                    xs[i],
+                    ys[i],
+                    scheduler=scheduler,
+                    grad_clip=GPT2_SMALL.optim.grad_clip,
+                )  # .item(): waits for the device
+            times.append(time.perf_counter() - start)
+            column.losses.append(loss)
+        if compile_ and column.compile_s is None:  # the first step compiled
+            column.compile_s = times[0]
+        return times
+
+    column.run = run
+    return column
+
+
+RUN_KEYS = ("batch_size", "steps_per_call", "donate")
+
+
+def split_overrides(overrides: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """A VARIANTS entry as (GPTConfig fields, run keys, XLA compiler options)."""
+    options = {k: v for k, v in overrides.items() if k.startswith("xla_")}
+    run = {k: v for k, v in overrides.items() if k in RUN_KEYS}
+    fields = {k: v for k, v in overrides.items() if k not in options and k not in run}
+    return fields, run, options
+
+
+def variant_column(
+    name: str, cfg: GPTConfig, batch_size: int, steps_per_call: int, overrides: dict[str, Any]
+) -> Column:
+    """The default column with `overrides` (a VARIANTS entry) applied."""
+    fields, run, options = split_overrides(overrides)
+    return jax_column(
+        name,
+        cfg.replace(**fields),
+        run.get("batch_size", batch_size),
+        run.get("steps_per_call", steps_per_call),
+        donate=run.get("donate", True),
+        compiler_options=options,
+    )
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def summarize(times_s: list[float], tokens_per_step: int, flops: float, peak_flops: float):
+    """Figures of one column from its per-step seconds."""
+    ms = sorted(1000 * s for s in times_s)
+    median_s = statistics.median(times_s)
+    achieved = flops * tokens_per_step / median_s
     return {
-        "compile_s": compile_s,
-        "ms_median": statistics.median(ms),
+        "ms_median": 1000 * median_s,
         "ms_p10": ms[int(0.1 * (len(ms) - 1))],
         "ms_p90": ms[int(0.9 * (len(ms) - 1))],
-        "tokens_per_s": tokens / median_s,
+        "tokens_per_s": tokens_per_step / median_s,
         "tflops": achieved / 1e12,
         "mfu": achieved / peak_flops,
-        "final_loss": float(metrics["loss"][-1]),
     }
 
 
-def main() -> None:
+def report(columns: list[Column], cfg: GPTConfig, block: int, peak_flops: float, ref: str):
+    """The table; "/torch" is the ratio of time per token to the torch column's."""
+    flops = flops_per_token(cfg)
+    results = {
+        c.name: summarize(c.times_s, c.batch_size * block, flops, peak_flops) for c in columns
+    }
+    ref_tps = results[ref]["tokens_per_s"] if ref in results else None
+    header = (
+        f"{'column':34} {'batch':>5} {'median':>8} {'p10':>8} {'p90':>8} {'tok/s':>10} "
+        f"{'TFLOP/s':>8} {'MFU':>6} {'/torch':>6} {'compile':>8} {'loss':>6}  settings"
+    )
+    print(header)
+    print("-" * len(header))
+    for column in columns:
+        r = results[column.name]
+        ratio = f"{ref_tps / r['tokens_per_s']:6.2f}" if ref_tps else "     -"
+        compile_s = f"{column.compile_s:7.1f}s" if column.compile_s is not None else "       -"
+        print(
+            f"{column.name:34} {column.batch_size:5d} {r['ms_median']:8.2f} {r['ms_p10']:8.2f} "
+            f"{r['ms_p90']:8.2f} {r['tokens_per_s']:10,.0f} {r['tflops']:8.1f} "
+            f"{100 * r['mfu']:5.1f}% {ratio} {compile_s} {column.losses[-1]:6.3f}  {column.note}"
+        )
+    if ref_tps and "jax default" in results:
+        print(
+            f"jax default / {ref}: {ref_tps / results['jax default']['tokens_per_s']:.3f} of the "
+            f"time per token (below 1: minigpt-jax is faster)"
+        )
+    same_work = [c for c in columns if c.batch_size == columns[0].batch_size]
+    gaps = ", ".join(
+        f"{c.name} {abs(c.losses[-1] - columns[0].losses[-1]):.1e}" for c in same_work[1:]
+    )
+    print(
+        f"loss after {len(columns[0].losses)} steps: {columns[0].losses[-1]:.4f} (jax default); "
+        f"|difference| (same batches, bf16): {gaps or '-'}"
+    )
+    return results
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpt2_small")
     parser.add_argument("--batch_size", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=10, help="timed compiled calls")
-    parser.add_argument("--steps_per_call", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per column a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps_per_call", type=int, default=None)
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="H100/H200 bf16 dense")
-    args = parser.parse_args()
+    parser.add_argument("--no-torch", dest="torch", action="store_false")
+    parser.add_argument("--torch-compile", action="store_true", help="also on CPU")
+    parser.add_argument("--variants", action="store_true", help="time every VARIANTS entry")
+    args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
-    cfg, batch_size = preset["cfg"], args.batch_size or preset["batch_size"]
-    print(f"devices: {jax.devices()}")
+    cfg = preset["cfg"]
+    batch_size = args.batch_size or preset["batch_size"]
+    k = args.steps_per_call or preset["steps_per_call"]
+    print(f"devices: {jax.devices()}  jax {jax.__version__}")
     print(
-        f"model: {count_params(cfg):,} params, {cfg.dtype} compute, batch {batch_size} x "
-        f"{cfg.block_size}, {flops_per_token(cfg) / 1e9:.3f} GFLOP/token"
+        f"model: {count_params(cfg):,} params (+{cfg.padded_vocab_size - cfg.vocab_size} padded "
+        f"vocabulary rows), {cfg.dtype} compute, batch {batch_size} x {cfg.block_size}, "
+        f"{flops_per_token(cfg) / 1e9:.3f} GFLOP/token"
     )
-    result = measure(cfg, batch_size, args.steps, args.steps_per_call, args.peak_tflops * 1e12)
-    print(
-        f"compile {result['compile_s']:.1f} s | ms/step median {result['ms_median']:.2f} "
-        f"(p10 {result['ms_p10']:.2f}, p90 {result['ms_p90']:.2f}) | "
-        f"{result['tokens_per_s']:,.0f} tokens/s | {result['tflops']:.1f} TFLOP/s | "
-        f"MFU {100 * result['mfu']:.1f}% of {args.peak_tflops:.0f} TFLOP/s | "
-        f"loss {result['final_loss']:.3f}"
-    )
+    columns = [jax_column("jax default", cfg, batch_size, k)]
+    if args.torch:
+        columns.append(torch_column(cfg, batch_size, k, compile_=args.torch_compile or None))
+    if args.variants:
+        for name, overrides in VARIANTS.items():
+            try:
+                columns.append(variant_column(name, cfg, batch_size, k, overrides))
+            except Exception as error:  # a flag this XLA lacks, out of memory: report, go on
+                print(f"variant {name!r} failed: {type(error).__name__}: {str(error)[:200]}")
+    # Every column trains the same steps on the same batches (a multiple of every K); the
+    # first `span` steps, untimed, warm up (and compile torch.compile).
+    span = max(k, *(overrides.get("steps_per_call", k) for overrides in VARIANTS.values()))
+    steps = -(-args.steps // span) * span
+    for column in columns:
+        column.run(span)
+    for _ in range(args.rounds):
+        for column in columns:
+            column.times_s.extend(column.run(steps))
+    ref = columns[1].name if args.torch else "jax default"
+    return report(columns, cfg, cfg.block_size, args.peak_tflops * 1e12, ref)
 
 
 if __name__ == "__main__":

@@ -131,8 +131,9 @@ class TorchGPT(nn.Module):
         if cfg.pos_encoding not in _POS_ENCODINGS:
             raise ValueError(f"pos_encoding={cfg.pos_encoding!r}; allowed: {_POS_ENCODINGS}.")
         self.cfg = cfg
+        # The table (and head) hold cfg.padded_vocab_size rows; logits keep the first V.
         modules = dict(
-            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+            wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             drop=nn.Dropout(cfg.dropout),
             h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
             ln_f=nn.LayerNorm(cfg.n_embd, eps=LAYERNORM_EPS, bias=cfg.use_bias),
@@ -140,7 +141,7 @@ class TorchGPT(nn.Module):
         if cfg.pos_encoding == "learned":
             modules["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.transformer = nn.ModuleDict(modules)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # one (V, D) tensor, as nanoGPT
         self.apply(self._init_weights)
@@ -175,7 +176,8 @@ class TorchGPT(nn.Module):
         rope_positions_T = positions_T if cfg.pos_encoding == "rope" else None
         for block in self.transformer.h:
             x_BxTxD = block(x_BxTxD, rope_positions_T)
-        return self.lm_head(self.transformer.ln_f(x_BxTxD))
+        logits_BxTxU = self.lm_head(self.transformer.ln_f(x_BxTxD))
+        return logits_BxTxU[..., : cfg.vocab_size]
 
 
 # ----------------------------------------------------------------------------- JAX params
@@ -189,7 +191,7 @@ def _param_layout(model: TorchGPT) -> list[tuple[tuple[str, ...], torch.Tensor, 
     flattens to nanoGPT's [q | k | v] x heads order and proj (H, K, D) to its head-major input.
     """
     cfg, t = model.cfg, model.transformer
-    D, H, K, F_, V = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
+    D, H, K, F_, V = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.mlp_dim, cfg.padded_vocab_size
     layout = [(("embed", "tok", "embedding"), t.wte.weight, (V, D), False)]
     if cfg.pos_encoding == "learned":
         layout.append((("embed", "pos", "embedding"), t.wpe.weight, (cfg.block_size, D), False))
@@ -323,7 +325,7 @@ def torch_train_step(
     Returns the loss as a float (`.item()`, so the device syncs once per step).
     """
     logits_BxTxV = model(x_BxT)
-    loss = F.cross_entropy(logits_BxTxV.view(-1, logits_BxTxV.size(-1)), y_BxT.reshape(-1))
+    loss = F.cross_entropy(logits_BxTxV.reshape(-1, logits_BxTxV.size(-1)), y_BxT.reshape(-1))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip:

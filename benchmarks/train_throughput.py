@@ -2,7 +2,7 @@
 
 Run:      python -m benchmarks.train_throughput [--config configs/shakespeare_char.py]
               [--data DIR | --synthetic] [--steps 100] [--rounds 5] [--threads N]
-              [--variants] [--torch-compile] [--clock-ghz 3.6 | --peak-gflops 230]
+              [--variants | --only NAME,...] [--torch-compile] [--clock-ghz 3.6 | --peak-gflops 230]
 Needs:    the `bench` extra (torch); tinyshakespeare.txt in --data or $MINIGPT_JAX_DATA (or
           --synthetic for random tokens).
 Measures: the config's model, batch and optimizer trained for --steps steps per round by
@@ -67,6 +67,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default, fusion emitters off": {"xla_cpu_use_fusion_emitters": False},
     "default, Eigen single-threaded": {"xla_cpu_multi_thread_eigen": False},
     "default, fast math (unsafe)": {"xla_cpu_enable_fast_math": True},
+    "default, explicit softmax attention": {"model.attention": "explicit"},
+    "default, loss in chunks of 128 tokens": {"model.loss_chunk": 128},
 }
 PLAIN, BF16 = "fp32 erf-GELU K=1 (plain)", "default, bf16 activations"
 
@@ -298,8 +300,16 @@ def torch_column(
 
 
 def _model_note(cfg) -> str:
+    """The model's speed settings, "auto" ones as this backend resolves them."""
+    from minigpt_jax import backend
+
     gelu = "tanh" if cfg.gelu_approximate else "erf"
-    return f"gelu={gelu} {cfg.dtype} dense_grad={cfg.dense_grad}"
+    attention = backend.attention(cfg, weight_dropout=cfg.dropout > 0, cached=False)
+    chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
+    return (
+        f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} attention={attention}"
+        + chunk
+    )
 
 
 # ----------------------------------------------------------------------------- report
@@ -391,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps per column first")
     parser.add_argument("--threads", type=int, help="cores for both sides (default: all)")
     parser.add_argument("--variants", action="store_true", help="time the tried JAX settings too")
+    parser.add_argument(
+        "--only", help="comma-separated VARIANTS names: time just these beside the default"
+    )
     parser.add_argument("--torch-compile", action="store_true", help="add a torch.compile column")
     parser.add_argument("--no-torch", action="store_true", help="JAX columns only")
     parser.add_argument("--clock-ghz", type=float, help="core clock for the peak (boost clock)")
@@ -405,6 +418,12 @@ def main(argv: list[str] | None = None) -> None:
 
     config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}
+    if args.only:
+        names = [name.strip() for name in args.only.split(",")]
+        unknown = [name for name in names if name not in VARIANTS]
+        if unknown:
+            raise SystemExit(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}.")
+        overrides = {DEFAULT: {}, **{name: VARIANTS[name] for name in names}}
     variants = {name: with_overrides(config, o) for name, o in overrides.items()}
     base = variants[DEFAULT][0]
     # Every column trains the same steps on the same batches, in whole compiled calls.

@@ -13,6 +13,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = default.get_config(arg)
     config.batch_size = 4
     config.num_steps = 40
+    config.steps_per_call = 1  # tests override step counts freely
     config.eval_every = 20
     config.eval_batches = 2
     config.log_every = 5

@@ -49,9 +49,10 @@ def untied_twin(params, cfg: GPTConfig):
 
 
 def table_size(cfg: GPTConfig) -> int:
-    """V·D of the token table, from shapes alone."""
+    """V·D of the token table, from shapes alone: its first V rows (the rows from V on pad it to
+    cfg.vocab_multiple and are counted apart, by `model.vocab_padding_params`)."""
     shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
-    return shapes["embed"]["tok"]["embedding"].size
+    return cfg.vocab_size * shapes["embed"]["tok"]["embedding"].shape[1]
 
 
 # One compile per model (tied, untied twin) costs less than the backward pass op by op.

@@ -11,6 +11,7 @@ from minigpt_jax.model import (
     forward_with_attention,
     init_params,
     next_token_losses,
+    vocab_padding_params,
 )
 from minigpt_jax.positions import POSITION_ENCODINGS, PositionEncoding, sinusoidal_positions
 from minigpt_jax.pretrained import load_gpt2, save_gpt2
@@ -36,4 +37,5 @@ __all__ = [
     "next_token_losses",
     "save_gpt2",
     "sinusoidal_positions",
+    "vocab_padding_params",
 ]

@@ -19,7 +19,7 @@ _CUDNN_HEAD_DIM_MAX = {8: 128, 9: 256}
 
 
 def dense_grad(cfg: GPTConfig) -> str:
-    """"direct" or "autodiff": auto is the direct VJP on XLA:CPU, where it saves the transposes
+    """ "direct" or "autodiff": auto is the direct VJP on XLA:CPU, where it saves the transposes
     autodiff leaves around the backward dots (benchmarks/README.md), and autodiff elsewhere."""
     if cfg.dense_grad != "auto":
         return cfg.dense_grad

@@ -16,6 +16,7 @@ from minigpt_jax.positions import POSITION_ENCODINGS
 _DTYPES = ("float32", "bfloat16", "float16")
 _DENSE_GRADS = ("auto", "autodiff", "direct")
 _ATTENTIONS = ("auto", "explicit", "xla", "cudnn")
+_REMATS = ("none", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,9 @@ class GPTConfig:
     # computes the cross-entropy n tokens at a time (recomputed in the backward pass), so the
     # float32 (B·T, V) logits of a wide vocabulary never exist at once (minigpt_jax.loss).
     loss_chunk: int = 0
+    # Activation recomputation per block, for memory (model.REMAT_POLICIES): "none" keeps every
+    # activation for the backward pass; "dots" keeps the matmul outputs; "full" only the inputs.
+    remat: str = "none"
     dtype: str = "float32"  # activations / compute; logits and softmax are always float32
     param_dtype: str = "float32"
 
@@ -96,6 +100,10 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.loss_chunk must be 0 (all logits at once) or a positive number of "
                 f"tokens per chunk, got {self.loss_chunk!r}."
+            )
+        if self.remat not in _REMATS:
+            raise ValueError(
+                f"GPTConfig.remat={self.remat!r} is unknown; allowed: {list(_REMATS)}."
             )
         if self.attention not in _ATTENTIONS:
             raise ValueError(

@@ -39,17 +39,35 @@ def check_token_ids(tokens: np.ndarray | Array, vocab_size: int) -> None:
 # ----------------------------------------------------------------------------- module
 
 
+def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
+    """logits_xU (float32) = h · W for h of any leading shape: W is the token table W_E (U, D)
+    when tied, the head kernel (D, U) when not; U = cfg.padded_vocab_size columns.
+
+    The matmul runs in the compute dtype and accumulates in float32 (bf16 tensor cores on an
+    accelerator, float32 logits out); the loss and sampling keep the first vocab_size columns.
+    """
+    spec = "...d,ud->...u" if cfg.tie_embeddings else "...d,du->...u"
+    compute = cfg.compute_dtype
+    return jnp.einsum(
+        spec, h_xD.astype(compute), weight.astype(compute), preferred_element_type=jnp.float32
+    )
+
+
 class Embeddings(nn.Module):
-    """Token table W_E (V, D) plus positions, then dropout; `attend` is the tied read-out."""
+    """Token table W_E (U, D) plus positions, then dropout; `attend` is the tied read-out.
+
+    U = cfg.padded_vocab_size: rows from vocab_size on pad the table (cfg.vocab_multiple) and are
+    never looked up.
+    """
 
     cfg: GPTConfig
 
     def setup(self):
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
-        # float32 lookup and read-out, so logits stay float32 when the model computes in bf16.
+        # float32 lookup, cast to the compute dtype after positions are added.
         self.tok = nn.Embed(
-            cfg.vocab_size, cfg.n_embd, jnp.float32, cfg.weight_dtype, embedding_init=init
+            cfg.padded_vocab_size, cfg.n_embd, jnp.float32, cfg.weight_dtype, embedding_init=init
         )
         if POSITION_ENCODINGS[cfg.pos_encoding].learned:
             self.pos = nn.Embed(
@@ -90,5 +108,5 @@ class Embeddings(nn.Module):
         return x_BxTxD.astype(cfg.compute_dtype)
 
     def attend(self, h_BxTxD: Array) -> Array:
-        """Tied read-out: logits_BxTxV = h · W_Eᵀ, in float32."""
-        return self.tok.attend(h_BxTxD.astype(jnp.float32))
+        """Tied read-out: logits_BxTxU = h · W_Eᵀ (`read_out`), float32, padded columns included."""
+        return read_out(h_BxTxD, self.tok.embedding, self.cfg)

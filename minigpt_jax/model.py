@@ -9,6 +9,8 @@ thing everywhere:
   C  steps per compiled call    P  prompt slots            G  new-token slots (sampling)
   L  P + G (sampling buffer)    W  recomputed window       M, I, O  rows, in and out features
   A  micro-batches per step (grad_accum_steps)             U  rows of a micro-batch (B / A)
+  Y  padded vocabulary (V rounded up to vocab_multiple)    E  tokens per loss chunk
+  J  loss chunks (M / E)
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
 Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.
@@ -28,10 +30,18 @@ import optax
 from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.embeddings import Embeddings, check_token_ids
+from minigpt_jax.embeddings import Embeddings, check_token_ids, read_out
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
+
+# What each block keeps for the backward pass (cfg.remat); the rest is recomputed. "full" keeps
+# only the block's input; "dots" also keeps the matmul outputs (the cheap elementwise work is
+# redone); "none" keeps everything.
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 # PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use.
 LAYERNORM_EPS = 1e-5
@@ -76,11 +86,13 @@ class Block(nn.Module):
         self,
         x_BxTxD: Array,
         positions_BxT: Array,
-        *,
         deterministic: bool = True,
         cache: KVCache | None = None,
     ) -> tuple[Array, KVCache | None]:
-        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none."""
+        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none.
+
+        (deterministic is positional so that `nn.remat` can hold it static: cfg.remat.)
+        """
         cfg = self.cfg
         h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
             _layer_norm(cfg, "ln_1")(x_BxTxD),
@@ -96,12 +108,25 @@ class Block(nn.Module):
         return x_BxTxD, cache
 
 
+class _HeadKernel(nn.Module):
+    """The untied head's kernel (D, U), as a module so its path is `lm_head/kernel`."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(self) -> Array:
+        cfg = self.cfg
+        shape = (cfg.n_embd, cfg.padded_vocab_size)
+        return self.param("kernel", nn.initializers.normal(INIT_STDDEV), shape, cfg.weight_dtype)
+
+
 class GPT(nn.Module):
     """tokens_BxT -> `(logits_BxTxV, caches)`: logits in float32, and the updated per-layer KV
     caches, or None when called without caches (`forward` returns the logits alone).
 
-    Params: `embed/tok/embedding` (V, D), `embed/pos/embedding` (block_size, D) for learned
-    positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, V) only when untied.
+    Params: `embed/tok/embedding` (U, D), `embed/pos/embedding` (block_size, D) for learned
+    positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, U) only when untied. U is V
+    padded to cfg.vocab_multiple; the padded rows and columns never reach the logits.
     """
 
     cfg: GPTConfig
@@ -109,16 +134,41 @@ class GPT(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.embed = Embeddings(cfg)
-        self.blocks = [Block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
+        block = Block
+        if cfg.remat != "none":
+            # Argument 3 counts the module: (self, x, positions, deterministic).
+            block = nn.remat(Block, static_argnums=(3,), policy=REMAT_POLICIES[cfg.remat])
+        self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
         self.ln_f = _layer_norm(cfg, "ln_f")
         if not cfg.tie_embeddings:
-            self.lm_head = nn.Dense(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=jnp.float32,
-                param_dtype=cfg.weight_dtype,
-                kernel_init=nn.initializers.normal(INIT_STDDEV),
+            self.lm_head = _HeadKernel(cfg)
+
+    def hidden(
+        self,
+        tokens_BxT: Array,
+        positions_BxT: Array | None = None,
+        *,
+        deterministic: bool = True,
+        cache: list[KVCache] | None = None,
+    ) -> tuple[Array, list[KVCache] | None]:
+        """`(h_BxTxD, caches)`: the final-LayerNorm features that the head reads out."""
+        cfg = self.cfg
+        if cache is not None:
+            chex.assert_shape(positions_BxT, tokens_BxT.shape)
+            chex.assert_equal(len(cache), cfg.n_layer)
+            embed_positions_BxT = jnp.maximum(positions_BxT, 0)
+        else:
+            embed_positions_BxT = positions_BxT
+        x_BxTxD = self.embed(tokens_BxT, embed_positions_BxT, deterministic=deterministic)
+        if positions_BxT is None:
+            positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x_BxTxD, layer_cache = block(
+                x_BxTxD, positions_BxT, deterministic, None if cache is None else cache[i]
             )
+            new_cache.append(layer_cache)
+        return self.ln_f(x_BxTxD), None if cache is None else new_cache
 
     def __call__(
         self,
@@ -134,31 +184,13 @@ class GPT(nn.Module):
         token is embedded at position 0 and never attended to.
         """
         cfg = self.cfg
-        if cache is not None:
-            chex.assert_shape(positions_BxT, tokens_BxT.shape)
-            chex.assert_equal(len(cache), cfg.n_layer)
-            embed_positions_BxT = jnp.maximum(positions_BxT, 0)
-        else:
-            embed_positions_BxT = positions_BxT
-        x_BxTxD = self.embed(tokens_BxT, embed_positions_BxT, deterministic=deterministic)
-        if positions_BxT is None:
-            positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
-        new_cache = []
-        for i, block in enumerate(self.blocks):
-            x_BxTxD, layer_cache = block(
-                x_BxTxD,
-                positions_BxT,
-                deterministic=deterministic,
-                cache=None if cache is None else cache[i],
-            )
-            new_cache.append(layer_cache)
-        h_BxTxD = self.ln_f(x_BxTxD)
-        if cfg.tie_embeddings:
-            logits_BxTxV = self.embed.attend(h_BxTxD)
-        else:
-            logits_BxTxV = self.lm_head(h_BxTxD.astype(jnp.float32))
+        h_BxTxD, new_cache = self.hidden(
+            tokens_BxT, positions_BxT, deterministic=deterministic, cache=cache
+        )
+        weight = self.embed.tok.embedding if cfg.tie_embeddings else self.lm_head()
+        logits_BxTxV = read_out(h_BxTxD, weight, cfg)[..., : cfg.vocab_size]
         chex.assert_shape(logits_BxTxV, (*tokens_BxT.shape, cfg.vocab_size))
-        return logits_BxTxV, None if cache is None else new_cache
+        return logits_BxTxV, new_cache
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -183,13 +215,20 @@ def forward(
     [0, V): under jit an out-of-range id is not an error but a garbage row, so validate
     untrusted ids with `checked_forward` or `embeddings.check_token_ids`.
     """
-    if train and cfg.dropout > 0 and rng is None:
-        raise ValueError("forward(train=True) with dropout > 0 needs an `rng` for dropout.")
-    rngs = {"dropout": rng} if train and rng is not None else {}
+    _check_dropout_rng(cfg, train, rng)
     logits_BxTxV, _ = GPT(cfg).apply(
-        {"params": params}, tokens_BxT, deterministic=not train, rngs=rngs
+        {"params": params}, tokens_BxT, deterministic=not train, rngs=_dropout_rngs(train, rng)
     )
     return logits_BxTxV
+
+
+def _check_dropout_rng(cfg: GPTConfig, train: bool, rng: Array | None) -> None:
+    if train and cfg.dropout > 0 and rng is None:
+        raise ValueError("forward(train=True) with dropout > 0 needs an `rng` for dropout.")
+
+
+def _dropout_rngs(train: bool, rng: Array | None) -> dict:
+    return {"dropout": rng} if train and rng is not None else {}
 
 
 def init_cache(cfg: GPTConfig, batch: int, length: int) -> list[KVCache]:
@@ -219,8 +258,56 @@ def next_token_losses(
     """losses_BxT (float32, nats): the cross-entropy of each next token, for inputs
     tokens_BxT1[:, :-1] and targets tokens_BxT1[:, 1:] (T1 = T + 1). `train` and `rng` as in
     `forward`. The one loss of the package: training takes its mean, evaluation its sum."""
-    logits_BxTxV = forward(params, tokens_BxT1[:, :-1], cfg, train=train, rng=rng)
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, tokens_BxT1[:, 1:])
+    targets_BxT = tokens_BxT1[:, 1:]
+    if not cfg.loss_chunk:
+        logits_BxTxV = forward(params, tokens_BxT1[:, :-1], cfg, train=train, rng=rng)
+        return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
+    _check_dropout_rng(cfg, train, rng)
+    h_BxTxD, _ = GPT(cfg).apply(
+        {"params": params},
+        tokens_BxT1[:, :-1],
+        deterministic=not train,
+        rngs=_dropout_rngs(train, rng),
+        method=GPT.hidden,
+    )
+    return chunked_cross_entropy(h_BxTxD, head_weight(params, cfg), targets_BxT, cfg)
+
+
+def head_weight(params: Params, cfg: GPTConfig) -> Array:
+    """The weight the head reads out through: the token table (U, D) when tied, else the
+    `lm_head` kernel (D, U)."""
+    return (
+        params["embed"]["tok"]["embedding"] if cfg.tie_embeddings else params["lm_head"]["kernel"]
+    )
+
+
+def chunked_cross_entropy(
+    h_BxTxD: Array, weight: Array, targets_BxT: Array, cfg: GPTConfig
+) -> Array:
+    """losses_BxT of the read-out `read_out(h, weight)`, cfg.loss_chunk tokens at a time.
+
+    Each chunk's logits (E, V) live only inside a `jax.checkpoint`ed step of `lax.map`: the
+    backward pass recomputes them instead of keeping all (B·T, V) float32 logits, which for
+    GPT-2 (V = 50,257) at 16 × 1024 tokens are 3.3 GB. Same math as the plain path.
+    """
+    batch, length, width = h_BxTxD.shape
+    rows = batch * length
+    chunk = min(cfg.loss_chunk, rows)
+    num_chunks = -(-rows // chunk)
+    pad = num_chunks * chunk - rows
+    h_AxExD = jnp.pad(h_BxTxD.reshape(rows, width), ((0, pad), (0, 0))).reshape(
+        num_chunks, chunk, width
+    )
+    targets_AxE = jnp.pad(targets_BxT.reshape(rows), (0, pad)).reshape(num_chunks, chunk)
+
+    @jax.checkpoint
+    def chunk_losses(args: tuple[Array, Array]) -> Array:
+        h_ExD, targets_E = args
+        logits_ExV = read_out(h_ExD, weight, cfg)[:, : cfg.vocab_size]
+        return optax.softmax_cross_entropy_with_integer_labels(logits_ExV, targets_E)
+
+    losses_AxE = jax.lax.map(chunk_losses, (h_AxExD, targets_AxE))
+    return losses_AxE.reshape(-1)[:rows].reshape(batch, length)
 
 
 def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:
@@ -232,8 +319,9 @@ def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs)
 def forward_with_attention(
     params: Params, tokens_BxT: Array, cfg: GPTConfig
 ) -> tuple[Array, list[Array]]:
-    """Deterministic forward that also returns each layer's attention weights_BxHxTxT."""
-    (logits_BxTxV, _), state = GPT(cfg).apply(
+    """Deterministic forward that also returns each layer's attention weights_BxHxTxT (through
+    the explicit attention path, whatever cfg.attention says)."""
+    (logits_BxTxV, _), state = GPT(cfg.replace(attention="explicit")).apply(
         {"params": params}, tokens_BxT, mutable=["intermediates"]
     )
     inter = state["intermediates"]
@@ -242,9 +330,17 @@ def forward_with_attention(
 
 
 def count_params(cfg: GPTConfig) -> int:
-    """Number of parameters of `cfg`, from shapes alone (`jax.eval_shape`, nothing allocated)."""
+    """Number of parameters of `cfg`, from shapes alone (`jax.eval_shape`, nothing allocated),
+    without the vocabulary padding, which `vocab_padding_params` counts apart."""
     shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
-    return sum(x.size for x in jax.tree_util.tree_leaves(shapes))
+    return sum(x.size for x in jax.tree_util.tree_leaves(shapes)) - vocab_padding_params(cfg)
+
+
+def vocab_padding_params(cfg: GPTConfig) -> int:
+    """Parameters in the padded rows of the token table (and columns of an untied head):
+    allocated and multiplied, never used (cfg.vocab_multiple)."""
+    tables = 1 if cfg.tie_embeddings else 2
+    return tables * (cfg.padded_vocab_size - cfg.vocab_size) * cfg.n_embd
 
 
 def flops_per_token(cfg: GPTConfig) -> int:
@@ -252,7 +348,8 @@ def flops_per_token(cfg: GPTConfig) -> int:
 
     6 per weight for the matmuls against the weights (the position table is a lookup, not
     counted), plus 12·N·H·K·T (N layers) for attention's scores and mixing over a full block of T
-    positions. (nanoGPT writes 6·N + 12·L·H·K·T with N the weights and L the layers.)
+    positions. (nanoGPT writes 6·N + 12·L·H·K·T with N the weights and L the layers.) Useful
+    work only: the vocabulary padding's multiplies are not counted.
     """
     n = count_params(cfg)
     if cfg.pos_encoding == "learned":

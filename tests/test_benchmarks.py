@@ -61,19 +61,28 @@ def test_every_variant_is_a_valid_config():
         train_throughput.with_overrides(config, {"model.not_a_key": 1})
 
 
-def test_gpu_mfu_smoke_preset_runs_on_cpu():
-    """benchmarks/gpu_mfu.py's measurement, on its CPU-sized preset (bf16 compute): it trains
-    (a finite loss near log V at init) and its figures agree with each other."""
+def test_gpu_mfu_smoke_preset_runs_on_cpu(capsys):
+    """benchmarks/gpu_mfu.py side by side on its CPU-sized preset (bf16 compute, padded
+    vocabulary): both columns train the same steps on the same batches to the same loss (near
+    log V at init), and each column's figures agree with each other."""
     from benchmarks import gpu_mfu
 
-    preset = gpu_mfu.PRESETS["smoke"]
-    cfg, batch_size = preset["cfg"], preset["batch_size"]
-    result = gpu_mfu.measure(cfg, batch_size, steps=3, steps_per_call=2, peak_flops=1e12)
-    assert abs(result["final_loss"] - math.log(cfg.vocab_size)) < 1.0, result
-    tokens = batch_size * cfg.block_size
-    assert result["tokens_per_s"] * result["ms_median"] / 1e3 == pytest.approx(tokens)
-    assert result["mfu"] == pytest.approx(result["tflops"])  # against a 1 TFLOP/s peak
-    assert result["ms_p10"] <= result["ms_median"] <= result["ms_p90"]
+    results = gpu_mfu.main(["--preset", "smoke", "--steps", "2", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert re.search(r"^jax default +4 ", out, re.M), out
+    assert re.search(r"^torch eager +4 ", out, re.M), out
+    match = re.search(r"loss after 6 steps: (\d\.\d+) .*torch eager (\S+)", out)
+    assert match, out
+    cfg = gpu_mfu.PRESETS["smoke"]["cfg"]
+    assert abs(float(match[1]) - math.log(cfg.vocab_size)) < 1.0, out
+    assert float(match[2]) < 1e-2, out  # bf16 on both sides
+    tokens = 4 * cfg.block_size
+    for result in results.values():
+        assert result["tokens_per_s"] * result["ms_median"] / 1e3 == pytest.approx(tokens)
+        assert result["ms_p10"] <= result["ms_median"] <= result["ms_p90"]
+    figures = gpu_mfu.summarize([0.5, 0.25, 1.0], tokens_per_step=1000, flops=1e9, peak_flops=4e12)
+    assert figures["tokens_per_s"] == pytest.approx(2000)
+    assert figures["tflops"] == pytest.approx(2.0) and figures["mfu"] == pytest.approx(0.5)
 
 
 def test_data_prep_prints_prepare_and_naive_rows(capsys):
@@ -88,3 +97,17 @@ def test_data_prep_prints_prepare_and_naive_rows(capsys):
     assert re.search(r"^prepare --tokenizer char +2 MB .* \d+ MB$", out, re.M), out
     assert re.search(r"^naive \(memory\) --tokenizer char +1 MB", out, re.M), out
     assert re.search(r"^prepare \(same files\) char +1 MB", out, re.M), out
+
+
+def test_every_gpu_mfu_variant_is_a_valid_setting():
+    """--variants only sets GPTConfig fields to values GPTConfig accepts, run keys, and "xla_"
+    compiler options."""
+    from benchmarks import gpu_mfu
+
+    cfg = gpu_mfu.PRESETS["gpt2_small"]["cfg"]
+    for name, overrides in gpu_mfu.VARIANTS.items():
+        fields, run, options = gpu_mfu.split_overrides(overrides)
+        assert len(fields) + len(run) + len(options) == len(overrides), name
+        variant = cfg.replace(**fields)  # raises on an unknown field or a refused value
+        assert all(getattr(variant, k) == v for k, v in fields.items()), name
+        assert all(k.startswith("xla_gpu_") for k in options), name

@@ -20,6 +20,11 @@ class GPTConfigTest(chex.TestCase):
         )
         self.assertEqual((cfg.head_dim, cfg.mlp_dim), (32, 512))
 
+    def test_padded_vocab_size(self):
+        self.assertEqual(GPTConfig(vocab_size=50_257, vocab_multiple=64).padded_vocab_size, 50_304)
+        self.assertEqual(GPTConfig(vocab_size=512, vocab_multiple=64).padded_vocab_size, 512)
+        self.assertEqual(GPTConfig(vocab_size=65).padded_vocab_size, 65)
+
     def test_is_hashable_for_jit(self):
         self.assertEqual(hash(GPTConfig()), hash(GPTConfig()))
 
@@ -42,6 +47,24 @@ class GPTConfigTest(chex.TestCase):
         ("odd_rope_head", dict(n_embd=12, n_head=4, pos_encoding="rope"), "needs an even head_dim"),
         ("embed_scale", dict(embed_scale=0.0), "embed_scale must be a positive number"),
         ("dtype", dict(dtype="int8"), "allowed: ['float32', 'bfloat16', 'float16']"),
+        ("attention", dict(attention="flash"), "allowed: ['auto', 'explicit', 'xla', 'cudnn']"),
+        (
+            "fused_attention_with_dropout",
+            dict(attention="xla", dropout=0.1),
+            "cannot drop out attention weights (dropout=0.1): use attention='auto'",
+        ),
+        (
+            "cudnn_in_float32",
+            dict(attention="cudnn", dropout=0.0),
+            "needs dtype bfloat16 or float16 and a head dim that is a multiple of 8",
+        ),
+        (
+            "cudnn_head_dim",
+            dict(attention="cudnn", dropout=0.0, dtype="bfloat16", n_embd=120, n_head=4),
+            "(got dtype='bfloat16', head_dim=30)",
+        ),
+        ("vocab_multiple", dict(vocab_multiple=0), "vocab_multiple must be a positive integer"),
+        ("loss_chunk", dict(loss_chunk=-1), "loss_chunk must be 0 (all logits at once)"),
     )
     def test_invalid_field_is_named(self, changes, message):
         with self.assertRaises(ValueError) as ctx:
@@ -49,7 +72,9 @@ class GPTConfigTest(chex.TestCase):
         self.assertIn(message, str(ctx.exception))
 
     def test_unknown_dense_grad_is_named(self):
-        with self.assertRaisesRegex(ValueError, r"dense_grad='jvp'.*\['autodiff', 'direct'\]"):
+        with self.assertRaisesRegex(
+            ValueError, r"dense_grad='jvp'.*\['auto', 'autodiff', 'direct'\]"
+        ):
             GPTConfig(dense_grad="jvp")
 
 

@@ -20,6 +20,7 @@ from minigpt_jax import (
     forward_with_attention,
     init_params,
     next_token_losses,
+    vocab_padding_params,
 )
 from minigpt_jax.run_config import gpt_config_from
 
@@ -223,14 +224,28 @@ class ParamCountTest(chex.TestCase):
         self.assertEqual(count_params(self.GPT2_SMALL), 124_439_808)
 
     def test_gpt2_small_token_table_and_untying(self):
+        """The table holds 50,257 rows of 768 padded to 50,304 (vocab_multiple=64); the padding
+        is counted apart, once per table."""
         shapes = jax.eval_shape(functools.partial(init_params, self.GPT2_SMALL), jax.random.key(0))
-        self.assertEqual(shapes["embed"]["tok"]["embedding"].size, 38_597_376)
-        untied = count_params(self.GPT2_SMALL.replace(tie_embeddings=False))
-        self.assertEqual(untied - 124_439_808, 38_597_376)
+        self.assertEqual(shapes["embed"]["tok"]["embedding"].shape, (50_304, 768))
+        self.assertEqual(50_257 * 768, 38_597_376)
+        self.assertEqual(vocab_padding_params(self.GPT2_SMALL), 47 * 768)
+        untied_cfg = self.GPT2_SMALL.replace(tie_embeddings=False)
+        self.assertEqual(count_params(untied_cfg) - 124_439_808, 38_597_376)
+        self.assertEqual(vocab_padding_params(untied_cfg), 2 * 47 * 768)
+
+    def test_gpt2_small_without_padding(self):
+        unpadded = self.GPT2_SMALL.replace(vocab_multiple=1)
+        self.assertEqual(count_params(unpadded), 124_439_808)
+        self.assertEqual(vocab_padding_params(unpadded), 0)
 
     def test_count_matches_materialised_params(self):
         leaves = jax.tree_util.tree_leaves(_params(CFG))
         self.assertEqual(count_params(CFG), sum(x.size for x in leaves))
+        padded = CFG.replace(vocab_size=CFG.vocab_size - 3, vocab_multiple=8)
+        leaves = jax.tree_util.tree_leaves(init_params(padded, jax.random.key(0)))
+        self.assertEqual(vocab_padding_params(padded), 3 * padded.n_embd)
+        self.assertEqual(count_params(padded) + 3 * padded.n_embd, sum(x.size for x in leaves))
 
     def test_flops_per_token_agrees_with_xla_cost_analysis(self):
         """A third of the training estimate is the forward pass; XLA counts the compiled forward

@@ -119,6 +119,18 @@ class ForwardTest(chex.TestCase):
         logits_jax = forward(_params(cfg), TOKENS[:, :-1], cfg)
         chex.assert_trees_all_close(logits_torch, logits_jax, rtol=1e-5, atol=1e-5)
 
+    def test_padded_vocabulary(self):
+        """V = 60 padded to 64 rows (vocab_multiple=16): CFG's params fit, both sides return the
+        first 60 logits, and they agree."""
+        cfg = CFG.replace(vocab_size=60, vocab_multiple=16)
+        model = load_jax_params(TorchGPT(cfg), _params(CFG))
+        tokens = TOKENS % cfg.vocab_size
+        with torch.no_grad():
+            logits_torch = model(torch.from_numpy(tokens[:, :-1].copy())).numpy()
+        logits_jax = forward(_params(CFG), tokens[:, :-1], cfg)
+        self.assertEqual(logits_torch.shape[-1], 60)
+        chex.assert_trees_all_close(logits_torch, logits_jax, rtol=1e-5, atol=1e-5)
+
     def test_dropout_only_in_train_mode(self):
         """eval() ignores dropout (equals the dropout-free JAX forward); train() drops."""
         model = _torch_model(CFG.replace(dropout=0.5)).eval()

@@ -1,0 +1,265 @@
+"""The automatic speed settings equal the plain path: attention kernels, the Dense VJP, vocabulary
+padding, the chunked loss and the compute-dtype read-out (values and gradients, float tolerance).
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+
+from minigpt_jax import GPTConfig, backend, forward, init_params, next_token_losses
+from minigpt_jax.attention import attention_weights, causal_mask, fused_attention, mix_values
+from minigpt_jax.embeddings import read_out
+from minigpt_jax.model import forward_with_cache, init_cache
+from minigpt_jax.sampling import generate
+
+CFG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+@functools.cache
+def _params(cfg: GPTConfig, seed: int = 0):
+    return init_params(cfg, jax.random.key(seed))
+
+
+def _tokens_BxT1(shape=(3, 13), vocab=CFG.vocab_size, seed=1):
+    return jax.random.randint(jax.random.key(seed), shape, 0, vocab)
+
+
+def _mean_loss(params, tokens_BxT1, cfg):
+    return next_token_losses(params, tokens_BxT1, cfg).mean()
+
+
+_loss_and_grads = jax.jit(jax.value_and_grad(_mean_loss), static_argnums=2)
+
+
+class ResolutionTest(chex.TestCase):
+    """What "auto" means here (CPU) and wherever its conditions fail."""
+
+    def test_auto_on_cpu(self):
+        self.assertEqual(jax.default_backend(), "cpu")
+        self.assertEqual(backend.dense_grad(CFG), "direct")
+        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=False), "xla")
+        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=True), "xla")
+
+    def test_attention_weight_dropout_takes_the_explicit_path(self):
+        self.assertEqual(backend.attention(CFG, weight_dropout=True, cached=False), "explicit")
+
+    def test_cudnn_needs_half_precision_and_an_nvidia_gpu(self):
+        self.assertFalse(backend.cudnn_attention_supported(CFG))  # float32
+        self.assertFalse(backend.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))  # CPU
+
+    def test_explicit_choices_are_kept(self):
+        self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
+        explicit = CFG.replace(attention="explicit")
+        self.assertEqual(
+            backend.attention(explicit, weight_dropout=False, cached=False), "explicit"
+        )
+        cudnn = CFG.replace(attention="cudnn", dtype="bfloat16")
+        self.assertEqual(backend.attention(cudnn, weight_dropout=False, cached=False), "cudnn")
+        self.assertEqual(backend.attention(cudnn, weight_dropout=False, cached=True), "xla")
+
+
+class AttentionKernelTest(parameterized.TestCase):
+    """Every kernel available on CPU computes what the explicit softmax path does."""
+
+    @parameterized.product(causal=(True, False), dtype=("float32", "bfloat16"))
+    def test_fused_xla_equals_explicit(self, causal, dtype):
+        q, k, v = (
+            jax.random.normal(jax.random.key(i), (2, 7, 3, 8)).astype(dtype) for i in range(3)
+        )
+        positions_1xT = jnp.arange(7)[None, :]
+        mask = causal_mask(positions_1xT, positions_1xT) if causal else None
+
+        def explicit(q, k, v):
+            return mix_values(attention_weights(q, k, mask), v).astype(jnp.float32)
+
+        def fused(q, k, v):
+            out = fused_attention(q, k, v, None, causal=causal, implementation="xla")
+            return out.astype(jnp.float32)
+
+        tol = TOL if dtype == "float32" else dict(atol=2e-2, rtol=2e-2)
+        chex.assert_trees_all_close(fused(q, k, v), explicit(q, k, v), **tol)
+        cotangent = jax.random.normal(jax.random.key(9), (2, 7, 3, 8))
+        grads = [
+            jax.grad(lambda *a, f=f: jnp.sum(f(*a) * cotangent), argnums=(0, 1, 2))(q, k, v)
+            for f in (fused, explicit)
+        ]
+        chex.assert_trees_all_close(grads[0], grads[1], **tol)
+
+    @parameterized.parameters(
+        ("xla", True, True), ("xla", False, False), ("auto", True, False), ("auto", False, True)
+    )
+    def test_model_logits_and_grads(self, attention, causal, tied):
+        explicit = CFG.replace(attention="explicit", causal=causal, tie_embeddings=tied)
+        fast = explicit.replace(attention=attention)
+        params, tokens = _params(explicit), _tokens_BxT1()
+        chex.assert_trees_all_close(
+            forward(params, tokens, fast), forward(params, tokens, explicit), **TOL
+        )
+        chex.assert_trees_all_close(
+            _loss_and_grads(params, tokens, fast), _loss_and_grads(params, tokens, explicit), **TOL
+        )
+
+    def test_cache_path_with_left_padding(self):
+        """Prefill with left padding (negative positions) then one decode step through the
+        cache: XLA's kernel with the padding mask gives the explicit path's logits."""
+        tokens_BxT = _tokens_BxT1((2, 6))
+        positions_BxT = jnp.array([[-1, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+        next_Bx1, next_positions_Bx1 = _tokens_BxT1((2, 1), seed=5), jnp.array([[4], [6]])
+        results = {}
+        for attention in ("explicit", "xla", "auto"):
+            cfg = CFG.replace(attention=attention)
+            params = _params(CFG)
+            logits_BxTxV, cache = forward_with_cache(
+                params, tokens_BxT, positions_BxT, init_cache(cfg, 2, 8), cfg
+            )
+            step_Bx1xV, _ = forward_with_cache(params, next_Bx1, next_positions_Bx1, cache, cfg)
+            # Padding queries attend to nothing; only real tokens' logits are defined.
+            results[attention] = (logits_BxTxV[:, 2:], step_Bx1xV)
+        chex.assert_trees_all_close(results["xla"], results["explicit"], **TOL)
+        chex.assert_trees_all_close(results["auto"], results["explicit"], **TOL)
+
+    def test_attention_weights_still_come_out(self):
+        """forward_with_attention takes the explicit path whatever cfg.attention says."""
+        from minigpt_jax import forward_with_attention
+
+        logits, weights = forward_with_attention(_params(CFG), _tokens_BxT1((2, 5)), CFG)
+        chex.assert_shape(weights, [(2, CFG.n_head, 5, 5)] * CFG.n_layer)
+        chex.assert_trees_all_close(logits, forward(_params(CFG), _tokens_BxT1((2, 5)), CFG), **TOL)
+
+
+class DenseGradTest(chex.TestCase):
+    def test_auto_equals_autodiff(self):
+        params, tokens = _params(CFG), _tokens_BxT1()
+        chex.assert_trees_all_close(
+            _loss_and_grads(params, tokens, CFG.replace(dense_grad="auto")),
+            _loss_and_grads(params, tokens, CFG.replace(dense_grad="autodiff")),
+            **TOL,
+        )
+
+
+def _padded_twin(params, cfg: GPTConfig, multiple: int, fill: float):
+    """(cfg, params) padded to `multiple`: the same rows, then rows (columns) of `fill`."""
+    padded = cfg.replace(vocab_multiple=multiple)
+    extra = padded.padded_vocab_size - cfg.vocab_size
+    twin = jax.tree_util.tree_map(lambda x: x, params)
+    table_VxD = params["embed"]["tok"]["embedding"]
+    twin["embed"]["tok"]["embedding"] = jnp.pad(
+        table_VxD, ((0, extra), (0, 0)), constant_values=fill
+    )
+    if not cfg.tie_embeddings:
+        kernel_DxV = params["lm_head"]["kernel"]
+        twin["lm_head"]["kernel"] = jnp.pad(kernel_DxV, ((0, 0), (0, extra)), constant_values=fill)
+    return padded, twin
+
+
+class VocabPaddingTest(parameterized.TestCase):
+    @parameterized.parameters(True, False)
+    def test_padded_model_equals_the_unpadded_one(self, tied):
+        """Padded rows filled with large values change nothing: not the logits (still V wide),
+        not the loss, not the gradients of the real rows; the padded rows get zero gradient."""
+        cfg = CFG.replace(tie_embeddings=tied)
+        padded, twin = _padded_twin(_params(cfg), cfg, 16, fill=3.0)
+        self.assertEqual(padded.padded_vocab_size, 64)
+        tokens = _tokens_BxT1()
+        chex.assert_trees_all_close(
+            forward(twin, tokens, padded), forward(_params(cfg), tokens, cfg), **TOL
+        )
+        (loss, grads), (want_loss, want_grads) = (
+            _loss_and_grads(twin, tokens, padded),
+            _loss_and_grads(_params(cfg), tokens, cfg),
+        )
+        np.testing.assert_allclose(loss, want_loss, **TOL)
+        table_grad = grads["embed"]["tok"]["embedding"]
+        np.testing.assert_allclose(
+            table_grad[: cfg.vocab_size], want_grads["embed"]["tok"]["embedding"], **TOL
+        )
+        np.testing.assert_array_equal(table_grad[cfg.vocab_size :], 0.0)
+        if not tied:
+            head_grad = grads["lm_head"]["kernel"]
+            np.testing.assert_allclose(
+                head_grad[:, : cfg.vocab_size], want_grads["lm_head"]["kernel"], **TOL
+            )
+            np.testing.assert_array_equal(head_grad[:, cfg.vocab_size :], 0.0)
+
+    def test_padded_ids_are_never_sampled(self):
+        """Padded rows whose logits would win every draw, were they not cut off."""
+        padded, twin = _padded_twin(_params(CFG), CFG, 16, fill=10.0)
+        ids = generate(twin, padded, [[1, 2, 3], [4]], 12, rng=jax.random.key(0), temperature=2.0)
+        self.assertLess(max(int(np.max(row)) for row in ids), CFG.vocab_size)
+
+
+class ChunkedLossTest(parameterized.TestCase):
+    @parameterized.parameters(
+        (7, True, "float32"),
+        (13, False, "float32"),
+        (1000, True, "float32"),
+        (12, True, "bfloat16"),
+        (13, False, "bfloat16"),
+    )
+    def test_losses_and_grads_equal_the_plain_path(self, chunk, tied, dtype):
+        """Chunks that divide B·T = 36 tokens, that do not, and one larger than all of them."""
+        cfg = CFG.replace(tie_embeddings=tied, dtype=dtype, vocab_multiple=16)
+        chunked = cfg.replace(loss_chunk=chunk)
+        params, tokens = _params(cfg), _tokens_BxT1()
+        tol = TOL if dtype == "float32" else dict(atol=1e-3, rtol=1e-3)
+        chex.assert_trees_all_close(
+            next_token_losses(params, tokens, chunked),
+            next_token_losses(params, tokens, cfg),
+            **tol,
+        )
+        chex.assert_trees_all_close(
+            _loss_and_grads(params, tokens, chunked), _loss_and_grads(params, tokens, cfg), **tol
+        )
+
+    def test_train_mode_with_dropout_uses_the_same_masks(self):
+        cfg = CFG.replace(dropout=0.2, attention="auto")
+        params, tokens, rng = _params(CFG), _tokens_BxT1(), jax.random.key(3)
+        chex.assert_trees_all_close(
+            next_token_losses(params, tokens, cfg.replace(loss_chunk=8), train=True, rng=rng),
+            next_token_losses(params, tokens, cfg, train=True, rng=rng),
+            **TOL,
+        )
+
+
+class ReadOutTest(chex.TestCase):
+    def test_bf16_read_out_accumulates_in_float32(self):
+        """bf16 operands, float32 products summed in float32: the float32 matmul of the
+        bf16-rounded operands, and float32 logits out."""
+        cfg = CFG.replace(dtype="bfloat16")
+        h_MxD = jax.random.normal(jax.random.key(0), (5, cfg.n_embd))
+        table_VxD = 0.02 * jax.random.normal(jax.random.key(1), (cfg.vocab_size, cfg.n_embd))
+        logits_MxV = read_out(h_MxD, table_VxD, cfg)
+        self.assertEqual(logits_MxV.dtype, jnp.float32)
+        rounded = [x.astype(jnp.bfloat16).astype(jnp.float32) for x in (h_MxD, table_VxD)]
+        want = np.asarray(rounded[0], np.float64) @ np.asarray(rounded[1], np.float64).T
+        np.testing.assert_allclose(logits_MxV, want, atol=1e-6, rtol=1e-5)
+
+    def test_bf16_model_returns_float32_logits_and_loss(self):
+        cfg = CFG.replace(dtype="bfloat16")
+        tokens = _tokens_BxT1()
+        self.assertEqual(forward(_params(cfg), tokens, cfg).dtype, jnp.float32)
+        for chunk in (0, 8):
+            losses = next_token_losses(_params(cfg), tokens, cfg.replace(loss_chunk=chunk))
+            self.assertEqual(losses.dtype, jnp.float32)
+
+
+class RematTest(parameterized.TestCase):
+    @parameterized.parameters("dots", "full")
+    def test_remat_equals_keeping_everything(self, remat):
+        """Recomputing activations changes memory, not values or gradients (dropout included:
+        the recomputed masks are the ones of the forward pass)."""
+        cfg = CFG.replace(dropout=0.1)
+        params, tokens, rng = _params(CFG), _tokens_BxT1(), jax.random.key(4)
+
+        def loss(params, cfg):
+            return next_token_losses(params, tokens, cfg, train=True, rng=rng).mean()
+
+        grad_fn = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+        chex.assert_trees_all_close(
+            grad_fn(params, cfg.replace(remat=remat)), grad_fn(params, cfg), **TOL
+        )
