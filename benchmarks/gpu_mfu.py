@@ -72,7 +72,7 @@ PRESETS = {
 # "steps_per_call", "donate", and XLA compiler options (keys starting "xla_", the same as
 # XLA_FLAGS, for this one compile). A variant that fails to compile is reported, not fatal.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "vocab unpadded (50,257)": {"vocab_multiple": 1},
+    "vocabulary not padded": {"vocab_multiple": 1},
     "attention xla": {"attention": "xla"},
     "attention explicit (softmax)": {"attention": "explicit"},
     "loss in chunks of 2048 tokens": {"loss_chunk": 2048},
@@ -122,16 +122,19 @@ def jax_column(
     cfg: GPTConfig,
     batch_size: int,
     steps_per_call: int,
+    num_batches: int,
     *,
     donate: bool = True,
     compiler_options: dict[str, Any] | None = None,
 ) -> Column:
-    """minigpt-jax's compiled train chunk (`make_train_chunk`), state initialised on device."""
+    """minigpt-jax's compiled train chunk (`make_train_chunk`), state initialised on device;
+    step s trains on batch s % num_batches (a multiple of steps_per_call)."""
     tx, schedule = make_optimizer(_optim(), SCHEDULE_STEPS)
     state = jax.jit(lambda rng: init_state(cfg, tx, rng))(jax.random.key(0))
-    batches = jax.device_put(_batches(cfg, batch_size, steps_per_call))
+    batches = _batches(cfg, batch_size, num_batches)
+    chunks = [jax.device_put(c) for c in batches.reshape(-1, steps_per_call, *batches.shape[1:])]
     start = time.perf_counter()
-    chunk = make_train_chunk(cfg, tx, schedule, donate=donate).lower(state, batches)
+    chunk = make_train_chunk(cfg, tx, schedule, donate=donate).lower(state, chunks[0])
     chunk = chunk.compile(compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
     options = " ".join(f"{k}={v!r}" for k, v in (compiler_options or {}).items())
@@ -142,8 +145,9 @@ def jax_column(
     def run(steps: int) -> list[float]:
         times, state = [], holder["state"]
         for _ in range(steps // steps_per_call):
+            i = len(column.losses) % num_batches // steps_per_call
             start = time.perf_counter()
-            state, metrics = chunk(state, batches)
+            state, metrics = chunk(state, chunks[i])
             loss = jax.device_get(metrics["loss"])  # waits for the call
             times.append((time.perf_counter() - start) / steps_per_call)
             column.losses.extend(float(x) for x in loss)
@@ -231,7 +235,12 @@ def split_overrides(overrides: dict[str, Any]) -> tuple[dict, dict, dict]:
 
 
 def variant_column(
-    name: str, cfg: GPTConfig, batch_size: int, steps_per_call: int, overrides: dict[str, Any]
+    name: str,
+    cfg: GPTConfig,
+    batch_size: int,
+    steps_per_call: int,
+    num_batches: int,
+    overrides: dict[str, Any],
 ) -> Column:
     """The default column with `overrides` (a VARIANTS entry) applied."""
     fields, run, options = split_overrides(overrides)
@@ -240,6 +249,7 @@ def variant_column(
         cfg.replace(**fields),
         run.get("batch_size", batch_size),
         run.get("steps_per_call", steps_per_call),
+        num_batches,
         donate=run.get("donate", True),
         compiler_options=options,
     )
@@ -285,7 +295,7 @@ def report(columns: list[Column], cfg: GPTConfig, block: int, peak_flops: float,
             f"{r['ms_p90']:8.2f} {r['tokens_per_s']:10,.0f} {r['tflops']:8.1f} "
             f"{100 * r['mfu']:5.1f}% {ratio} {compile_s} {column.losses[-1]:6.3f}  {column.note}"
         )
-    if ref_tps and "jax default" in results:
+    if ref_tps and ref != "jax default":
         print(
             f"jax default / {ref}: {ref_tps / results['jax default']['tokens_per_s']:.3f} of the "
             f"time per token (below 1: minigpt-jax is faster)"
@@ -326,19 +336,21 @@ def main(argv: list[str] | None = None) -> dict:
         f"vocabulary rows), {cfg.dtype} compute, batch {batch_size} x {cfg.block_size}, "
         f"{flops_per_token(cfg) / 1e9:.3f} GFLOP/token"
     )
-    columns = [jax_column("jax default", cfg, batch_size, k)]
+    # Every column trains the same steps on the same batches: `span` of them, a multiple of
+    # every column's steps per call, cycled; the first `span` steps, untimed, warm up (and
+    # compile torch.compile).
+    ks = [k] + [o["steps_per_call"] for o in VARIANTS.values() if "steps_per_call" in o]
+    span = int(np.lcm.reduce(ks)) if args.variants else k
+    steps = -(-args.steps // span) * span
+    columns = [jax_column("jax default", cfg, batch_size, k, span)]
     if args.torch:
-        columns.append(torch_column(cfg, batch_size, k, compile_=args.torch_compile or None))
+        columns.append(torch_column(cfg, batch_size, span, compile_=args.torch_compile or None))
     if args.variants:
         for name, overrides in VARIANTS.items():
             try:
-                columns.append(variant_column(name, cfg, batch_size, k, overrides))
+                columns.append(variant_column(name, cfg, batch_size, k, span, overrides))
             except Exception as error:  # a flag this XLA lacks, out of memory: report, go on
                 print(f"variant {name!r} failed: {type(error).__name__}: {str(error)[:200]}")
-    # Every column trains the same steps on the same batches (a multiple of every K); the
-    # first `span` steps, untimed, warm up (and compile torch.compile).
-    span = max(k, *(overrides.get("steps_per_call", k) for overrides in VARIANTS.values()))
-    steps = -(-args.steps // span) * span
     for column in columns:
         column.run(span)
     for _ in range(args.rounds):

@@ -8,10 +8,13 @@ is the same math as the plain path (tests/test_backend.py checks values and grad
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 
-from minigpt_jax.config import GPTConfig
+# cfg below is a config.GPTConfig; this module imports nothing of the package, so that the
+# layers that build the model (dense, attention) can all ask it.
+GPTConfig = Any
 
 # cuDNN flash attention's head-dim limit (jax._src.cudnn.fused_attention_stablehlo
 # .check_is_flash_attention): a multiple of 8, at most 128 before Hopper, 256 from Hopper on.
@@ -19,8 +22,9 @@ _CUDNN_HEAD_DIM_MAX = {8: 128, 9: 256}
 
 
 def dense_grad(cfg: GPTConfig) -> str:
-    """ "direct" or "autodiff": auto is the direct VJP on XLA:CPU, where it saves the transposes
-    autodiff leaves around the backward dots (benchmarks/README.md), and autodiff elsewhere."""
+    """cfg.dense_grad resolved: "auto" is "direct" (the hand-written VJP) on XLA:CPU, where it
+    saves the transposes autodiff leaves around the backward dots (benchmarks/README.md), and
+    "autodiff" elsewhere."""
     if cfg.dense_grad != "auto":
         return cfg.dense_grad
     return "direct" if jax.default_backend() == "cpu" else "autodiff"
@@ -28,11 +32,14 @@ def dense_grad(cfg: GPTConfig) -> str:
 
 @functools.cache
 def _cuda_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the first device when it is an NVIDIA GPU, else None."""
+    """(major, minor) of the first device when it is an NVIDIA GPU (a CUDA client that reports a
+    compute capability), else None (CPU, TPU, ROCm)."""
     device = jax.devices()[0]
-    if device.platform != "gpu" or "cuda" not in device.client.platform_version.lower():
+    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
+    capability = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or "cuda" not in version or capability is None:
         return None
-    major, minor = str(device.compute_capability).split(".")[:2]
+    major, minor = str(capability).split(".")[:2]
     return int(major), int(minor)
 
 
