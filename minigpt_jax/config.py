@@ -60,7 +60,8 @@ class GPTConfig:
     vocab_multiple: int = 1
     # Tokens per chunk of the loss's read-out: 0 computes all B·T·V logits at once; n > 0
     # computes the cross-entropy n tokens at a time (recomputed in the backward pass), so the
-    # float32 (B·T, V) logits of a wide vocabulary never exist at once (minigpt_jax.loss).
+    # float32 (B·T, V) logits of a wide vocabulary never exist at once
+    # (model.chunked_cross_entropy).
     loss_chunk: int = 0
     # Activation recomputation per block, for memory (model.REMAT_POLICIES): "none" keeps every
     # activation for the backward pass; "dots" keeps the matmul outputs; "full" only the inputs.

@@ -3,6 +3,7 @@ padding, the chunked loss and the compute-dtype read-out (values and gradients, 
 """
 
 import functools
+import unittest
 
 import chex
 import jax
@@ -36,11 +37,14 @@ def _mean_loss(params, tokens_BxT1, cfg):
 _loss_and_grads = jax.jit(jax.value_and_grad(_mean_loss), static_argnums=2)
 
 
-class ResolutionTest(chex.TestCase):
-    """What "auto" means here (CPU) and wherever its conditions fail."""
+ON_CPU = unittest.skipUnless(jax.default_backend() == "cpu", "what auto means on CPU")
 
+
+class ResolutionTest(chex.TestCase):
+    """What "auto" means on CPU, and wherever its conditions fail (tests/test_gpu.py: on GPU)."""
+
+    @ON_CPU
     def test_auto_on_cpu(self):
-        self.assertEqual(jax.default_backend(), "cpu")
         self.assertEqual(backend.dense_grad(CFG), "direct")
         self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=False), "xla")
         self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=True), "xla")
@@ -48,9 +52,14 @@ class ResolutionTest(chex.TestCase):
     def test_attention_weight_dropout_takes_the_explicit_path(self):
         self.assertEqual(backend.attention(CFG, weight_dropout=True, cached=False), "explicit")
 
-    def test_cudnn_needs_half_precision_and_an_nvidia_gpu(self):
+    def test_cudnn_needs_half_precision_and_a_head_dim_multiple_of_8(self):
         self.assertFalse(backend.cudnn_attention_supported(CFG))  # float32
-        self.assertFalse(backend.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))  # CPU
+        odd_heads = CFG.replace(dtype="bfloat16", n_embd=36, n_head=6)  # head dim 6
+        self.assertFalse(backend.cudnn_attention_supported(odd_heads))
+
+    @ON_CPU
+    def test_cudnn_needs_an_nvidia_gpu(self):
+        self.assertFalse(backend.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))
 
     def test_explicit_choices_are_kept(self):
         self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
