@@ -2,7 +2,7 @@
 
 Run:      python -m benchmarks.train_throughput [--config configs/shakespeare_char.py]
               [--data DIR | --synthetic] [--steps 100] [--rounds 5] [--threads N]
-              [--variants | --only NAME,...] [--torch-compile] [--clock-ghz 3.6 | --peak-gflops 230]
+              [--variants | --only NAME ...] [--torch-compile] [--clock-ghz 3.6 | --peak-gflops 230]
 Needs:    the `bench` extra (torch); tinyshakespeare.txt in --data or $MINIGPT_JAX_DATA (or
           --synthetic for random tokens).
 Measures: the config's model, batch and optimizer trained for --steps steps per round by
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="cores for both sides (default: all)")
     parser.add_argument("--variants", action="store_true", help="time the tried JAX settings too")
     parser.add_argument(
-        "--only", help="comma-separated VARIANTS names: time just these beside the default"
+        "--only", action="append", help="a VARIANTS name to time beside the default (repeatable)"
     )
     parser.add_argument("--torch-compile", action="store_true", help="add a torch.compile column")
     parser.add_argument("--no-torch", action="store_true", help="JAX columns only")
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}
     if args.only:
-        names = [name.strip() for name in args.only.split(",")]
+        names = args.only
         unknown = [name for name in names if name not in VARIANTS]
         if unknown:
             raise SystemExit(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}.")
