@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -266,7 +267,7 @@ def summarize(times_s: list[float], tokens_per_step: int, flops: float, peak_flo
     return {
         "ms_median": 1000 * median_s,
         "ms_p10": ms[int(0.1 * (len(ms) - 1))],
-        "ms_p90": ms[int(0.9 * (len(ms) - 1))],
+        "ms_p90": ms[math.ceil(0.9 * (len(ms) - 1))],
         "tokens_per_s": tokens_per_step / median_s,
         "tflops": achieved / 1e12,
         "mfu": achieved / peak_flops,
