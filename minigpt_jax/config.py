@@ -52,7 +52,8 @@ class GPTConfig:
     # Which kernel computes softmax(q·kᵀ/√K)·v (same math, a speed choice): "explicit" is the
     # einsum + softmax path that can return the weights and drop them out; "xla" and "cudnn" are
     # jax.nn.dot_product_attention's implementations (cuDNN flash attention: NVIDIA GPUs, bf16 or
-    # fp16, head dim a multiple of 8); "auto" picks per backend when traced (minigpt_jax.backend).
+    # fp16, head dim a multiple of 8); "auto" picks per backend when traced (minigpt_jax.backend:
+    # cuDNN on NVIDIA GPUs, explicit on CPU and while weights are dropped out, else xla).
     attention: str = "auto"
     # Rows of the token table (and columns of an untied head) are padded up to a multiple of this
     # (64 for GPT-2: 50,257 -> 50,304, nanoGPT's choice) so that the head's matmul tiles evenly.

@@ -46,8 +46,8 @@ class ResolutionTest(chex.TestCase):
     @ON_CPU
     def test_auto_on_cpu(self):
         self.assertEqual(backend.dense_grad(CFG), "direct")
-        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=False), "xla")
-        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=True), "xla")
+        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=False), "explicit")
+        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=True), "explicit")
 
     def test_attention_weight_dropout_takes_the_explicit_path(self):
         self.assertEqual(backend.attention(CFG, weight_dropout=True, cached=False), "explicit")
