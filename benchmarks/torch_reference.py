@@ -176,8 +176,8 @@ class TorchGPT(nn.Module):
         rope_positions_T = positions_T if cfg.pos_encoding == "rope" else None
         for block in self.transformer.h:
             x_BxTxD = block(x_BxTxD, rope_positions_T)
-        logits_BxTxU = self.lm_head(self.transformer.ln_f(x_BxTxD))
-        return logits_BxTxU[..., : cfg.vocab_size]
+        logits_BxTxY = self.lm_head(self.transformer.ln_f(x_BxTxD))
+        return logits_BxTxY[..., : cfg.vocab_size]
 
 
 # ----------------------------------------------------------------------------- JAX params

@@ -40,13 +40,13 @@ def check_token_ids(tokens: np.ndarray | Array, vocab_size: int) -> None:
 
 
 def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
-    """logits_xU (float32) = h · W for h of any leading shape: W is the token table W_E (U, D)
-    when tied, the head kernel (D, U) when not; U = cfg.padded_vocab_size columns.
+    """logits_xY (float32) = h · W for h of any leading shape: W is the token table W_E (Y, D)
+    when tied, the head kernel (D, Y) when not; Y = cfg.padded_vocab_size columns.
 
     The matmul runs in the compute dtype and accumulates in float32 (bf16 tensor cores on an
     accelerator, float32 logits out); the loss and sampling keep the first vocab_size columns.
     """
-    spec = "...d,ud->...u" if cfg.tie_embeddings else "...d,du->...u"
+    spec = "...d,yd->...y" if cfg.tie_embeddings else "...d,dy->...y"
     compute = cfg.compute_dtype
     return jnp.einsum(
         spec, h_xD.astype(compute), weight.astype(compute), preferred_element_type=jnp.float32
@@ -54,9 +54,9 @@ def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
 
 
 class Embeddings(nn.Module):
-    """Token table W_E (U, D) plus positions, then dropout; `attend` is the tied read-out.
+    """Token table W_E (Y, D) plus positions, then dropout; `attend` is the tied read-out.
 
-    U = cfg.padded_vocab_size: rows from vocab_size on pad the table (cfg.vocab_multiple) and are
+    Y = cfg.padded_vocab_size: rows from vocab_size on pad the table (cfg.vocab_multiple) and are
     never looked up.
     """
 
@@ -108,5 +108,5 @@ class Embeddings(nn.Module):
         return x_BxTxD.astype(cfg.compute_dtype)
 
     def attend(self, h_BxTxD: Array) -> Array:
-        """Tied read-out: logits_BxTxU = h · W_Eᵀ (`read_out`), float32, padded columns included."""
+        """Tied read-out: logits_BxTxY = h · W_Eᵀ (`read_out`), float32, padded columns included."""
         return read_out(h_BxTxD, self.tok.embedding, self.cfg)

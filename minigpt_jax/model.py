@@ -109,7 +109,7 @@ class Block(nn.Module):
 
 
 class _HeadKernel(nn.Module):
-    """The untied head's kernel (D, U), as a module so its path is `lm_head/kernel`."""
+    """The untied head's kernel (D, Y), as a module so its path is `lm_head/kernel`."""
 
     cfg: GPTConfig
 
@@ -124,8 +124,8 @@ class GPT(nn.Module):
     """tokens_BxT -> `(logits_BxTxV, caches)`: logits in float32, and the updated per-layer KV
     caches, or None when called without caches (`forward` returns the logits alone).
 
-    Params: `embed/tok/embedding` (U, D), `embed/pos/embedding` (block_size, D) for learned
-    positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, U) only when untied. U is V
+    Params: `embed/tok/embedding` (Y, D), `embed/pos/embedding` (block_size, D) for learned
+    positions, `block_{i}/...`, `ln_f`, and `lm_head/kernel` (D, Y) only when untied. Y is V
     padded to cfg.vocab_multiple; the padded rows and columns never reach the logits.
     """
 
@@ -188,10 +188,10 @@ class GPT(nn.Module):
             tokens_BxT, positions_BxT, deterministic=deterministic, cache=cache
         )
         if cfg.tie_embeddings:
-            logits_BxTxU = self.embed.attend(h_BxTxD)
+            logits_BxTxY = self.embed.attend(h_BxTxD)
         else:
-            logits_BxTxU = read_out(h_BxTxD, self.lm_head(), cfg)
-        logits_BxTxV = logits_BxTxU[..., : cfg.vocab_size]
+            logits_BxTxY = read_out(h_BxTxD, self.lm_head(), cfg)
+        logits_BxTxV = logits_BxTxY[..., : cfg.vocab_size]
         chex.assert_shape(logits_BxTxV, (*tokens_BxT.shape, cfg.vocab_size))
         return logits_BxTxV, new_cache
 
@@ -277,8 +277,8 @@ def next_token_losses(
 
 
 def head_weight(params: Params, cfg: GPTConfig) -> Array:
-    """The weight the head reads out through: the token table (U, D) when tied, else the
-    `lm_head` kernel (D, U)."""
+    """The weight the head reads out through: the token table (Y, D) when tied, else the
+    `lm_head` kernel (D, Y)."""
     return (
         params["embed"]["tok"]["embedding"] if cfg.tie_embeddings else params["lm_head"]["kernel"]
     )
@@ -299,10 +299,10 @@ def chunked_cross_entropy(
     chunk = min(cfg.loss_chunk, rows)
     num_chunks = -(-rows // chunk)
     pad = num_chunks * chunk - rows
-    h_AxExD = jnp.pad(h_BxTxD.reshape(rows, width), ((0, pad), (0, 0))).reshape(
+    h_JxExD = jnp.pad(h_BxTxD.reshape(rows, width), ((0, pad), (0, 0))).reshape(
         num_chunks, chunk, width
     )
-    targets_AxE = jnp.pad(targets_BxT.reshape(rows), (0, pad)).reshape(num_chunks, chunk)
+    targets_JxE = jnp.pad(targets_BxT.reshape(rows), (0, pad)).reshape(num_chunks, chunk)
 
     @jax.checkpoint
     def chunk_losses(args: tuple[Array, Array]) -> Array:
@@ -310,8 +310,8 @@ def chunked_cross_entropy(
         logits_ExV = read_out(h_ExD, weight, cfg)[:, : cfg.vocab_size]
         return optax.softmax_cross_entropy_with_integer_labels(logits_ExV, targets_E)
 
-    losses_AxE = jax.lax.map(chunk_losses, (h_AxExD, targets_AxE))
-    return losses_AxE.reshape(-1)[:rows].reshape(batch, length)
+    losses_JxE = jax.lax.map(chunk_losses, (h_JxExD, targets_JxE))
+    return losses_JxE.reshape(-1)[:rows].reshape(batch, length)
 
 
 def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:

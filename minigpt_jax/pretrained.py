@@ -251,7 +251,7 @@ def hf_tensors_from(params: Params, cfg: GPTConfig) -> dict[str, np.ndarray]:
         return get(node["bias"]) if "bias" in node else np.zeros(size, np.float32)
 
     tensors = {
-        "wte.weight": get(params["embed"]["tok"]["embedding"]),
+        "wte.weight": get(params["embed"]["tok"]["embedding"][: cfg.vocab_size]),  # no padding
         "wpe.weight": get(params["embed"]["pos"]["embedding"]),
     }
     for i in range(cfg.n_layer):
@@ -272,7 +272,8 @@ def hf_tensors_from(params: Params, cfg: GPTConfig) -> dict[str, np.ndarray]:
     tensors["ln_f.bias"] = bias(params["ln_f"], d)
     out = {f"transformer.{name}": value for name, value in tensors.items()}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = np.ascontiguousarray(get(params["lm_head"]["kernel"]).T)
+        kernel = params["lm_head"]["kernel"][:, : cfg.vocab_size]
+        out["lm_head.weight"] = np.ascontiguousarray(get(kernel).T)
     return out
 
 
@@ -471,8 +472,19 @@ def export_run(workdir: str | Path, out: str | Path, checkpoint: str = "latest")
 
 def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
     """The fields where a checkpoint's model differs from a config's, beyond what fine-tuning
-    may change (dropout, dtypes, dense_grad, and a shorter block_size, which crops positions)."""
-    free = {"dropout", "dtype", "param_dtype", "dense_grad", "block_size"}
+    may change (dropout, dtypes, the speed settings, the vocabulary padding, and a shorter
+    block_size, which crops positions)."""
+    free = {
+        "dropout",
+        "dtype",
+        "param_dtype",
+        "dense_grad",
+        "attention",
+        "loss_chunk",
+        "remat",
+        "vocab_multiple",
+        "block_size",
+    }
     diffs = [
         f"{name}: checkpoint {getattr(loaded, name)!r}, config {getattr(wanted, name)!r}"
         for name in GPTConfig.__dataclass_fields__
@@ -500,4 +512,12 @@ def params_for(loaded: LoadedModel, wanted: GPTConfig) -> Params:
     if "pos" in params["embed"]:
         pos = {"embedding": params["embed"]["pos"]["embedding"][: wanted.block_size]}
         params = {**params, "embed": {**params["embed"], "pos": pos}}
+    # The vocabulary padding of `wanted` (zero rows, never used), whatever the checkpoint's.
+    pad = wanted.padded_vocab_size - wanted.vocab_size
+    table_VxD = params["embed"]["tok"]["embedding"][: wanted.vocab_size]
+    tok = {"embedding": jnp.pad(table_VxD, ((0, pad), (0, 0)))}
+    params = {**params, "embed": {**params["embed"], "tok": tok}}
+    if "lm_head" in params:
+        kernel_DxV = params["lm_head"]["kernel"][:, : wanted.vocab_size]
+        params = {**params, "lm_head": {"kernel": jnp.pad(kernel_DxV, ((0, 0), (0, pad)))}}
     return jax.tree_util.tree_map(lambda x: x.astype(wanted.weight_dtype), params)
