@@ -310,6 +310,26 @@ def test_fine_tuning_config_must_match_the_checkpoint(loaded):
         pretrained.params_for(loaded, loaded.cfg.replace(block_size=64))
 
 
+def test_vocabulary_padding_is_added_for_training_and_dropped_on_export(loaded, tmp_path):
+    """params_for pads the table to the config's vocab_multiple (same logits); save_gpt2 writes
+    the V real rows only, so the export reloads as the checkpoint it came from."""
+    padded_cfg = loaded.cfg.replace(vocab_multiple=64)
+    padded = pretrained.params_for(loaded, padded_cfg)
+    table = padded["embed"]["tok"]["embedding"]
+    assert table.shape == (padded_cfg.padded_vocab_size, loaded.cfg.n_embd)
+    assert padded_cfg.padded_vocab_size > loaded.cfg.vocab_size
+    tokens_BxT = _tokens((2, 16), seed=4)
+    np.testing.assert_allclose(
+        forward(padded, tokens_BxT, padded_cfg), forward(loaded.params, tokens_BxT, loaded.cfg),
+        atol=1e-5, rtol=1e-5,
+    )  # fmt: skip
+    pretrained.save_gpt2(padded, padded_cfg, tmp_path, loaded.tokenizer)
+    _, reloaded = pretrained.load_gpt2(tmp_path)
+    np.testing.assert_array_equal(
+        reloaded["embed"]["tok"]["embedding"], loaded.params["embed"]["tok"]["embedding"]
+    )
+
+
 # ----------------------------------------------------------------------------- perplexity
 
 
