@@ -94,7 +94,7 @@ def test_data_prep_prints_prepare_and_naive_rows(capsys):
         + ["--no-train"]
     )
     out = capsys.readouterr().out
-    assert re.search(r"^prepare --tokenizer char +2 MB .* \d+ MB$", out, re.M), out
+    assert re.search(r"^prepare --tokenizer char +2 MB .* [\d,]+ MB$", out, re.M), out
     assert re.search(r"^naive \(memory\) --tokenizer char +1 MB", out, re.M), out
     assert re.search(r"^prepare \(same files\) char +1 MB", out, re.M), out
 
