@@ -13,6 +13,10 @@ from pathlib import Path
 # stretched from the resumed step on), and speed settings (steps_per_call, mesh) may change.
 TRAJECTORY_KEYS = ("seed", "batch_size", "data", "optim")
 
+# GPTConfig fields that pick how the same model is computed (same params, same math within
+# float tolerance): a run may resume with other values, e.g. on another backend.
+SPEED_FIELDS = ("dense_grad", "attention", "loss_chunk", "remat")
+
 
 def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
     """'key: saved -> current' for every leaf that differs, nested dicts flattened with dots.
@@ -38,10 +42,14 @@ def check_resume(
     """Raises ValueError if the checkpoint at checkpoint_dir cannot continue this run.
 
     saved_meta / meta: {'gpt_config': ..., 'config': ...} of the checkpoint and of this run.
-    A model difference is always an error. A trajectory difference (TRAJECTORY_KEYS) is an error
-    unless allow_changes; then the accepted differences are returned for the caller to report.
+    A model difference is always an error (SPEED_FIELDS are not the model). A trajectory
+    difference (TRAJECTORY_KEYS) is an error unless allow_changes; then the accepted
+    differences are returned for the caller to report.
     """
-    model = _differences(saved_meta.get("gpt_config", {}), meta["gpt_config"])
+    model = _differences(
+        {k: v for k, v in saved_meta.get("gpt_config", {}).items() if k not in SPEED_FIELDS},
+        {k: v for k, v in meta["gpt_config"].items() if k not in SPEED_FIELDS},
+    )
     if model:
         raise ValueError(
             f"{checkpoint_dir} holds a different model than this config builds ("

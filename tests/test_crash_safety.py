@@ -387,3 +387,24 @@ def test_settings_newer_than_the_checkpoint_are_not_differences():
     current["config"]["data"]["corpus"] = "pydoc"
     with pytest.raises(ValueError, match=r"config\.data\.corpus: 'text' -> 'pydoc'"):
         check_resume(saved, current, "ckpt")
+
+
+def test_speed_settings_may_change_on_resume_the_model_may_not():
+    """dense_grad, attention, loss_chunk and remat compute the same model: a checkpoint resumes
+    under other values (e.g. autodiff saved, auto now); a shape such as vocab_multiple may not
+    change."""
+    saved = {
+        "gpt_config": {"n_embd": 32, "dense_grad": "autodiff", "attention": "explicit"},
+        "config": {"seed": 0},
+    }
+    current = {
+        "gpt_config": {
+            "n_embd": 32, "dense_grad": "auto", "attention": "auto", "loss_chunk": 0,
+        },
+        "config": {"seed": 0},
+    }  # fmt: skip
+    assert check_resume(saved, current, "ckpt") == []
+    saved["gpt_config"]["vocab_multiple"] = 1
+    current["gpt_config"]["vocab_multiple"] = 64
+    with pytest.raises(ValueError, match=r"vocab_multiple: 1 -> 64"):
+        check_resume(saved, current, "ckpt")
