@@ -38,21 +38,30 @@ _TENSOR_DIM = {
 }
 
 
+HEARTBEAT_TIMEOUT_ENV = "MINIGPT_JAX_HEARTBEAT_TIMEOUT"
+
+
 def initialize_distributed() -> bool:
     """Joins a multi-host run when the usual variables are set; returns whether it did.
 
     Set JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID
     on every host; on Cloud TPU or SLURM, MINIGPT_JAX_DISTRIBUTED=1 lets JAX detect them.
+    MINIGPT_JAX_HEARTBEAT_TIMEOUT (seconds, JAX's default 100) bounds how long the others wait
+    in a barrier for a process that died outside any collective before JAX ends them.
     """
+    options = {}
+    if os.environ.get(HEARTBEAT_TIMEOUT_ENV):
+        options["heartbeat_timeout_seconds"] = int(os.environ[HEARTBEAT_TIMEOUT_ENV])
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize(
             coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
             num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
             process_id=int(os.environ["JAX_PROCESS_ID"]),
+            **options,
         )
         return True
     if os.environ.get("MINIGPT_JAX_DISTRIBUTED") == "1":
-        jax.distributed.initialize()
+        jax.distributed.initialize(**options)
         return True
     return False
 

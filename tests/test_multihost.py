@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from minigpt_jax.checkpoint import load_params
+from minigpt_jax.sharding import HEARTBEAT_TIMEOUT_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -44,10 +45,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _start(workdir: Path, *, devices: int, process: tuple[int, int, int] | None, extra=()):
+def _start(
+    workdir: Path, *, devices: int, process: tuple[int, int, int] | None, extra=(), env_extra=None
+):
     """`python -m minigpt_jax train` on `devices` CPU devices; process = (id, count, port)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env.update(env_extra or {})
     if process is not None:
         process_id, count, port = process
         env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
@@ -175,8 +179,12 @@ def test_pair_checkpoint_resumes_in_one_process(runs):
 def test_a_dead_process_makes_the_other_exit_with_a_clear_message(tmp_path):
     workdir, port = tmp_path / "run", _free_port()
     extra = ("--config.num_steps=100000", "--config.eval_every=100000")
+    # A kill that lands while the survivor waits in a coordination-service barrier (inside a
+    # save) is noticed only when the dead process misses its heartbeats: bound that wait.
+    heartbeat = {HEARTBEAT_TIMEOUT_ENV: "20"}
     survivor, victim = (
-        _start(workdir, devices=2, process=(i, 2, port), extra=extra) for i in range(2)
+        _start(workdir, devices=2, process=(i, 2, port), extra=extra, env_extra=heartbeat)
+        for i in range(2)
     )
     try:
         deadline = time.monotonic() + TIMEOUT_S
