@@ -4,7 +4,7 @@ Run:      minigpt-jax train --config configs/default.py --workdir runs/default
 Needs:    nothing downloaded; byte-level BPE with 512 tokens, as the course's V=512.
 Expect:   val loss 3.09 nats/token at step 1500 (measured: train 2.5705, val 3.0913); 1,500
           steps of batch 16 x 64 tokens, about 1.3x the work of a shakespeare_char step each
-          (the 512-token head). On the 2-core development machine, shared with other jobs
+          (the 512-token head). On a 2-core Intel Xeon (AVX-512), shared with other jobs
           (load average 4-13): 215-255 s wall, median 101-141 ms/step, against 294-376 s and
           145-202 ms/step with the previous defaults (1 step per call, autodiff Dense
           gradients), in two back-to-back pairs; the same val loss.
