@@ -1,4 +1,8 @@
-"""Multi-head self-attention: pure score/mix functions and the linen module."""
+"""Multi-head self-attention: the linen module and its KV cache.
+
+The swappable parts (masks, kernels, the "auto" choice) are `attention_fns`'s registries;
+`causal_mask`, `attention_weights`, `mix_values` and `fused_attention` are re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +13,28 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax import backend
+from minigpt_jax.attention_fns import (
+    ATTENTION_MASKS,
+    attention_weights,
+    causal_mask,
+    choose_kernel,
+    fused_attention,
+    mix_values,
+)
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 
-
-def causal_mask(q_positions_BxT: Array, k_positions_BxS: Array) -> Array:
-    """mask_Bx1xTxS: query at position t may see keys at positions <= t."""
-    return k_positions_BxS[:, None, None, :] <= q_positions_BxT[:, None, :, None]
+__all__ = [
+    "KVCache",
+    "MultiHeadAttention",
+    "attention_weights",
+    "causal_mask",
+    "fused_attention",
+    "mix_values",
+]
 
 
 class KVCache(NamedTuple):
@@ -58,58 +73,13 @@ class KVCache(NamedTuple):
         )
 
 
-def attention_weights(q_BxTxHxK: Array, k_BxSxHxK: Array, mask: Array | None = None) -> Array:
-    """softmax(q·kᵀ / sqrt(K)) over keys, computed in float32: weights_BxHxTxS.
-
-    mask broadcasts to (B, H, T, S); False entries get zero weight.
-    """
-    scale = q_BxTxHxK.shape[-1] ** -0.5
-    scores_BxHxTxS = jnp.einsum(
-        "bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32
-    )
-    scores_BxHxTxS = scores_BxHxTxS * scale
-    if mask is not None:
-        scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(scores_BxHxTxS, axis=-1)
-
-
-def mix_values(weights_BxHxTxS: Array, v_BxSxHxK: Array) -> Array:
-    """out_BxTxHxK = Σ_s weights[b, h, t, s] · v[b, s, h]."""
-    return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
-
-
-def fused_attention(
-    q_BxTxHxK: Array,
-    k_BxSxHxK: Array,
-    v_BxSxHxK: Array,
-    mask: Array | None,
-    *,
-    causal: bool,
-    implementation: str,
-) -> Array:
-    """out_BxTxHxK = softmax(q·kᵀ / sqrt(K)) · v through `jax.nn.dot_product_attention`.
-
-    implementation "xla" or "cudnn" (flash attention: bf16/fp16, head dim a multiple of 8).
-    causal: query t sees keys 0..t (the top-left-aligned triangle, what self-attention over
-    positions 0..T-1 needs); mask (broadcasting to B, H, T, S; False: no weight) is for the cache
-    path, where XLA takes it. Neither returns the weights nor drops them out.
-    """
-    return jax.nn.dot_product_attention(
-        q_BxTxHxK,
-        k_BxSxHxK,
-        v_BxSxHxK,
-        mask=mask,
-        is_causal=causal,
-        implementation=implementation,
-    )
-
-
 class MultiHeadAttention(nn.Module):
-    """Self-attention with H heads of width K = D / H; causal unless cfg.causal is False.
+    """Self-attention with H heads of width K = D / H, masked by cfg.attention_mask's entry
+    (causal unless cfg.causal is False).
 
-    `backend.attention` picks the kernel (cfg.attention). The explicit path sows the attention
-    weights (B, H, T, S) into the 'intermediates' collection as `attention_weights`; see
-    `model.forward_with_attention`, which asks for it.
+    `cfg.attention_mask` picks the mask and `attention_fns.choose_kernel` the kernel. The
+    explicit path sows the attention weights (B, H, T, S) into the 'intermediates' collection
+    as `attention_weights`; see `model.forward_with_attention`, which asks for it.
 
     Returns `(out_BxTxD, cache)`. With a `cache` the T new keys and values are written at
     `cache.index` and the queries attend to every filled slot (positions_BxT must then be
@@ -137,32 +107,39 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
             k_BxTxHxK = rotary(k_BxTxHxK, positions_BxT)
+        mask_entry = ATTENTION_MASKS[cfg.attention_mask]
         if cache is None:
-            keys_BxSxHxK, v_BxSxHxK, mask = k_BxTxHxK, v_BxTxHxK, None
-            if cfg.causal:
-                mask = causal_mask(positions_BxT, positions_BxT)
+            keys_BxSxHxK, v_BxSxHxK = k_BxTxHxK, v_BxTxHxK
+            mask = mask_entry.fn(positions_BxT, positions_BxT, cfg)
         else:
             cache = _write(cache, k_BxTxHxK, v_BxTxHxK, positions_BxT)
             keys_BxSxHxK, v_BxSxHxK = cache.k_BxSxHxK, cache.v_BxSxHxK
             mask = (cache.positions_BxS >= 0)[:, None, None, :]
-            if cfg.causal:
-                mask = mask & causal_mask(positions_BxT, cache.positions_BxS)
+            entry_mask = mask_entry.fn(positions_BxT, cache.positions_BxS, cfg)
+            if entry_mask is not None:
+                mask = mask & entry_mask
+        # Without a cache, positions are 0..T-1, and a triangle mask is the one is_causal builds
+        # (cuDNN skips its masked blocks instead of reading a mask).
+        triangle = cache is None and mask is not None and mask_entry.causal_triangle
         weight_dropout = not deterministic and cfg.dropout > 0
-        path = backend.attention(cfg, weight_dropout=weight_dropout, cached=cache is not None)
+        path = choose_kernel(
+            cfg,
+            weight_dropout=weight_dropout,
+            cached=cache is not None,
+            plain_mask=mask is None or triangle,
+        )
         if path == "explicit":
             weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask)
             self.sow("intermediates", "attention_weights", weights_BxHxTxS)
             weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
             out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
         else:
-            # Without a cache, positions are 0..T-1 and the causal mask is the triangle that
-            # is_causal builds (cuDNN skips its masked blocks instead of reading a mask).
             out_BxTxHxK = fused_attention(
                 q_BxTxHxK,
                 keys_BxSxHxK,
                 v_BxSxHxK,
-                None if cache is None else mask,
-                causal=cfg.causal and cache is None,
+                None if triangle else mask,
+                causal=triangle,
                 implementation=path,
             )
         out_BxTxD = nn.DenseGeneral(

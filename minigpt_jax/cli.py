@@ -12,6 +12,10 @@
   minigpt-jax export --workdir runs/X --out HF_GPT2_DIR
   minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
+  minigpt-jax settings                 (every config key: default, kind and doc)
+
+Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) also takes
+`module:attr`, code of your own importable from the working directory (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab")
+COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -83,11 +87,12 @@ def _train() -> None:
 
 
 def _prepare() -> None:
+    from minigpt_jax.run_config import complete
     from minigpt_jax.shards import sharded_dataset
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
-    config = _CONFIG.value
+    config = complete(_CONFIG.value)
     dataset = sharded_dataset(
         config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
     )
@@ -155,6 +160,12 @@ def _lab() -> None:
     launch(port=_PORT.value, open_browser=_OPEN.value, lang=_LANG.value)
 
 
+def _settings() -> None:
+    from minigpt_jax.run_config import settings_table
+
+    print(settings_table())
+
+
 def _run(argv: list[str]) -> None:
     commands = [a for a in argv[1:] if not a.startswith("-")]
     if len(commands) != 1 or commands[0] not in COMMANDS:
@@ -163,7 +174,7 @@ def _run(argv: list[str]) -> None:
     if command in ("sample", "eval") and _PRETRAINED.value is not None:
         if _WORKDIR.value is not None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
-    elif _WORKDIR.value is None and command != "lab":
+    elif _WORKDIR.value is None and command not in ("lab", "settings"):
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
     run = {
         "train": _train,
@@ -172,6 +183,7 @@ def _run(argv: list[str]) -> None:
         "export": _export,
         "eval": _eval,
         "lab": _lab,
+        "settings": _settings,
     }
     try:
         run[command]()

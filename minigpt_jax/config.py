@@ -1,7 +1,7 @@
 """GPTConfig: the frozen, hashable model configuration that jit and the model code see.
 
-The model only: what an experiment config file may hold, and how one is loaded, is
-`run_config`'s job.
+The model group only, each field declared once with `settings.setting`; what else an experiment
+config holds is declared in `settings`, and how a config file is loaded is `run_config`'s job.
 """
 
 from __future__ import annotations
@@ -11,106 +11,160 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from minigpt_jax.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
+from minigpt_jax.layers import ACTIVATIONS, NORMS
 from minigpt_jax.positions import POSITION_ENCODINGS
+from minigpt_jax.settings import MODEL, SPEED, check_values, setting
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _DENSE_GRADS = ("auto", "autodiff", "direct")
-_ATTENTIONS = ("auto", "explicit", "xla", "cudnn")
+_ATTENTIONS = (AUTO, *ATTENTION_KERNELS)
 _REMATS = ("none", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """Hyperparameters of the mini-GPT; the defaults are the course's model.
+    """Hyperparameters of the mini-GPT, the run config's `model` group; the defaults are the
+    course's model. Each field is declared once (`settings.setting`: default, doc, rules, kind).
 
     Names follow nanoGPT. Validated on construction: a wrong field raises a `ValueError` that
     names the field and what is allowed.
     """
 
-    vocab_size: int = 512  # V: rows of the token table W_E
-    block_size: int = 64  # T_max: longest context; rows of the learned position table W_P
-    n_layer: int = 4  # N: transformer blocks
-    n_head: int = 4  # H: attention heads per block
-    n_embd: int = 128  # D: residual width
-    dropout: float = 0.1  # on embeddings, attention weights and residual branches
-    pos_encoding: str = "learned"  # a key of positions.POSITION_ENCODINGS
-    tie_embeddings: bool = True  # logits = h @ W_E^T through embed.attend; no lm_head param
-    # Token embeddings are multiplied by this before positions are added. Vaswani et al. (2017,
-    # section 3.4) use sqrt(n_embd): with GPT-2's N(0, 0.02^2) init, unscaled tokens are ~30x
-    # smaller than the ±1 sinusoids and drown (experiments/pos_study.py shows it).
-    embed_scale: float = 1.0
-    causal: bool = True  # False: bidirectional attention (used by the invariant tests)
-    use_bias: bool = True  # biases in Dense layers and LayerNorms, as GPT-2
-    mlp_ratio: int = 4  # F = mlp_ratio * D
+    vocab_size: int = setting(512, "V: rows of the token table W_E (the tokenizer's)", MODEL, low=1)
+    block_size: int = setting(
+        64,
+        "T_max: longest context; rows of the learned position table W_P",
+        MODEL,
+        low=1,
+        finetune_free=True,  # a shorter block crops the positions
+    )
+    n_layer: int = setting(4, "N: transformer blocks", MODEL, low=1)
+    n_head: int = setting(4, "H: attention heads per block", MODEL, low=1)
+    n_embd: int = setting(128, "D: residual width", MODEL, low=1)
+    dropout: float = setting(
+        0.1,
+        "on embeddings, attention weights and residual branches",
+        MODEL,
+        low=0.0,
+        high=1.0,
+        requirement="in [0, 1)",
+        finetune_free=True,
+    )
+    pos_encoding: str = setting(
+        "learned",
+        "learned | sinusoidal | rope | none: a key of positions.POSITION_ENCODINGS or module:attr",
+        MODEL,
+        choices=POSITION_ENCODINGS,
+        gpt2="learned",
+    )
+    tie_embeddings: bool = setting(
+        True, "logits = h @ W_E^T through embed.attend; no lm_head param", MODEL
+    )
+    # Vaswani et al. (2017, section 3.4) use sqrt(n_embd): with GPT-2's N(0, 0.02^2) init,
+    # unscaled tokens are ~30x smaller than the ±1 sinusoids and drown
+    # (experiments/pos_study.py shows it).
+    embed_scale: float = setting(
+        1.0,
+        "token embeddings x this before positions are added; sqrt(n_embd) in Vaswani et al.",
+        MODEL,
+        low=0.0,
+        low_open=True,
+        requirement="a positive number (and finite)",
+        gpt2=1.0,
+    )
+    causal: bool = setting(
+        True, "False: bidirectional attention (used by the invariant tests)", MODEL, gpt2=True
+    )
+    attention_mask: str = setting(
+        "causal",
+        "which keys a query sees: a key of attention_fns.ATTENTION_MASKS or module:attr",
+        MODEL,
+        choices=ATTENTION_MASKS,
+        gpt2="causal",
+    )
+    use_bias: bool = setting(True, "biases in Dense layers and LayerNorms, as GPT-2", MODEL)
+    norm: str = setting(
+        "layernorm",
+        "layernorm | rmsnorm: a key of layers.NORMS or module:attr",
+        MODEL,
+        choices=NORMS,
+        gpt2="layernorm",
+    )
+    mlp_ratio: int = setting(4, "F = mlp_ratio * D", MODEL, low=1)
+    activation: str = setting(
+        "gelu",
+        "the MLP's: gelu | gelu_tanh | relu | relu2, a key of layers.ACTIVATIONS or module:attr",
+        MODEL,
+        choices=ACTIVATIONS,
+        gpt2="gelu",  # with gelu_approximate either way
+    )
     # GPT-2 used the tanh approximation of GELU; the exact erf form is PyTorch's default.
-    gelu_approximate: bool = False
-    # How Dense layers are differentiated (same math, a speed choice): "autodiff" is jax.grad of
-    # lax.dot_general; "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU
-    # (measured there only: benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere,
-    # when the model is traced (minigpt_jax.backend), so a run's config stays portable.
-    dense_grad: str = "auto"
-    # Which kernel computes softmax(q·kᵀ/√K)·v (same math, a speed choice): "explicit" is the
-    # einsum + softmax path that can return the weights and drop them out; "xla" and "cudnn" are
-    # jax.nn.dot_product_attention's implementations (cuDNN flash attention: NVIDIA GPUs, bf16 or
-    # fp16, head dim a multiple of 8); "auto" picks per backend when traced (minigpt_jax.backend:
-    # cuDNN on NVIDIA GPUs, explicit on CPU and while weights are dropped out, else xla).
-    attention: str = "auto"
-    # Rows of the token table (and columns of an untied head) are padded up to a multiple of this
-    # (64 for GPT-2: 50,257 -> 50,304, nanoGPT's choice) so that the head's matmul tiles evenly.
-    # Padded ids are never looked up, sampled or scored: logits keep vocab_size columns.
-    vocab_multiple: int = 1
-    # Tokens per chunk of the loss's read-out: 0 computes all B·T·V logits at once; n > 0
-    # computes the cross-entropy n tokens at a time (recomputed in the backward pass), so the
+    gelu_approximate: bool = setting(
+        False, "with activation gelu: True is GPT-2's tanh form, False the exact erf", MODEL
+    )
+    # "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU (measured there only:
+    # benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere, when the model is
+    # traced (minigpt_jax.backend), so a run's config stays portable.
+    dense_grad: str = setting(
+        "auto",
+        "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",
+        SPEED,
+        choices=_DENSE_GRADS,
+    )
+    # "explicit" is the einsum + softmax path that can return the weights and drop them out;
+    # "xla" and "cudnn" are jax.nn.dot_product_attention's (cuDNN flash attention: NVIDIA GPUs,
+    # bf16 or fp16, head dim a multiple of 8); "auto" takes the first kernel of
+    # attention_fns.ATTENTION_KERNELS that picks itself when traced.
+    attention: str = setting(
+        "auto",
+        "the kernel of softmax(q·kᵀ/√K)·v: auto (cuDNN on NVIDIA GPUs) | explicit | xla | cudnn",
+        SPEED,
+        choices=_ATTENTIONS,
+    )
+    # (64 for GPT-2: 50,257 -> 50,304, nanoGPT's choice.) Padded ids are never looked up, sampled
+    # or scored: logits keep vocab_size columns.
+    vocab_multiple: int = setting(
+        1,
+        "pad the token table's rows (an untied head's columns) to a multiple of this",
+        MODEL,
+        low=1,
+        finetune_free=True,
+    )
+    # n > 0: the cross-entropy n tokens at a time (recomputed in the backward pass), so the
     # float32 (B·T, V) logits of a wide vocabulary never exist at once
     # (model.chunked_cross_entropy).
-    loss_chunk: int = 0
-    # Activation recomputation per block, for memory (model.REMAT_POLICIES): "none" keeps every
-    # activation for the backward pass; "dots" keeps the matmul outputs; "full" only the inputs.
-    remat: str = "none"
-    dtype: str = "float32"  # activations / compute; logits and softmax are always float32
-    param_dtype: str = "float32"
+    loss_chunk: int = setting(
+        0,
+        "tokens per chunk of the loss's read-out; 0: all at once",
+        SPEED,
+        low=0,
+        requirement="0 (all logits at once) or a positive number of tokens per chunk",
+    )
+    remat: str = setting(
+        "none",
+        "recompute activations in the backward pass: none | dots | full (model.REMAT_POLICIES)",
+        SPEED,
+        choices=_REMATS,
+    )
+    dtype: str = setting(
+        "float32",
+        "activations / compute; logits and softmax are always float32",
+        MODEL,
+        choices=_DTYPES,
+        finetune_free=True,
+    )
+    param_dtype: str = setting("float32", "parameters", MODEL, choices=_DTYPES, finetune_free=True)
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}.")
+        check_values(GPTConfig, dataclasses.asdict(self), "GPTConfig")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
                 f"choose n_head among the divisors of n_embd, "
                 f"e.g. {[h for h in range(1, 17) if self.n_embd % h == 0]}."
             )
-        if not (isinstance(self.embed_scale, (int, float)) and self.embed_scale > 0):
-            raise ValueError(
-                f"GPTConfig.embed_scale must be a positive number, got {self.embed_scale!r}."
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        if self.pos_encoding not in POSITION_ENCODINGS:
-            raise ValueError(
-                f"GPTConfig.pos_encoding={self.pos_encoding!r} is unknown; "
-                f"allowed: {sorted(POSITION_ENCODINGS)}."
-            )
         POSITION_ENCODINGS[self.pos_encoding].validate(self)
-        if not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
-            raise ValueError(
-                f"GPTConfig.vocab_multiple must be a positive integer (1: no padding), "
-                f"got {self.vocab_multiple!r}."
-            )
-        if not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
-            raise ValueError(
-                f"GPTConfig.loss_chunk must be 0 (all logits at once) or a positive number of "
-                f"tokens per chunk, got {self.loss_chunk!r}."
-            )
-        if self.remat not in _REMATS:
-            raise ValueError(
-                f"GPTConfig.remat={self.remat!r} is unknown; allowed: {list(_REMATS)}."
-            )
-        if self.attention not in _ATTENTIONS:
-            raise ValueError(
-                f"GPTConfig.attention={self.attention!r} is unknown; allowed: {list(_ATTENTIONS)}."
-            )
         if self.attention in ("xla", "cudnn") and self.dropout > 0:
             raise ValueError(
                 f"GPTConfig.attention={self.attention!r} cannot drop out attention weights "
@@ -123,17 +177,6 @@ class GPTConfig:
                 f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
                 f"use attention='auto', which falls back to XLA."
             )
-        if self.dense_grad not in _DENSE_GRADS:
-            raise ValueError(
-                f"GPTConfig.dense_grad={self.dense_grad!r} is unknown; "
-                f"allowed: {list(_DENSE_GRADS)}."
-            )
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(
-                    f"GPTConfig.{name}={getattr(self, name)!r} is not supported; "
-                    f"allowed: {list(_DTYPES)}."
-                )
 
     @property
     def head_dim(self) -> int:

@@ -10,7 +10,7 @@ thing everywhere:
   L  P + G (sampling buffer)    W  recomputed window       M, I, O  rows, in and out features
   A  micro-batches per step (grad_accum_steps)             U  rows of a micro-batch (B / A)
   Y  padded vocabulary (V rounded up to vocab_multiple)    E  tokens per loss chunk
-  J  loss chunks (M / E)
+  J  loss chunks (M / E)       Z  per-token loss values (the cross-entropy, then each term)
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
 Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.
@@ -31,6 +31,8 @@ from minigpt_jax.attention import KVCache, MultiHeadAttention
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.embeddings import Embeddings, check_token_ids, read_out
+from minigpt_jax.layers import NORM_EPS, NORMS, activation_fn
+from minigpt_jax.losses import CROSS_ENTROPY, term_name, term_values
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -44,21 +46,16 @@ REMAT_POLICIES = {
 }
 
 # PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use.
-LAYERNORM_EPS = 1e-5
+LAYERNORM_EPS = NORM_EPS
 
 
-def _layer_norm(cfg: GPTConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=LAYERNORM_EPS,
-        use_bias=cfg.use_bias,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.weight_dtype,
-        name=name,
-    )
+def _norm(cfg: GPTConfig, name: str) -> nn.Module:
+    """cfg.norm's layer (layers.NORMS): LayerNorm by default."""
+    return NORMS[cfg.norm](cfg, name)
 
 
 class MLP(nn.Module):
-    """Position-wise D -> F -> GELU -> D."""
+    """Position-wise D -> F -> activation (cfg.activation, GELU by default) -> D."""
 
     cfg: GPTConfig
 
@@ -69,7 +66,7 @@ class MLP(nn.Module):
         h_BxTxF = nn.Dense(
             cfg.mlp_dim, kernel_init=nn.initializers.normal(INIT_STDDEV), name="fc", **dense
         )(x_BxTxD)
-        h_BxTxF = nn.gelu(h_BxTxF, approximate=cfg.gelu_approximate)
+        h_BxTxF = activation_fn(cfg)(h_BxTxF)
         out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=residual_init(cfg), name="proj", **dense)(
             h_BxTxF
         )
@@ -77,7 +74,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x)) (pre-LayerNorm, GPT-2)."""
+    """x + Attn(LN(x)), then x + MLP(LN(x)) (pre-LayerNorm, GPT-2; LN is cfg.norm)."""
 
     cfg: GPTConfig
 
@@ -95,15 +92,13 @@ class Block(nn.Module):
         """
         cfg = self.cfg
         h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
-            _layer_norm(cfg, "ln_1")(x_BxTxD),
+            _norm(cfg, "ln_1")(x_BxTxD),
             positions_BxT,
             deterministic=deterministic,
             cache=cache,
         )
         x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
-        h_BxTxD = MLP(cfg, name="mlp")(
-            _layer_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic
-        )
+        h_BxTxD = MLP(cfg, name="mlp")(_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic)
         x_BxTxD = x_BxTxD + h_BxTxD
         return x_BxTxD, cache
 
@@ -139,7 +134,7 @@ class GPT(nn.Module):
             # Argument 3 counts the module: (self, x, positions, deterministic).
             block = nn.remat(Block, static_argnums=(3,), policy=REMAT_POLICIES[cfg.remat])
         self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
-        self.ln_f = _layer_norm(cfg, "ln_f")
+        self.ln_f = _norm(cfg, "ln_f")
         if not cfg.tie_embeddings:
             self.lm_head = _HeadKernel(cfg)
 
@@ -260,11 +255,24 @@ def next_token_losses(
 ) -> Array:
     """losses_BxT (float32, nats): the cross-entropy of each next token, for inputs
     tokens_BxT1[:, :-1] and targets tokens_BxT1[:, 1:] (T1 = T + 1). `train` and `rng` as in
-    `forward`. The one loss of the package: training takes its mean, evaluation its sum."""
-    targets_BxT = tokens_BxT1[:, 1:]
-    if not cfg.loss_chunk:
-        logits_BxTxV = forward(params, tokens_BxT1[:, :-1], cfg, train=train, rng=rng)
-        return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
+    `forward`. Training takes its mean, evaluation its sum (`next_token_loss_terms` adds the
+    config's loss terms)."""
+    losses_BxT, _ = next_token_loss_terms(params, tokens_BxT1, cfg, train=train, rng=rng)
+    return losses_BxT
+
+
+def next_token_loss_terms(
+    params: Params,
+    tokens_BxT1: Array,
+    cfg: GPTConfig,
+    terms: tuple[tuple[str, float], ...] = (),
+    *,
+    train: bool = False,
+    rng: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """(losses_BxT, {term name: values_BxT}): the next-token cross-entropy as in
+    `next_token_losses`, and each loss term's per-token values (`losses.parse_terms`'s
+    ((key, weight), ...); the weights are the caller's), from one read-out of the features."""
     _check_dropout_rng(cfg, train, rng)
     h_BxTxD, _ = GPT(cfg).apply(
         {"params": params},
@@ -273,7 +281,11 @@ def next_token_losses(
         rngs=_dropout_rngs(train, rng),
         method=GPT.hidden,
     )
-    return chunked_cross_entropy(h_BxTxD, head_weight(params, cfg), targets_BxT, cfg)
+    per_token_BxT = chunked_cross_entropy(
+        h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg, terms
+    )
+    losses_BxT = per_token_BxT.pop(CROSS_ENTROPY)
+    return losses_BxT, per_token_BxT
 
 
 def head_weight(params: Params, cfg: GPTConfig) -> Array:
@@ -285,18 +297,23 @@ def head_weight(params: Params, cfg: GPTConfig) -> Array:
 
 
 def chunked_cross_entropy(
-    h_BxTxD: Array, weight: Array, targets_BxT: Array, cfg: GPTConfig
-) -> Array:
-    """losses_BxT of the read-out `read_out(h, weight)`, cfg.loss_chunk tokens at a time.
+    h_BxTxD: Array,
+    weight: Array,
+    targets_BxT: Array,
+    cfg: GPTConfig,
+    terms: tuple[tuple[str, float], ...] = (),
+) -> dict[str, Array]:
+    """{"cross_entropy": losses_BxT, term name: values_BxT} of the read-out
+    `read_out(h, weight)`, cfg.loss_chunk tokens at a time (0: all at once, one chunk).
 
-    Each chunk's logits (E, V) live only inside a `jax.checkpoint`ed step of `lax.map`: the
-    backward pass recomputes them instead of keeping all (B·T, V) float32 logits, which for
-    GPT-2 (V = 50,257) at 16 × 1024 tokens are 3.3 GB; the price is the head's forward matmul
-    done twice. Same math as the plain path.
+    With several chunks, each chunk's logits (E, V) live only inside a `jax.checkpoint`ed step
+    of `lax.map`: the backward pass recomputes them instead of keeping all (B·T, V) float32
+    logits, which for GPT-2 (V = 50,257) at 16 × 1024 tokens are 3.3 GB; the price is the
+    head's forward matmul done twice. Same math as one chunk.
     """
     batch, length, width = h_BxTxD.shape
     rows = batch * length
-    chunk = min(cfg.loss_chunk, rows)
+    chunk = min(cfg.loss_chunk or rows, rows)
     num_chunks = -(-rows // chunk)
     pad = num_chunks * chunk - rows
     h_JxExD = jnp.pad(h_BxTxD.reshape(rows, width), ((0, pad), (0, 0))).reshape(
@@ -304,14 +321,23 @@ def chunked_cross_entropy(
     )
     targets_JxE = jnp.pad(targets_BxT.reshape(rows), (0, pad)).reshape(num_chunks, chunk)
 
-    @jax.checkpoint
     def chunk_losses(args: tuple[Array, Array]) -> Array:
+        """values_ZxE: the cross-entropy, then each term (Z = 1 + terms)."""
         h_ExD, targets_E = args
         logits_ExV = read_out(h_ExD, weight, cfg)[:, : cfg.vocab_size]
-        return optax.softmax_cross_entropy_with_integer_labels(logits_ExV, targets_E)
+        losses_E = optax.softmax_cross_entropy_with_integer_labels(logits_ExV, targets_E)
+        return jnp.stack([losses_E, *term_values(terms, logits_ExV, targets_E)])
 
-    losses_JxE = jax.lax.map(chunk_losses, (h_JxExD, targets_JxE))
-    return losses_JxE.reshape(-1)[:rows].reshape(batch, length)
+    if num_chunks == 1:
+        values_JxZxE = chunk_losses((h_JxExD[0], targets_JxE[0]))[None]
+    else:
+        values_JxZxE = jax.lax.map(jax.checkpoint(chunk_losses), (h_JxExD, targets_JxE))
+    names = [CROSS_ENTROPY, *(term_name(key) for key, _ in terms)]
+    values_ZxM = values_JxZxE.swapaxes(0, 1).reshape(len(names), -1)[:, :rows]
+    return {
+        name: values_M.reshape(batch, length)
+        for name, values_M in zip(names, values_ZxM, strict=True)
+    }
 
 
 def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:

@@ -1,7 +1,9 @@
 """Position encodings: sinusoids, RoPE, and the registry `POSITION_ENCODINGS` of every scheme.
 
-The bottom layer of the package: it imports nothing of minigpt_jax, so the model config (which
+Next to the bottom of the package: it imports only `registry`, so the model config (which
 validates `pos_encoding` against the registry), the embeddings and attention all import it.
+`config.model.pos_encoding` picks an entry by name, or `module:attr` names a `PositionEncoding`
+of your own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import chex
 import jax.numpy as jnp
+
+from minigpt_jax.registry import Registry
 
 Array = chex.Array
 
@@ -56,7 +60,8 @@ def apply_rope(x_BxTxHxK: Array, positions_BxT: Array) -> Array:
 class PositionEncoding:
     """How a scheme tells the model where each token is.
 
-    A new scheme is one function and one entry in `POSITION_ENCODINGS`:
+    A new scheme is one function and one entry in `POSITION_ENCODINGS` (or a module of your own
+    holding `PositionEncoding(...)`, named as `module:attr`):
       learned:  a trainable table `params['embed']['pos']['embedding']` of shape
                 (block_size, D), added to the token embeddings; longer inputs are refused.
       additive: `(positions, dim) -> positions.shape + (dim,)`, fixed vectors added to the
@@ -79,9 +84,24 @@ class PositionEncoding:
             )
 
 
-POSITION_ENCODINGS: dict[str, PositionEncoding] = {
-    "learned": PositionEncoding(learned=True),
-    "sinusoidal": PositionEncoding(additive=sinusoidal_at, even="n_embd"),
-    "rope": PositionEncoding(rotary=apply_rope, even="head_dim"),
-    "none": PositionEncoding(),
-}
+def _as_encoding(value: Any) -> PositionEncoding:
+    if not isinstance(value, PositionEncoding):
+        raise TypeError(
+            "a position encoding must be a positions.PositionEncoding (e.g. "
+            f"PositionEncoding(additive=fn) or PositionEncoding(rotary=fn)), got "
+            f"{type(value).__name__}."
+        )
+    return value
+
+
+POSITION_ENCODINGS: Registry[PositionEncoding] = Registry(
+    "position encoding",
+    "model.pos_encoding",
+    {
+        "learned": PositionEncoding(learned=True),
+        "sinusoidal": PositionEncoding(additive=sinusoidal_at, even="n_embd"),
+        "rope": PositionEncoding(rotary=apply_rope, even="head_dim"),
+        "none": PositionEncoding(),
+    },
+    coerce=_as_encoding,
+)

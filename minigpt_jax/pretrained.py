@@ -31,6 +31,7 @@ from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.data import TOKENIZER_FILENAME
 from minigpt_jax.model import LAYERNORM_EPS, Params
+from minigpt_jax.settings import SPEED, declarations
 from minigpt_jax.tokenizers import (
     BPETokenizer,
     Tokenizer,
@@ -158,19 +159,17 @@ def hf_config_from(cfg: GPTConfig, eos_token_id: int | None = None) -> dict:
 
 
 def check_exportable(cfg: GPTConfig) -> None:
-    """Raises ValueError when GPT-2's architecture cannot express cfg."""
-    problems = []
-    if cfg.pos_encoding != "learned":
-        problems.append(f"pos_encoding={cfg.pos_encoding!r} (GPT-2 has a learned table)")
-    if cfg.embed_scale != 1.0:
-        problems.append(f"embed_scale={cfg.embed_scale} (GPT-2 does not scale embeddings)")
-    if not cfg.causal:
-        problems.append("causal=False (GPT-2 is causal)")
+    """Raises ValueError when GPT-2's architecture cannot express cfg: a setting declared with
+    the value GPT-2's layout needs (`settings.Setting.gpt2`) holds another."""
+    problems = [
+        f"{name}={getattr(cfg, name)!r} (GPT-2 has {spec.gpt2!r})"
+        for name, spec in declarations(GPTConfig).items()
+        if spec.needs_gpt2_value and getattr(cfg, name) != spec.gpt2
+    ]
     if problems:
         raise ValueError(
             "this model has no GPT-2 form: " + "; ".join(problems) + ". Only models with "
-            "learned positions, embed_scale=1 and causal attention export to the Hugging Face "
-            "GPT-2 layout."
+            "these settings at GPT-2's values export to the Hugging Face GPT-2 layout."
         )
 
 
@@ -475,15 +474,9 @@ def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
     may change (dropout, dtypes, the speed settings, the vocabulary padding, and a shorter
     block_size, which crops positions)."""
     free = {
-        "dropout",
-        "dtype",
-        "param_dtype",
-        "dense_grad",
-        "attention",
-        "loss_chunk",
-        "remat",
-        "vocab_multiple",
-        "block_size",
+        name
+        for name, spec in declarations(GPTConfig).items()
+        if spec.finetune_free or spec.kind == SPEED
     }
     diffs = [
         f"{name}: checkpoint {getattr(loaded, name)!r}, config {getattr(wanted, name)!r}"

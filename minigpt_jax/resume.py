@@ -1,39 +1,53 @@
 """What may change when a run resumes: the model never, the trajectory only when asked.
 
-A checkpoint's meta records the GPTConfig and the experiment config it was trained with; these
-checks compare them with the resuming run before anything is restored.
+A checkpoint's meta records the GPTConfig and the experiment config it was trained with, every
+registry name included (a `module:attr` entry must still import to resume); these checks compare
+them with the resuming run before anything is restored. Which settings may differ follows
+from each setting's declared kind (minigpt_jax.settings): MODEL settings must match, SPEED and
+BOOKKEEPING ones are free (num_steps may grow: the schedule is then stretched from the resumed
+step on), TRAJECTORY ones are refused unless asked.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-# The settings that decide which batches, updates and dropout masks a run sees. Changing one
-# on resume silently makes a different run; num_steps may grow (the cosine schedule is then
-# stretched from the resumed step on), and speed settings (steps_per_call, mesh) may change.
-TRAJECTORY_KEYS = ("seed", "batch_size", "data", "optim")
+from minigpt_jax.config import GPTConfig
+from minigpt_jax.run_config import declaration
+from minigpt_jax.settings import SPEED, TRAJECTORY, declarations
 
 # GPTConfig fields that pick how the same model is computed (same params, same math within
 # float tolerance): a run may resume with other values, e.g. on another backend.
-SPEED_FIELDS = ("dense_grad", "attention", "loss_chunk", "remat")
+SPEED_FIELDS = tuple(name for name, s in declarations(GPTConfig).items() if s.kind == SPEED)
 
 
-def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
-    """'key: saved -> current' for every leaf that differs, nested dicts flattened with dots.
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
-    A key the checkpoint does not record is a setting added to minigpt-jax after it was
+
+def _differences(saved: dict, current: dict, keep=lambda key: True, prefix: str = "") -> list:
+    """'key: saved -> current' for every kept leaf that differs, nested dicts flattened with
+    dots. A key the checkpoint does not record is a setting added to minigpt-jax after it was
     written; its default keeps the old behaviour, so it is not a difference (older run
     directories still resume)."""
-    out = []
-    for key in sorted(set(saved) | set(current)):
-        if key not in saved:
-            continue
-        old, new = saved.get(key), current.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            out += _differences(old, new, f"{prefix}{key}.")
-        elif old != new:
-            out.append(f"{prefix}{key}: {old!r} -> {new!r}")
-    return out
+    saved, current = _flatten(saved), _flatten(current)
+    return [
+        f"{prefix}{key}: {saved[key]!r} -> {current.get(key)!r}"
+        for key in sorted(saved)
+        if keep(key) and saved[key] != current.get(key)
+    ]
+
+
+def _is_trajectory(dotted: str) -> bool:
+    spec = declaration(dotted)
+    return spec is not None and spec.kind == TRAJECTORY
 
 
 def check_resume(
@@ -43,12 +57,11 @@ def check_resume(
 
     saved_meta / meta: {'gpt_config': ..., 'config': ...} of the checkpoint and of this run.
     A model difference is always an error (SPEED_FIELDS are not the model). A trajectory
-    difference (TRAJECTORY_KEYS) is an error unless allow_changes; then the accepted
-    differences are returned for the caller to report.
+    difference is an error unless allow_changes; then the accepted differences are returned
+    for the caller to report.
     """
     model = _differences(
-        {k: v for k, v in saved_meta.get("gpt_config", {}).items() if k not in SPEED_FIELDS},
-        {k: v for k, v in meta["gpt_config"].items() if k not in SPEED_FIELDS},
+        saved_meta.get("gpt_config", {}), meta["gpt_config"], lambda key: key not in SPEED_FIELDS
     )
     if model:
         raise ValueError(
@@ -59,11 +72,7 @@ def check_resume(
     saved_config = saved_meta.get("config")
     if saved_config is None:  # written before configs were recorded: nothing to compare
         return []
-    trajectory = _differences(
-        {k: saved_config.get(k) for k in TRAJECTORY_KEYS},
-        {k: meta["config"].get(k) for k in TRAJECTORY_KEYS},
-        "config.",
-    )
+    trajectory = _differences(saved_config, meta["config"], _is_trajectory, "config.")
     if trajectory and not allow_changes:
         raise ValueError(
             f"{checkpoint_dir} was trained with other settings ("

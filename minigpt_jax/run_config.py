@@ -1,68 +1,81 @@
-"""Experiment configs (configs/*.py): the keys a run config may hold, their checks, and loading
-a config file.
+"""Experiment configs (configs/*.py): the ConfigDict bridge to the declared settings, their
+checks, and loading a config file.
 
 A run config is an ml_collections ConfigDict with the loop settings at the top and the groups
-`model`, `optim`, `data` and `mesh`; `gpt_config_from` turns its model group into the frozen
-`GPTConfig`.
+`model`, `optim`, `data`, `mesh` and `loss`, every key declared once in `settings` (the model
+group in `GPTConfig`); `default_config` holds every default, `complete` fills in what a config
+file leaves out, and `gpt_config_from` turns the model group into the frozen `GPTConfig`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import importlib.util
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import jax
+import ml_collections
 from jax.experimental import multihost_utils
+from ml_collections import config_dict
 
-from minigpt_jax import data, shards
+from minigpt_jax import data, settings, shards
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.losses import parse_terms
+from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax.settings import check_values, declarations
 from minigpt_jax.tokenizers import Tokenizer
 
-DATA_FORMATS = ("memory", "shards")
-
-# The keys an experiment ConfigDict (configs/*.py) may hold, group by group. vocab_size is not a
-# model key: the tokenizer decides it (data.vocab_size sets the BPE size).
-MODEL_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size")
+# The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
+# declarations (minigpt_jax.settings). vocab_size is not a model key: the tokenizer decides it
+# (data.vocab_size sets the BPE size).
+MODEL_KEYS = tuple(name for name in declarations(GPTConfig) if name != "vocab_size")
+GROUP_SETTINGS: dict[str, type] = {"model": GPTConfig, **settings.GROUPS}
 EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
-    "": (
-        "seed",
-        "batch_size",
-        "grad_accum_steps",
-        "num_steps",
-        "steps_per_call",
-        "eval_every",
-        "eval_batches",
-        "log_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "init_from",
-        "model",
-        "optim",
-        "data",
-        "mesh",
-    ),
+    "": (*declarations(settings.Loop), *GROUP_SETTINGS),
     "model": MODEL_KEYS,
-    "optim": ("lr", "min_lr", "warmup_steps", "b1", "b2", "eps", "weight_decay", "grad_clip"),
-    "data": (
-        "corpus",
-        "path",
-        "tokenizer",
-        "vocab_size",
-        "val_fraction",
-        "format",
-        "shards_dir",
-        "text_field",
-        "shard_tokens",
-        "tokenizer_sample_bytes",
-    ),
-    "mesh": ("data", "fsdp", "tensor"),
+    **{group: tuple(declarations(cls)) for group, cls in settings.GROUPS.items()},
 }
+
+
+def declaration(dotted: str) -> settings.Setting | None:
+    """The declaration of the setting `group.key` (or a top-level `key`), None if unknown."""
+    group, _, key = dotted.rpartition(".")
+    cls = GROUP_SETTINGS.get(group) if group else settings.Loop
+    return None if cls is None else declarations(cls).get(key)
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every setting at its declared default: the ConfigDict a config file starts from."""
+    config = ml_collections.ConfigDict(_defaults_of(settings.Loop))
+    for group, cls in GROUP_SETTINGS.items():
+        config[group] = ml_collections.ConfigDict(_defaults_of(cls))
+    return config
+
+
+def _defaults_of(cls: type) -> dict[str, Any]:
+    specs = declarations(cls)
+    return {
+        # A None default becomes a typed placeholder, so `--config.data.path=x` parses as str.
+        name: config_dict.placeholder(specs[name].type) if value is None else value
+        for name, value in settings.defaults(cls).items()
+        if name != "vocab_size" or cls is not GPTConfig
+    }
+
+
+def settings_table() -> str:
+    """Every setting as `key  default  kind  doc`, group by group (`minigpt-jax settings`)."""
+    lines = []
+    for group, cls in (("", settings.Loop), *GROUP_SETTINGS.items()):
+        lines.append(f"config.{group}" if group else "config")
+        for name, spec in declarations(cls).items():
+            if cls is GPTConfig and name == "vocab_size":
+                continue
+            default = settings.defaults(cls)[name]
+            lines.append(f"  {name:<24} {default!r:<12} {spec.kind:<12} {spec.doc}")
+    return "\n".join(lines)
 
 
 def unknown_key_message(path: str, key: str) -> str:
@@ -77,96 +90,69 @@ def unknown_key_message(path: str, key: str) -> str:
     )
 
 
-def _check_keys(config: Any, path: str) -> None:
-    valid = EXPERIMENT_KEYS[path]
-    group = config if not path else config.get(path)
-    if group is None:
-        raise ValueError(f"the config has no group {path!r}; it needs {', '.join(valid)}.")
-    for key in group.keys():
-        if key not in valid:
-            raise ValueError(unknown_key_message(path, key))
-    missing = [k for k in valid if k not in group]
-    if missing:
-        where = f"config.{path}" if path else "config"
-        raise ValueError(f"{where} lacks {', '.join(missing)}: start from configs/default.py.")
+def complete(config: Any) -> ml_collections.ConfigDict:
+    """`config` over the declared defaults: a config file need only state what differs. Raises
+    ValueError naming an unknown key (with "did you mean") or a group that is not a group."""
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    merged = default_config().to_dict()
+    for key, value in values.items():
+        if key not in EXPERIMENT_KEYS[""]:
+            raise ValueError(unknown_key_message("", key))
+        if key in GROUP_SETTINGS:
+            if not isinstance(value, dict):
+                raise ValueError(f"config.{key} must be a group of settings, got {value!r}.")
+            for name, item in value.items():
+                if name not in EXPERIMENT_KEYS[key]:
+                    raise ValueError(unknown_key_message(key, name))
+                merged[key][name] = item
+        else:
+            merged[key] = value
+    return ml_collections.ConfigDict(merged)
+
+
+def _check_values(config: ml_collections.ConfigDict) -> None:
+    check_values(settings.Loop, {k: config[k] for k in declarations(settings.Loop)}, "config")
+    for group, cls in settings.GROUPS.items():
+        check_values(cls, config[group].to_dict(), f"config.{group}")
 
 
 def _check_schedule(config: Any) -> None:
     k = config.steps_per_call
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"config.steps_per_call must be a positive integer, got {k!r}.")
     for name in ("num_steps", "eval_every", "checkpoint_every"):
         value = config[name]
-        if not isinstance(value, int) or value < 1 or value % k:
+        if value % k:
             raise ValueError(
                 f"config.{name}={value!r} must be a positive multiple of "
                 f"steps_per_call={k}: steps run in chunks of {k}."
             )
-    for name in ("batch_size", "grad_accum_steps", "eval_batches", "log_every", "keep_checkpoints"):
-        if not isinstance(config[name], int) or config[name] < 1:
-            raise ValueError(f"config.{name} must be a positive integer, got {config[name]!r}.")
     if config.batch_size % config.grad_accum_steps:
         raise ValueError(
             f"config.batch_size={config.batch_size} (sequences per optimizer step) does not split "
             f"into grad_accum_steps={config.grad_accum_steps} equal micro-batches; use a "
             f"multiple of {config.grad_accum_steps}."
         )
-    if config.data.format not in DATA_FORMATS:
-        raise ValueError(
-            f"config.data.format={config.data.format!r} is unknown; choose one of "
-            f"{list(DATA_FORMATS)}."
-        )
 
 
-# (name, lowest allowed, whether the lowest itself is allowed, the bound it must stay below)
-_OPTIM_RANGES = (
-    ("lr", 0.0, True, None),  # 0 is allowed: a run that only evaluates or checks a model
-    ("min_lr", 0.0, True, None),
-    ("warmup_steps", 0, True, None),
-    ("b1", 0.0, True, 1.0),
-    ("b2", 0.0, True, 1.0),
-    ("eps", 0.0, False, None),
-    ("weight_decay", 0.0, True, None),
-    ("grad_clip", 0.0, False, None),
-)
-
-
-def _check_optim(optim: Any) -> None:
-    for name, low, low_ok, high in _OPTIM_RANGES:
-        value = optim[name]
-        kind = int if name == "warmup_steps" else (int, float)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, kind)
-            or not math.isfinite(value)
-            or value < low
-            or (value == low and not low_ok)
-            or (high is not None and value >= high)
-        ):
-            allowed = f"{'>=' if low_ok else '>'} {low}" + (f" and < {high}" if high else "")
-            raise ValueError(
-                f"config.optim.{name}={value!r} is out of range: it must be "
-                f"{'an integer' if kind is int else 'a finite number'} {allowed}."
-            )
-
-
-def check_experiment_config(config: Any) -> None:
-    """Raises ValueError for a missing or unknown key in an experiment ConfigDict, a loop
-    setting that is not a positive integer (num_steps, eval_every and checkpoint_every must be
-    multiples of steps_per_call), an optimizer setting out of range (e.g. a negative lr) or a
-    model the model group cannot build; all before a run writes anything."""
-    for path in EXPERIMENT_KEYS:
-        _check_keys(config, path)
+def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
+    """The complete, checked config (`complete`'s): raises ValueError for an unknown key, a
+    value its declaration does not allow (e.g. a negative lr; num_steps, eval_every and
+    checkpoint_every must be multiples of steps_per_call), a registry key that picks no entry
+    (optimizer, schedule, loss terms) or a model the model group cannot build; all before a run
+    writes anything."""
+    config = complete(config)
+    _check_values(config)
     _check_schedule(config)
-    _check_optim(config.optim)
+    OPTIMIZERS.check(config.optim.name)
+    SCHEDULES.check(config.optim.schedule)
+    parse_terms(config.loss.terms)
     GPTConfig(vocab_size=1, **config.model.to_dict())  # the tokenizer sets vocab_size later
+    return config
 
 
 def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
     """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees
-    (checks the model group's keys; `check_experiment_config` checks the rest)."""
-    _check_keys(config, "model")
-    return GPTConfig(vocab_size=vocab_size, **config.model.to_dict())
+    (unknown model keys are errors; missing ones take their defaults)."""
+    return GPTConfig(vocab_size=vocab_size, **complete({"model": config.model.to_dict()}).model)
 
 
 def dataset_from(

@@ -24,8 +24,11 @@ from tqdm.auto import tqdm
 from minigpt_jax import data, sharding
 from minigpt_jax.checkpoint import LATEST_DIR, Checkpointer
 from minigpt_jax.config import GPTConfig
+from minigpt_jax.losses import CROSS_ENTROPY, parse_terms
 from minigpt_jax.metrics import MetricsWriter
-from minigpt_jax.model import Params, init_params, next_token_losses
+from minigpt_jax.model import Params, init_params, next_token_loss_terms
+from minigpt_jax.optimizers import decay_mask as decay_mask
+from minigpt_jax.optimizers import make_optimizer
 from minigpt_jax.pretrained import load_model, params_for
 from minigpt_jax.resume import check_resume
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
@@ -45,38 +48,8 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 # ----------------------------------------------------------------------------- optimizer
-
-
-def decay_mask(params: Params) -> Params:
-    """True for weight matrices and embedding tables; not for biases and LayerNorm scales."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: path[-1].key in ("kernel", "embedding"), params
-    )
-
-
-def make_optimizer(
-    optim: Any, num_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping, then AdamW on a linear-warmup + cosine-decay schedule."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=optim.lr,
-        warmup_steps=optim.warmup_steps,
-        decay_steps=max(num_steps, optim.warmup_steps + 1),
-        end_value=optim.min_lr,
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(optim.grad_clip),
-        optax.adamw(
-            schedule,
-            b1=optim.b1,
-            b2=optim.b2,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-            mask=decay_mask,
-        ),
-    )
-    return tx, schedule
+# The optimizer and its schedule come from the registries of minigpt_jax.optimizers
+# (`make_optimizer`, `decay_mask`, re-exported here).
 
 
 def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> TrainState:
@@ -93,18 +66,49 @@ def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> 
 # ----------------------------------------------------------------------------- steps
 
 
-def loss_fn(params: Params, batch_BxT1: Array, cfg: GPTConfig, *, train: bool, rng=None) -> Array:
-    """Mean next-token cross-entropy (nats) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]."""
-    return next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng).mean()
+LossTerms = tuple[tuple[str, float], ...]  # losses.parse_terms(config.loss.terms)
+
+
+def loss_fn(
+    params: Params,
+    batch_BxT1: Array,
+    cfg: GPTConfig,
+    *,
+    train: bool,
+    rng=None,
+    terms: LossTerms = (),
+) -> tuple[Array, dict[str, Array]]:
+    """(objective, aux) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]: the objective is the
+    mean next-token cross-entropy (nats) plus each loss term's weight x mean; aux holds the
+    mean of the cross-entropy and of each term by name when there are terms (none without)."""
+    losses_BxT, term_values_BxT = next_token_loss_terms(
+        params, batch_BxT1, cfg, terms, train=train, rng=rng
+    )
+    objective = losses_BxT.mean()
+    aux = {}
+    if terms:
+        aux[CROSS_ENTROPY] = objective
+        for (_, weight), (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
+            aux[name] = values_BxT.mean()
+            objective = objective + weight * aux[name]
+    return objective, aux
 
 
 def accumulated_value_and_grad(
-    params: Params, batch_BxT1: Array, cfg: GPTConfig, dropout_rng: Array, grad_accum_steps: int
-) -> tuple[Array, Params]:
-    """(training loss, grads) of the batch, from grad_accum_steps micro-batches in turn."""
-    value_and_grad = jax.value_and_grad(loss_fn)
+    params: Params,
+    batch_BxT1: Array,
+    cfg: GPTConfig,
+    dropout_rng: Array,
+    grad_accum_steps: int,
+    terms: LossTerms = (),
+) -> tuple[tuple[Array, dict[str, Array]], Params]:
+    """((objective, aux), grads) of the batch, from grad_accum_steps micro-batches in turn; the
+    objective, every aux value and the grads are averaged over them."""
+    value_and_grad = jax.value_and_grad(
+        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms), has_aux=True
+    )
     if grad_accum_steps == 1:
-        return value_and_grad(params, batch_BxT1, cfg, train=True, rng=dropout_rng)
+        return value_and_grad(params, batch_BxT1, rng=dropout_rng)
     batch_size, width = batch_BxT1.shape
     if batch_size % grad_accum_steps:
         raise ValueError(
@@ -116,20 +120,18 @@ def accumulated_value_and_grad(
     rows_UxAxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
     micro_AxUxT1 = rows_UxAxT1.swapaxes(0, 1)
 
-    def add_micro_batch(carry, inputs):
-        loss_sum, grads_sum = carry
+    def add_micro_batch(sums, inputs):
         index, micro_UxT1 = inputs
         rng = jax.random.fold_in(dropout_rng, index)
-        loss, grads = value_and_grad(params, micro_UxT1, cfg, train=True, rng=rng)
-        return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grads_sum, grads)), None
+        values_and_grads = value_and_grad(params, micro_UxT1, rng=rng)
+        return jax.tree_util.tree_map(jnp.add, sums, values_and_grads), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree_util.tree_map(jnp.zeros_like, params))
-    (loss_sum, grads_sum), _ = jax.lax.scan(
-        add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxUxT1)
-    )
+    shapes = jax.eval_shape(value_and_grad, params, micro_AxUxT1[0], rng=dropout_rng)
+    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    sums, _ = jax.lax.scan(add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxUxT1))
     # Equal micro-batches: the mean of their means is the mean over the batch.
     scale = 1.0 / grad_accum_steps
-    return loss_sum * scale, jax.tree_util.tree_map(lambda g: g * scale, grads_sum)
+    return jax.tree_util.tree_map(lambda x: x * scale, sums)
 
 
 def train_step(
@@ -140,23 +142,25 @@ def train_step(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
+    terms: LossTerms = (),
 ) -> tuple[TrainState, dict[str, Array]]:
-    """One optimizer step. Metrics: loss (before the update), grad_norm (before clipping), lr.
+    """One optimizer step. Metrics: loss (the objective, before the update), grad_norm (before
+    clipping), lr, and every aux value of the loss under its own name.
 
     grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
     (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
     """
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = accumulated_value_and_grad(
-        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps
+    (loss, aux), grads = accumulated_value_and_grad(
+        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps, terms
     )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
-    return new_state, metrics
+    return new_state, {**aux, **metrics}
 
 
 def state_shardings(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
@@ -183,6 +187,7 @@ def make_train_chunk(
     shardings: Any = None,
     grad_accum_steps: int = 1,
     *,
+    terms: LossTerms = (),
     donate: bool = True,
 ):
     """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
@@ -190,9 +195,15 @@ def make_train_chunk(
     state; `donate=False` only to measure what that saves). Dispatching once per C steps cuts
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
-    over grad_accum_steps micro-batches of B / grad_accum_steps rows."""
+    over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
+    terms added to the cross-entropy."""
     step = functools.partial(
-        train_step, cfg=cfg, tx=tx, schedule=schedule, grad_accum_steps=grad_accum_steps
+        train_step,
+        cfg=cfg,
+        tx=tx,
+        schedule=schedule,
+        grad_accum_steps=grad_accum_steps,
+        terms=terms,
     )
 
     def train_chunk(state, batches_CxBxT1):
@@ -210,18 +221,25 @@ def make_train_chunk(
     )
 
 
-def eval_step(params: Params, batch_BxT1: Array, *, cfg: GPTConfig) -> tuple[Array, Array]:
-    """(sum of token losses, number of tokens): the host divides, so batches can be summed."""
-    losses_BxT = next_token_losses(params, batch_BxT1, cfg)
-    return losses_BxT.sum(), jnp.asarray(losses_BxT.size, jnp.int32)
+def eval_step(
+    params: Params, batch_BxT1: Array, *, cfg: GPTConfig, terms: LossTerms = ()
+) -> tuple[dict[str, Array], Array]:
+    """({"loss": sum of token losses, term name: sum of its values}, number of tokens): the
+    host divides, so batches can be summed."""
+    losses_BxT, term_values_BxT = next_token_loss_terms(params, batch_BxT1, cfg, terms)
+    sums = {"loss": losses_BxT.sum(), **{k: v.sum() for k, v in term_values_BxT.items()}}
+    return sums, jnp.asarray(losses_BxT.size, jnp.int32)
 
 
-def make_eval_step(cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None):
-    """jit((params, batch_BxT1) -> (loss sum, token count)), sharded like training on a mesh."""
+def make_eval_step(
+    cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None, terms: LossTerms = ()
+):
+    """jit((params, batch_BxT1) -> (sums, token count)), sharded like training on a mesh."""
+    step = functools.partial(eval_step, cfg=cfg, terms=terms)
     if mesh is None:
-        return jax.jit(functools.partial(eval_step, cfg=cfg))
+        return jax.jit(step)
     return jax.jit(
-        functools.partial(eval_step, cfg=cfg),
+        step,
         in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
         out_shardings=sharding.replicated(mesh),
     )
@@ -238,17 +256,19 @@ def evaluate(
     seed: int,
     split: str,
     mesh: Mesh | None = None,
-) -> float:
-    """Mean loss over `num_batches` fixed batches of a split (the same ones every time);
-    eval_fn is `make_eval_step`'s."""
-    total, count = 0.0, 0
+) -> dict[str, float]:
+    """{"loss": mean next-token loss, term name: its mean} over `num_batches` fixed batches of
+    a split (the same ones every time); eval_fn is `make_eval_step`'s."""
+    totals, count = {}, 0
     for i in range(num_batches):
         batch = data.get_batch(tokens, batch_size, block_size, seed=seed, step=i, split=split)
         if mesh is not None:
             batch = sharding.put_batch(batch, sharding.batch_sharding(mesh, 2))
-        loss_sum, n = jax.device_get(eval_fn(params, batch))
-        total, count = total + float(loss_sum), count + int(n)
-    return total / count
+        sums, n = jax.device_get(eval_fn(params, batch))
+        for key, value in sums.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+        count += int(n)
+    return {key: total / count for key, total in totals.items()}
 
 
 # ----------------------------------------------------------------------------- loop
@@ -306,48 +326,60 @@ class Trainer:
         progress: bool = False,
         allow_resume_changes: bool = False,
     ):
+        """config: a complete, checked run config (`run_config.check_experiment_config`)."""
         self.config, self.workdir = config, workdir
         self.allow_resume_changes = allow_resume_changes
+        self._load_data_and_model(progress)
+        self.checkpointer = Checkpointer(
+            workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
+        )
+        try:
+            self.state, self.resumed_from, self.best_val = self._restore_or_init()
+            self._compile()
+        except BaseException:
+            self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
+            raise
+
+    def _load_data_and_model(self, progress: bool) -> None:
+        """The dataset, the model config, the optimizer, the loss terms and the mesh."""
+        config = self.config
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
         self.pretrained = load_model(config.init_from) if config.init_from else None
         self.dataset = dataset_from(
             config,
-            workdir,
+            self.workdir,
             self.pretrained.tokenizer if self.pretrained else None,
             progress=progress,
         )
         vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
         self.cfg = gpt_config_from(config, vocab_size)
         self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
+        self.terms = parse_terms(config.loss.terms)
         self.mesh = sharding.make_mesh(config.mesh)
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
         self.micro_batch_size = config.batch_size // config.grad_accum_steps
         sharding.check_batch_size(self.micro_batch_size, self.mesh)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
         self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
-        self.checkpointer = Checkpointer(
-            workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
-        )
-        try:
-            self.state, self.resumed_from, self.best_val = self._restore_or_init()
-            compile_start = time.perf_counter()
-            self._train_chunk = (
-                make_train_chunk(
-                    self.cfg,
-                    self.tx,
-                    self.schedule,
-                    self.mesh,
-                    self.shardings,
-                    grad_accum_steps=config.grad_accum_steps,
-                )
-                .lower(self.state, self.batches_from(self.step))
-                .compile()
+
+    def _compile(self) -> None:
+        """Compiles the train chunk ahead of the first call; times it with the eval step."""
+        compile_start = time.perf_counter()
+        self._train_chunk = (
+            make_train_chunk(
+                self.cfg,
+                self.tx,
+                self.schedule,
+                self.mesh,
+                self.shardings,
+                grad_accum_steps=self.config.grad_accum_steps,
+                terms=self.terms,
             )
-            self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params)
-            self.compile_time_s = time.perf_counter() - compile_start
-        except BaseException:
-            self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
-            raise
+            .lower(self.state, self.batches_from(self.step))
+            .compile()
+        )
+        self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params, self.terms)
+        self.compile_time_s = time.perf_counter() - compile_start
 
     @property
     def step(self) -> int:
@@ -403,10 +435,10 @@ class Trainer:
         self.state, metrics = self._train_chunk(self.state, self.batches_from(first_step))
         return metrics
 
-    def evaluate_and_keep_best(self, step: int) -> tuple[float, float]:
-        """(val loss, train loss) on the fixed eval batches; saves the params to best/ when the
-        val loss is the lowest yet."""
-        val_loss, train_loss = (
+    def evaluate_and_keep_best(self, step: int) -> tuple[dict[str, float], dict[str, float]]:
+        """(val, train) results on the fixed eval batches, each {"loss": ..., term: ...}; saves
+        the params to best/ when the val loss is the lowest yet."""
+        val, train = (
             evaluate(
                 self._eval_fn,
                 self.state.params,
@@ -420,6 +452,7 @@ class Trainer:
             )
             for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train"))
         )
+        val_loss = val["loss"]
         if not math.isfinite(val_loss):
             raise non_finite_error(f"val loss {val_loss}", step, self.checkpointer)
         if val_loss < self.best_val:
@@ -428,7 +461,7 @@ class Trainer:
             self.checkpointer.save_best(
                 step, self.state.params, {**self.meta, "val_loss": val_loss}
             )
-        return val_loss, train_loss
+        return val, train
 
     def _check_params_finite(self, step: int) -> None:
         if not bool(jax.device_get(_all_finite(self.state.params))):
@@ -496,7 +529,9 @@ class RunLogger:
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 what = f"training loss {loss} (grad norm {grad_norm})"
                 raise non_finite_error(what, step, self.checkpointer)
-            row = {"train_loss": loss, "grad_norm": grad_norm, "lr": float(metrics["lr"][i])}
+            # Every metric the step returns (the loss's aux values too), under its own name.
+            row = {"train_loss": loss}
+            row.update({k: float(v[i]) for k, v in metrics.items() if k != "loss"})
             row["tokens_per_sec"] = tokens_per_sec
             self.writer.write(step, row, tensorboard=step % self.log_every == 0)
             self.train_loss = loss
@@ -504,10 +539,16 @@ class RunLogger:
         if (first_step + self.steps_per_call) % self.log_every < self.steps_per_call:
             self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{tokens_per_sec:,.0f}")
 
-    def evaluation(self, step: int, val_loss: float, eval_train_loss: float) -> None:
-        self.val_loss, self.eval_train_loss = val_loss, eval_train_loss
-        self.writer.write(step, {"val_loss": val_loss, "eval_train_loss": eval_train_loss})
-        self.bar.write(f"step {step}: train loss {eval_train_loss:.4f}, val loss {val_loss:.4f}")
+    def evaluation(self, step: int, val: dict[str, float], train: dict[str, float]) -> None:
+        """Records an evaluation: val_loss and eval_train_loss, and val_<term> and
+        eval_train_<term> for every other value the evaluation returned."""
+        self.val_loss, self.eval_train_loss = val["loss"], train["loss"]
+        row = {f"val_{k}": v for k, v in val.items()}
+        row.update({f"eval_train_{k}": v for k, v in train.items()})
+        self.writer.write(step, row)
+        self.bar.write(
+            f"step {step}: train loss {self.eval_train_loss:.4f}, val loss {self.val_loss:.4f}"
+        )
 
     def flush(self) -> None:
         """Flushes the files; host-side work (evaluation, checkpoints) is not chunk time."""
@@ -553,7 +594,7 @@ def train_and_evaluate(
     and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
     wall_start = time.perf_counter()
-    check_experiment_config(config)
+    config = check_experiment_config(config)  # complete: every setting, defaults filled in
     micro_batch_size = config.batch_size // config.grad_accum_steps
     sharding.check_batch_size(micro_batch_size, sharding.make_mesh(config.mesh))
     chunk = config.steps_per_call

@@ -13,6 +13,7 @@ from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, backend, forward, init_params, next_token_losses
 from minigpt_jax.attention import attention_weights, causal_mask, fused_attention, mix_values
+from minigpt_jax.attention_fns import choose_kernel
 from minigpt_jax.embeddings import read_out
 from minigpt_jax.model import forward_with_cache, init_cache
 from minigpt_jax.sampling import generate
@@ -46,11 +47,11 @@ class ResolutionTest(chex.TestCase):
     @ON_CPU
     def test_auto_on_cpu(self):
         self.assertEqual(backend.dense_grad(CFG), "direct")
-        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=False), "explicit")
-        self.assertEqual(backend.attention(CFG, weight_dropout=False, cached=True), "explicit")
+        self.assertEqual(choose_kernel(CFG, weight_dropout=False, cached=False), "explicit")
+        self.assertEqual(choose_kernel(CFG, weight_dropout=False, cached=True), "explicit")
 
     def test_attention_weight_dropout_takes_the_explicit_path(self):
-        self.assertEqual(backend.attention(CFG, weight_dropout=True, cached=False), "explicit")
+        self.assertEqual(choose_kernel(CFG, weight_dropout=True, cached=False), "explicit")
 
     def test_cudnn_needs_half_precision_and_a_head_dim_multiple_of_8(self):
         self.assertFalse(backend.cudnn_attention_supported(CFG))  # float32
@@ -64,12 +65,10 @@ class ResolutionTest(chex.TestCase):
     def test_explicit_choices_are_kept(self):
         self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
         explicit = CFG.replace(attention="explicit")
-        self.assertEqual(
-            backend.attention(explicit, weight_dropout=False, cached=False), "explicit"
-        )
+        self.assertEqual(choose_kernel(explicit, weight_dropout=False, cached=False), "explicit")
         cudnn = CFG.replace(attention="cudnn", dtype="bfloat16")
-        self.assertEqual(backend.attention(cudnn, weight_dropout=False, cached=False), "cudnn")
-        self.assertEqual(backend.attention(cudnn, weight_dropout=False, cached=True), "xla")
+        self.assertEqual(choose_kernel(cudnn, weight_dropout=False, cached=False), "cudnn")
+        self.assertEqual(choose_kernel(cudnn, weight_dropout=False, cached=True), "xla")
 
 
 class AttentionKernelTest(parameterized.TestCase):

@@ -200,10 +200,13 @@ def test_grad_accumulation_equals_one_k_times_larger_batch(corpus_file):
     batches = np.random.default_rng(1).integers(0, 40, (3, 8, 17)).astype(np.int32)
     params = init_state(cfg, tx, jax.random.key(0)).params
     rng = jax.random.key(1)
-    loss, grads = jax.value_and_grad(loss_fn)(params, batches[0], cfg, train=True, rng=rng)
-    loss_4, grads_4 = jax.jit(accumulated_value_and_grad, static_argnums=(2, 4))(
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, batches[0], cfg, train=True, rng=rng
+    )
+    (loss_4, aux_4), grads_4 = jax.jit(accumulated_value_and_grad, static_argnums=(2, 4))(
         params, batches[0], cfg, rng, 4
     )
+    assert aux == aux_4 == {}  # no loss terms: nothing beside the cross-entropy
     np.testing.assert_allclose(loss_4, loss, rtol=1e-6)
     chex.assert_trees_all_close(grads_4, grads, rtol=1e-5, atol=1e-7)
     states = {}

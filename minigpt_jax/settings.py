@@ -1,0 +1,288 @@
+"""Every setting declared once: name, default, one-line doc, allowed values and kind.
+
+A setting is a field of a typed group declared with `setting(...)`: `GPTConfig` (the model
+group, minigpt_jax.config) and the groups below (loop settings at the top level, `optim`,
+`data`, `mesh`, `loss`). Everything else derives from these declarations: the keys a config may
+hold and the "did you mean" of a typo (`run_config`), the range checks, what may change on
+resume (`resume`), what a fine-tune may change and what GPT-2's layout needs (`pretrained`), and
+the defaults a config file starts from, so `configs/*.py` state only what differs.
+
+Kinds:
+  MODEL        the model's shape and math: a resumed run must match it
+  SPEED        how the same run is computed (kernels, chunking, mesh): free to change on resume
+  TRAJECTORY   which batches and updates a run sees: refused on resume unless
+               --allow_resume_changes
+  BOOKKEEPING  logging, evaluation and checkpoint cadence, the step budget: free
+
+A leaf module: it imports nothing of minigpt_jax (a `choices` registry is any container).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Container
+from typing import Any
+
+MODEL, SPEED, TRAJECTORY, BOOKKEEPING = "model", "speed", "trajectory", "bookkeeping"
+KINDS = (MODEL, SPEED, TRAJECTORY, BOOKKEEPING)
+
+_NO_VALUE = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """The declaration of one setting (a dataclass field's metadata["setting"])."""
+
+    doc: str
+    kind: str
+    type: type
+    low: float | None = None  # lowest allowed value (inclusive unless low_open)
+    low_open: bool = False
+    high: float | None = None  # values must stay below it
+    choices: Container | None = None  # a tuple, or a registry (names and module:attr)
+    nullable: bool = False  # None is allowed (a placeholder to fill in, e.g. data.path)
+    requirement: str | None = None  # words for the rule, where the generic ones don't fit
+    finetune_free: bool = False  # init_from may differ in it (pretrained.shape_mismatch)
+    gpt2: Any = _NO_VALUE  # the value GPT-2's layout needs to export (pretrained)
+
+    @property
+    def needs_gpt2_value(self) -> bool:
+        return self.gpt2 is not _NO_VALUE
+
+    def problem(self, where: str, value: Any) -> str | None:
+        """None when `value` is allowed, else the message naming `where` and the rule."""
+        if value is None and self.nullable:
+            return None
+        if self.choices is not None:
+            if isinstance(value, str) and value in self.choices:
+                return None
+            check = getattr(self.choices, "check", None)
+            if check is not None and isinstance(value, str):
+                check(value)  # a registry's own error: its entries and the module:attr form
+            return f"{where}={value!r} is unknown; allowed: {list(self.choices)}."
+        if not _has_type(value, self.type):
+            words = self.requirement or _type_words(self.type)
+            if self.type is int and self.low == 1 and self.high is None:
+                words = "a positive integer"
+            return f"{where} must be {words}, got {value!r}."
+        if self.type in (int, float) and not self._in_range(value):
+            if self.requirement:
+                return f"{where} must be {self.requirement}, got {value!r}."
+            if self.type is int and self.low == 1 and self.high is None:
+                return f"{where} must be a positive integer, got {value!r}."
+            return f"{where}={value!r} is out of range: it must be {self._range_words()}."
+        return None
+
+    def _in_range(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value < self.high
+
+    def _range_words(self) -> str:
+        words = "an integer" if self.type is int else "a finite number"
+        if self.low is not None:
+            words += f" {'>' if self.low_open else '>='} {self.low}"
+        if self.high is not None:
+            words += f"{' and' if self.low is not None else ''} < {self.high}"
+        return words
+
+
+def _has_type(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _type_words(kind: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[kind]
+
+
+def setting(default: Any, doc: str, kind: str, **rules: Any) -> Any:
+    """A dataclass field declaring one setting: its default, doc, kind and rules (`Setting`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown setting kind {kind!r}; kinds: {KINDS}.")
+    kind_type = rules.pop("type", None) or type(default)
+    declared = Setting(doc=doc, kind=kind, type=kind_type, **rules)
+    return dataclasses.field(default=default, metadata={"setting": declared})
+
+
+def declarations(group: type) -> dict[str, Setting]:
+    """{name: Setting} of a settings dataclass, in declaration order."""
+    return {
+        f.name: f.metadata["setting"] for f in dataclasses.fields(group) if "setting" in f.metadata
+    }
+
+
+def defaults(group: type) -> dict[str, Any]:
+    """{name: default} of a settings dataclass."""
+    return {f.name: f.default for f in dataclasses.fields(group) if "setting" in f.metadata}
+
+
+def check_values(group: type, values: dict[str, Any], where: str) -> None:
+    """Raises ValueError for the first value of `values` its declaration does not allow."""
+    specs = declarations(group)
+    for name, value in values.items():
+        if name in specs:
+            message = specs[name].problem(f"{where}.{name}", value)
+            if message:
+                raise ValueError(message)
+
+
+# ----------------------------------------------------------------------------- loop settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """The top level of a run config: batch, step budget and cadences."""
+
+    seed: int = setting(
+        0, "one key, split into init, data and dropout keys", TRAJECTORY, low=0, high=2**31
+    )
+    batch_size: int = setting(
+        16, "sequences per optimizer step (all micro-batches, all devices)", TRAJECTORY, low=1
+    )
+    grad_accum_steps: int = setting(
+        1, "micro-batches of batch_size / grad_accum_steps per step", SPEED, low=1
+    )
+    num_steps: int = setting(1500, "optimizer steps in the whole run", BOOKKEEPING, low=1)
+    steps_per_call: int = setting(
+        10,
+        "optimizer steps per compiled call (a lax.scan over batches; metrics stay per step)",
+        SPEED,
+        low=1,
+    )
+    eval_every: int = setting(
+        250, "steps between validation passes (a multiple of steps_per_call)", BOOKKEEPING, low=1
+    )
+    eval_batches: int = setting(
+        20, "validation batches (of one micro-batch each) per pass, fixed", BOOKKEEPING, low=1
+    )
+    log_every: int = setting(
+        10, "steps between progress-bar and TensorBoard updates", BOOKKEEPING, low=1
+    )
+    checkpoint_every: int = setting(
+        250, "steps between checkpoints (a multiple of steps_per_call)", BOOKKEEPING, low=1
+    )
+    keep_checkpoints: int = setting(
+        3, "latest checkpoints kept; the best by val loss is kept apart", BOOKKEEPING, low=1
+    )
+    init_from: str = setting(
+        "",
+        "fine-tune from a Hugging Face GPT-2 directory or a run's workdir ('' = from scratch); "
+        "its tokenizer replaces data's, and the model group must match it",
+        BOOKKEEPING,
+    )
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+    """config.optim: the optimizer, its learning-rate schedule and gradient clipping."""
+
+    lr: float = setting(
+        1e-3, "peak learning rate after warmup (0: a run that only evaluates)", TRAJECTORY, low=0.0
+    )
+    min_lr: float = setting(1e-4, "the schedule's end, reached at num_steps", TRAJECTORY, low=0.0)
+    warmup_steps: int = setting(100, "linear warmup from 0", TRAJECTORY, low=0)
+    b1: float = setting(0.9, "Adam's first-moment decay", TRAJECTORY, low=0.0, high=1.0)
+    b2: float = setting(0.99, "Adam's second-moment decay", TRAJECTORY, low=0.0, high=1.0)
+    eps: float = setting(1e-8, "Adam's epsilon", TRAJECTORY, low=0.0, low_open=True)
+    weight_decay: float = setting(
+        0.1,
+        "decoupled decay of kernels and embedding tables, not biases or norms",
+        TRAJECTORY,
+        low=0.0,
+    )
+    grad_clip: float = setting(
+        1.0, "global-norm clipping threshold", TRAJECTORY, low=0.0, low_open=True
+    )
+    name: str = setting(
+        "adamw",
+        "the optimizer: a key of optimizers.OPTIMIZERS, or module:attr of your own",
+        TRAJECTORY,
+        type=str,
+    )
+    schedule: str = setting(
+        "cosine",
+        "the learning-rate schedule: a key of optimizers.SCHEDULES, or module:attr",
+        TRAJECTORY,
+        type=str,
+    )
+
+
+CORPORA = ("pydoc", "shakespeare", "text")
+TOKENIZERS = ("char", "bpe")
+DATA_FORMATS = ("memory", "shards")
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """config.data: the corpus, its tokenizer and split, and how a run holds it."""
+
+    corpus: str = setting(
+        "pydoc", "pydoc (embedded) | shakespeare | text (data.path)", TRAJECTORY, choices=CORPORA
+    )
+    path: str | None = setting(
+        None, "a .txt/.jsonl file, a directory or a glob", TRAJECTORY, type=str, nullable=True
+    )
+    tokenizer: str = setting("bpe", "char | bpe (byte-level)", TRAJECTORY, choices=TOKENIZERS)
+    vocab_size: int = setting(
+        512, "BPE vocabulary (256 bytes + merges); char ignores it", TRAJECTORY, low=1
+    )
+    val_fraction: float = setting(
+        0.1,
+        "the last fraction of the tokens is the validation split",
+        TRAJECTORY,
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    format: str = setting(
+        "memory",
+        "memory: read, encoded and held in RAM (workdir/tokens.npy); shards: streamed into "
+        "memory-mapped token shards, any size",
+        TRAJECTORY,
+        choices=DATA_FORMATS,
+    )
+    shards_dir: str | None = setting(
+        None, "shards: their folder (default workdir/shards)", TRAJECTORY, type=str, nullable=True
+    )
+    text_field: str = setting(
+        "text", "shards: the field of a .jsonl line with its text", TRAJECTORY
+    )
+    shard_tokens: int = setting(1 << 27, "shards: tokens per shard file", TRAJECTORY, low=1)
+    tokenizer_sample_bytes: int = setting(
+        1 << 26, "shards: text a BPE tokenizer is trained on", TRAJECTORY, low=1
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """config.mesh: the device mesh; -1 is all remaining devices (minigpt_jax/sharding.py)."""
+
+    data: int = setting(-1, "devices the batch splits over", SPEED, low=-1)
+    fsdp: int = setting(1, "devices params and batch split over (ZeRO-3)", SPEED, low=-1)
+    tensor: int = setting(1, "devices heads, MLP units and vocabulary split over", SPEED, low=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """config.loss: terms added to the next-token cross-entropy (minigpt_jax/losses.py)."""
+
+    terms: str = setting(
+        "",
+        "comma-separated name[=weight] of losses.LOSS_TERMS or module:attr, e.g. 'z_loss=1e-4'; "
+        "each term's mean is logged beside the loss",
+        TRAJECTORY,
+    )
+
+
+# The groups of a run config besides `model` (GPTConfig, minigpt_jax.config), by key.
+GROUPS: dict[str, type] = {"optim": Optim, "data": Data, "mesh": Mesh, "loss": Loss}
