@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 import os
 import socket
 import webbrowser
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -25,20 +27,6 @@ matplotlib.use("Agg")  # figures are rendered to PNG for the page, never shown i
 
 from matplotlib.figure import Figure  # noqa: E402
 
-DEFAULTS = dict(
-    lookup_ids="[0, 1, 0]",
-    rename_ids="[0, 1, 2]",
-    permutation="[5, 3, 0, 1, 2, 4]",
-    edit_ids="[0, 1, 2, 1]",
-    edit_row="1",
-    edit_dim="3",
-    edit_value="0.9",
-    learning_rate=str(compute.LEARNING_RATE),
-    dim="16",
-    position="5",
-    pair="1",
-    length="64",
-)
 MAX_POSITIONS = 512
 
 # System fonts only: the page loads nothing from outside 127.0.0.1.
@@ -429,186 +417,278 @@ def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
 # ----------------------------------------------------------------------------- the page
 
 
+def _dashed(key: str) -> str:
+    """A component's elem_id: its key with dashes ("lookup_ids" -> "lookup-ids")."""
+    return key.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A textbox labelled TEXT[lang][key]."""
+
+    key: str
+    default: str
+
+    def make(self, words: dict):
+        return gr.Textbox(self.default, label=words[self.key], elem_id=_dashed(self.key))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Radio buttons labelled TEXT[lang][key]; each option is (its text key, its value)."""
+
+    key: str
+    options: tuple[tuple[str, str], ...]
+    default: str
+
+    def make(self, words: dict):
+        options = [(words[text], value) for text, value in self.options]
+        return gr.Radio(
+            options, value=self.default, label=words[self.key], elem_id=_dashed(self.key)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Button:
+    """A button reading TEXT[lang][key]."""
+
+    key: str
+    primary: bool = True
+    default = None  # a button has no value of its own
+
+    def make(self, words: dict):
+        variant = "primary" if self.primary else "secondary"
+        return gr.Button(words[self.key], variant=variant, elem_id=_dashed(self.key))
+
+
+class Click(NamedTuple):
+    """Clicking `button` runs `handler(*inputs, lang=lang)`, which fills `outputs`.
+
+    Inputs and outputs name components: "state", "table", a widget's key, "result", a plot's key;
+    the part's message always comes last in the outputs, where `_guarded` writes it.
+    """
+
+    button: str
+    handler: Callable
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+class Part(NamedTuple):
+    """One part of the page: its words are TEXT[lang]["<name>_heading"] (and "<name>_explain")."""
+
+    name: str  # elem_ids part-<name>, <name>-message, <name>-result
+    layout: tuple  # widgets in order: a tuple of widgets is one gr.Row, a bare widget stands alone
+    clicks: tuple[Click, ...]
+    explain: bool = False  # a paragraph under the heading
+    heading_args: Callable[[], dict] | None = None  # fills the heading's {placeholders}
+    above: Callable[[dict], str] | None = None  # HTML of the words, above the widgets
+    plots: tuple[str, ...] = ()  # gr.Plot keys, in a row under the result
+    shown_at_start: bool = False  # the first click's outputs, for the widgets' defaults
+
+
+def _output_weights_html(words: dict) -> str:
+    return matrix_html(
+        compute.OUTPUT_WEIGHTS_2xD,
+        [f"w_{compute.STEP_TARGET}", f"w_{compute.STEP_RIVAL}"],
+        range(compute.OUTPUT_WEIGHTS_2xD.shape[1]),
+        caption=words["step_outputs"],
+    )
+
+
+_TABLE_OUTPUTS = ("state", "table", "result")  # the outputs of a part that changes the shared table
+
+PARTS = (
+    Part(
+        "lookup",
+        ((Field("lookup_ids", "[0, 1, 0]"), Button("lookup_button")),),
+        (Click("lookup_button", lookup_part, ("state", "lookup_ids"), ("result",)),),
+        shown_at_start=True,
+    ),
+    Part(
+        "rename",
+        (
+            (
+                Field("rename_ids", "[0, 1, 2]"),
+                Field("rename_perm", "[5, 3, 0, 1, 2, 4]"),
+                Choice(
+                    "rename_mode",
+                    (("mode_both", "both"), ("mode_ids", "ids"), ("mode_rows", "rows")),
+                    "both",
+                ),
+            ),
+            Button("rename_button"),
+        ),
+        (
+            Click(
+                "rename_button",
+                rename_part,
+                ("state", "rename_ids", "rename_perm", "rename_mode"),
+                _TABLE_OUTPUTS,
+            ),
+        ),
+    ),
+    Part(
+        "edit",
+        (
+            (
+                Field("edit_ids", "[0, 1, 2, 1]"),
+                Field("edit_row", "1"),
+                Field("edit_dim", "3"),
+                Field("edit_value", "0.9"),
+            ),
+            Button("edit_button"),
+        ),
+        (
+            Click(
+                "edit_button",
+                edit_part,
+                ("state", "edit_ids", "edit_row", "edit_dim", "edit_value"),
+                _TABLE_OUTPUTS,
+            ),
+        ),
+    ),
+    Part(
+        "step",
+        (
+            (
+                Field("step_lr", str(compute.LEARNING_RATE)),
+                Button("step_button"),
+                Button("reset_button", primary=False),
+            ),
+        ),
+        (
+            Click("step_button", step_part, ("state", "step_lr"), _TABLE_OUTPUTS),
+            Click("reset_button", reset_part, ("state",), _TABLE_OUTPUTS),
+        ),
+        explain=True,
+        heading_args=_step_words,
+        above=_output_weights_html,
+    ),
+    Part(
+        "context",
+        (
+            (Field("context_a", compute.SENTENCES[0]), Field("context_b", compute.SENTENCES[1])),
+            (Button("context_button"), Button("equal_button", primary=False)),
+        ),
+        (
+            Click("context_button", context_part, ("state", "context_a", "context_b"), ("result",)),
+            Click(
+                "equal_button",
+                equal_part,
+                ("state", "context_a", "context_b"),
+                ("context_b", "result"),
+            ),
+        ),
+        explain=True,
+        shown_at_start=True,
+    ),
+    Part(
+        "positions",
+        (
+            (
+                Field("positions_dim", "16"),
+                Field("positions_pos", "5"),
+                Field("positions_pair", "1"),
+                Field("positions_length", "64"),
+                Button("positions_button"),
+            ),
+        ),
+        (
+            Click(
+                "positions_button",
+                positions_part,
+                ("positions_dim", "positions_pos", "positions_pair", "positions_length"),
+                ("result", "positions_heatmap", "positions_similarity", "positions_clock"),
+            ),
+        ),
+        plots=("positions_heatmap", "positions_similarity", "positions_clock"),
+        shown_at_start=True,
+    ),
+)
+
+
+def _heading(part: Part, words: dict) -> str:
+    heading = words[f"{part.name}_heading"]
+    if part.heading_args:
+        heading = heading.format(**part.heading_args())
+    explain = f"\n\n{words[f'{part.name}_explain']}" if part.explain else ""
+    return f"## {heading}{explain}"
+
+
+def _tupled(click: Click, lang: str) -> Callable:
+    """The click's handler in `lang`, returning a tuple of its outputs even when there is one."""
+    handler = functools.partial(click.handler, lang=lang)
+    if len(click.outputs) == 1:
+        return lambda *args: (handler(*args),)
+    return handler
+
+
+def _shown_at_start(part: Part, start: LabState, lang: str) -> dict:
+    """The first click's outputs by name, for the start state and the widgets' defaults."""
+    if not part.shown_at_start:
+        return {}
+    first = part.clicks[0]
+    defaults = {widget.key: widget.default for widget in _widgets(part.layout)}
+    inputs = [start if name == "state" else defaults[name] for name in first.inputs]
+    return dict(zip(first.outputs, _tupled(first, lang)(*inputs), strict=True))
+
+
+def _widgets(layout: tuple):
+    """The layout's widgets in order."""
+    for item in layout:
+        yield from item if isinstance(item, tuple) else (item,)
+
+
+def _build_widgets(layout: tuple, words: dict) -> dict:
+    """The layout's widgets by key, each tuple of them in a gr.Row."""
+    widgets = {}
+    for item in layout:
+        if isinstance(item, tuple):
+            with gr.Row():
+                widgets.update((widget.key, widget.make(words)) for widget in item)
+        else:
+            widgets[item.key] = item.make(words)
+    return widgets
+
+
+def _build_part(part: Part, shared: dict, start: LabState, lang: str) -> None:
+    """The part's group under the components in `shared` ("state", "table"), then its events."""
+    words = TEXT[lang]
+    components = dict(shared)
+    with gr.Group(elem_id=f"part-{part.name}"):
+        gr.Markdown(_heading(part, words))
+        if part.above:
+            gr.HTML(part.above(words))
+        components.update(_build_widgets(part.layout, words))
+        message = gr.HTML("", elem_id=f"{part.name}-message")
+        shown = _shown_at_start(part, start, lang)
+        components["result"] = gr.HTML(shown.get("result", ""), elem_id=f"{part.name}-result")
+        if part.plots:
+            with gr.Row():
+                for key in part.plots:
+                    components[key] = gr.Plot(shown[key], elem_id=_dashed(key), show_label=False)
+    for click in part.clicks:
+        components[click.button].click(
+            _guarded(lang, len(click.outputs))(_tupled(click, lang)),
+            [components[name] for name in click.inputs],
+            [*(components[name] for name in click.outputs), message],
+        )
+
+
 def build(lang: str = "en") -> gr.Blocks:
-    """The lab's Blocks in `lang` (one of LANGUAGES)."""
+    """The lab's Blocks in `lang` (one of LANGUAGES): the shared table, then every part in PARTS."""
     if lang not in LANGUAGES:
         raise ValueError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}.")
     words = TEXT[lang]
     start = initial_state()
-    bind = lambda fn: functools.partial(fn, lang=lang)  # noqa: E731
-    guard = functools.partial(_guarded, lang)
-
     with gr.Blocks(title=words["title"], analytics_enabled=False) as demo:
         state = gr.State(start)
         gr.Markdown(f"# {words['title']}\n\n{words['intro']}")
         gr.Markdown(f"**{words['table_heading']}**")
         table = gr.HTML(_table_html(start), elem_id="table")
-
-        with gr.Group(elem_id="part-lookup"):
-            gr.Markdown(f"## {words['lookup_heading']}")
-            with gr.Row():
-                lookup_ids = gr.Textbox(
-                    DEFAULTS["lookup_ids"], label=words["lookup_ids"], elem_id="lookup-ids"
-                )
-                lookup_button = gr.Button(
-                    words["lookup_button"], variant="primary", elem_id="lookup-button"
-                )
-            lookup_message = gr.HTML("", elem_id="lookup-message")
-            lookup_out = gr.HTML(
-                lookup_part(start, DEFAULTS["lookup_ids"], lang), elem_id="lookup-result"
-            )
-        lookup_button.click(
-            guard(1)(lambda s, ids: (lookup_part(s, ids, lang),)),
-            [state, lookup_ids],
-            [lookup_out, lookup_message],
-        )
-
-        with gr.Group(elem_id="part-rename"):
-            gr.Markdown(f"## {words['rename_heading']}")
-            with gr.Row():
-                rename_ids = gr.Textbox(
-                    DEFAULTS["rename_ids"], label=words["rename_ids"], elem_id="rename-ids"
-                )
-                permutation = gr.Textbox(
-                    DEFAULTS["permutation"], label=words["rename_perm"], elem_id="rename-perm"
-                )
-                mode = gr.Radio(
-                    [
-                        (words["mode_both"], "both"),
-                        (words["mode_ids"], "ids"),
-                        (words["mode_rows"], "rows"),
-                    ],
-                    value="both",
-                    label=words["rename_mode"],
-                    elem_id="rename-mode",
-                )
-            rename_button = gr.Button(
-                words["rename_button"], variant="primary", elem_id="rename-button"
-            )
-            rename_message = gr.HTML("", elem_id="rename-message")
-            rename_out = gr.HTML("", elem_id="rename-result")
-        rename_button.click(
-            guard(3)(bind(rename_part)),
-            [state, rename_ids, permutation, mode],
-            [state, table, rename_out, rename_message],
-        )
-
-        with gr.Group(elem_id="part-edit"):
-            gr.Markdown(f"## {words['edit_heading']}")
-            with gr.Row():
-                edit_ids = gr.Textbox(
-                    DEFAULTS["edit_ids"], label=words["edit_ids"], elem_id="edit-ids"
-                )
-                edit_row = gr.Textbox(
-                    DEFAULTS["edit_row"], label=words["edit_row"], elem_id="edit-row"
-                )
-                edit_dim = gr.Textbox(
-                    DEFAULTS["edit_dim"], label=words["edit_dim"], elem_id="edit-dim"
-                )
-                edit_value = gr.Textbox(
-                    DEFAULTS["edit_value"], label=words["edit_value"], elem_id="edit-value"
-                )
-            edit_button = gr.Button(words["edit_button"], variant="primary", elem_id="edit-button")
-            edit_message = gr.HTML("", elem_id="edit-message")
-            edit_out = gr.HTML("", elem_id="edit-result")
-        edit_button.click(
-            guard(3)(bind(edit_part)),
-            [state, edit_ids, edit_row, edit_dim, edit_value],
-            [state, table, edit_out, edit_message],
-        )
-
-        with gr.Group(elem_id="part-step"):
-            gr.Markdown(
-                f"## {words['step_heading'].format(**_step_words())}\n\n{words['step_explain']}"
-            )
-            gr.HTML(
-                matrix_html(
-                    compute.OUTPUT_WEIGHTS_2xD,
-                    [f"w_{compute.STEP_TARGET}", f"w_{compute.STEP_RIVAL}"],
-                    range(compute.OUTPUT_WEIGHTS_2xD.shape[1]),
-                    caption=words["step_outputs"],
-                )
-            )
-            with gr.Row():
-                learning_rate = gr.Textbox(
-                    DEFAULTS["learning_rate"], label=words["step_lr"], elem_id="step-lr"
-                )
-                step_button = gr.Button(
-                    words["step_button"], variant="primary", elem_id="step-button"
-                )
-                reset_button = gr.Button(words["reset_button"], elem_id="reset-button")
-            step_message = gr.HTML("", elem_id="step-message")
-            step_out = gr.HTML("", elem_id="step-result")
-        step_button.click(
-            guard(3)(bind(step_part)),
-            [state, learning_rate],
-            [state, table, step_out, step_message],
-        )
-        reset_button.click(
-            guard(3)(bind(reset_part)), [state], [state, table, step_out, step_message]
-        )
-
-        with gr.Group(elem_id="part-context"):
-            gr.Markdown(f"## {words['context_heading']}\n\n{words['context_explain']}")
-            with gr.Row():
-                sentence_a = gr.Textbox(
-                    compute.SENTENCES[0], label=words["context_a"], elem_id="context-a"
-                )
-                sentence_b = gr.Textbox(
-                    compute.SENTENCES[1], label=words["context_b"], elem_id="context-b"
-                )
-            with gr.Row():
-                context_button = gr.Button(
-                    words["context_button"], variant="primary", elem_id="context-button"
-                )
-                equal_button = gr.Button(words["equal_button"], elem_id="equal-button")
-            context_message = gr.HTML("", elem_id="context-message")
-            context_out = gr.HTML(
-                context_part(start, *compute.SENTENCES, lang), elem_id="context-result"
-            )
-        context_button.click(
-            guard(1)(lambda s, a, b: (context_part(s, a, b, lang),)),
-            [state, sentence_a, sentence_b],
-            [context_out, context_message],
-        )
-        equal_button.click(
-            guard(2)(bind(equal_part)),
-            [state, sentence_a, sentence_b],
-            [sentence_b, context_out, context_message],
-        )
-
-        with gr.Group(elem_id="part-positions"):
-            gr.Markdown(f"## {words['positions_heading']}")
-            with gr.Row():
-                dim = gr.Textbox(
-                    DEFAULTS["dim"], label=words["positions_dim"], elem_id="positions-dim"
-                )
-                position = gr.Textbox(
-                    DEFAULTS["position"], label=words["positions_pos"], elem_id="positions-pos"
-                )
-                pair = gr.Textbox(
-                    DEFAULTS["pair"], label=words["positions_pair"], elem_id="positions-pair"
-                )
-                length = gr.Textbox(
-                    DEFAULTS["length"], label=words["positions_length"], elem_id="positions-length"
-                )
-                positions_button = gr.Button(
-                    words["positions_button"], variant="primary", elem_id="positions-button"
-                )
-            positions_message = gr.HTML("", elem_id="positions-message")
-            values, heatmap, curve, clock = positions_part(
-                DEFAULTS["dim"], DEFAULTS["position"], DEFAULTS["pair"], DEFAULTS["length"], lang
-            )
-            positions_out = gr.HTML(values, elem_id="positions-result")
-            with gr.Row():
-                heatmap_plot = gr.Plot(heatmap, elem_id="positions-heatmap", show_label=False)
-                curve_plot = gr.Plot(curve, elem_id="positions-similarity", show_label=False)
-                clock_plot = gr.Plot(clock, elem_id="positions-clock", show_label=False)
-        positions_button.click(
-            guard(4)(bind(positions_part)),
-            [dim, position, pair, length],
-            [positions_out, heatmap_plot, curve_plot, clock_plot, positions_message],
-        )
+        for part in PARTS:
+            _build_part(part, dict(state=state, table=table), start, lang)
     return demo
 
 
