@@ -188,6 +188,18 @@ def rename_part(state: LabState, ids_text: str, perm_text: str, mode: str, lang:
     return new_state, _table_html(new_state), "".join(html_parts)
 
 
+def _edit_effect(ids_T, row: int, before_TxD, after_TxD, words: dict) -> str:
+    """Which looked-up positions changed (the occurrences of `row`), and how much the others did."""
+    changed = compute.changed_positions(before_TxD, after_TxD)
+    if not changed:
+        return words["edit_nothing"].format(row=row)
+    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
+    other_change = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
+    return words["edit_changed"].format(
+        positions=", ".join(map(str, changed)), row=row, other=other_change
+    )
+
+
 def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: str):
     words = TEXT[lang]
     vocab_size, dim_count = state.table_VxD.shape
@@ -199,31 +211,19 @@ def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: s
     new_state = state._replace(table_VxD=edited_VxD)
     before_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     after_TxD = np.asarray(compute.lookup(edited_VxD, ids_T[None]))[0]
-    changed = compute.changed_positions(before_TxD, after_TxD)
-    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
-    other_change = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
     summary = words["edit_summary"].format(
         row=row, dim=dim, word=state.vocab[row], old=float(state.table_VxD[row, dim]), new=value
     )
-    if changed:
-        effect = words["edit_changed"].format(
-            positions=", ".join(map(str, changed)), row=row, other=other_change
-        )
-    else:
-        effect = words["edit_nothing"].format(row=row)
+    ids = compute.format_ids(ids_T)
     result = "".join(
         [
             _p(summary, "lab-big"),
             '<div class="lab-side">',
             _table_html(new_state, caption="W_E", cells_hl={(row, dim)}),
-            _lookup_html(
-                state, ids_T, words["rename_before"].format(ids=compute.format_ids(ids_T))
-            ),
-            _lookup_html(
-                new_state, ids_T, words["rename_after"].format(ids=compute.format_ids(ids_T))
-            ),
+            _lookup_html(state, ids_T, words["rename_before"].format(ids=ids)),
+            _lookup_html(new_state, ids_T, words["rename_after"].format(ids=ids)),
             "</div>",
-            _p(effect, "lab-ok"),
+            _p(_edit_effect(ids_T, row, before_TxD, after_TxD, words), "lab-ok"),
         ]
     )
     return new_state, _table_html(new_state), result
@@ -233,12 +233,8 @@ def _step_words() -> dict:
     return dict(input=compute.STEP_INPUT, target=compute.STEP_TARGET, rival=compute.STEP_RIVAL)
 
 
-def step_part(state: LabState, lr_text: str, lang: str):
-    words = TEXT[lang]
-    learning_rate = compute.parse_number(lr_text, field="learning_rate")
-    input_id = state.vocab.index(compute.STEP_INPUT)
-    step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
-    new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
+def _step_figures_html(step: compute.Step, words: dict) -> str:
+    """p(target), the loss and the logit gap, before and after the step."""
     names = _step_words()
     rows = [
         [
@@ -256,10 +252,19 @@ def step_part(state: LabState, lr_text: str, lang: str):
         f"<tr><th>{_e(label)}</th><td>{before}</td><td>{after}</td></tr>"
         for label, before, after in rows
     )
+    return f'<table class="lab-table lab-big" id="step-figures">{head}{body}</table>'
+
+
+def step_part(state: LabState, lr_text: str, lang: str):
+    words = TEXT[lang]
+    learning_rate = compute.parse_number(lr_text, field="learning_rate")
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
+    new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
     changed = ", ".join(f"{i} {state.vocab[i]}" for i in step.changed_rows) or "—"
     result = "".join(
         [
-            f'<table class="lab-table lab-big" id="step-figures">{head}{body}</table>',
+            _step_figures_html(step, words),
             _p(words["step_rows"].format(rows=changed), "lab-ok"),
             _p(words["step_count"].format(n=new_state.steps)),
             '<div class="lab-side">',
@@ -282,35 +287,14 @@ def reset_part(state: LabState, lang: str):
     return new_state, _table_html(new_state), _p(words["reset_done"], "lab-ok")
 
 
-def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
-    words = TEXT[lang]
-    heads = []
-    for sentence in (sentence_a, sentence_b):
-        ids_T = compute.parse_sentence(sentence, state.vocab)
-        heads.append((sentence.strip(), ids_T, compute.one_head(state.table_VxD, ids_T)))
-    (text_a, ids_a, head_a), (text_b, ids_b, head_b) = heads
-    last_a, last_b = len(ids_a) - 1, len(ids_b) - 1
-    input_diff = float(np.abs(head_a.inputs_TxD[last_a] - head_b.inputs_TxD[last_b]).max())
-    output_diff = float(np.abs(head_a.outputs_TxD[last_a] - head_b.outputs_TxD[last_b]).max())
-    word = state.vocab[ids_a[last_a]]
+def _context_findings(inputs_2xD, outputs_2xD, word: str, lasts, words: dict) -> list[str]:
+    """Whether the last words' inputs and outputs differ between the two sentences."""
+    input_diff = float(np.abs(inputs_2xD[0] - inputs_2xD[1]).max())
+    output_diff = float(np.abs(outputs_2xD[0] - outputs_2xD[1]).max())
     verdict = words["context_different_output" if output_diff > 0 else "context_same_output"]
-    vectors = np.stack(
-        [
-            head_a.inputs_TxD[last_a],
-            head_b.inputs_TxD[last_b],
-            head_a.outputs_TxD[last_a],
-            head_b.outputs_TxD[last_b],
-        ]
-    )
-    labels = [
-        words["context_input_row"].format(sentence=text_a),
-        words["context_input_row"].format(sentence=text_b),
-        words["context_output_row"].format(sentence=text_a),
-        words["context_output_row"].format(sentence=text_b),
-    ]
-    parts = [
+    findings = [
         _p(
-            words["context_inputs"].format(word=word, pos=last_a, diff=input_diff)
+            words["context_inputs"].format(word=word, pos=lasts[0], diff=input_diff)
             + (f" ({words['context_same_input']})." if input_diff == 0 else "."),
             "lab-ok",
         ),
@@ -319,21 +303,33 @@ def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -
             "lab-diff lab-big" if output_diff > 0 else "lab-ok lab-big",
         ),
     ]
-    if last_a != last_b:
-        parts.append(_p(words["context_lengths"]))
-    parts.append(
-        matrix_html(
-            vectors,
-            labels,
-            range(vectors.shape[1]),
-            caption=words["context_vectors"].format(word=word),
-            fmt="{:+.4f}",
-        )
+    if lasts[0] != lasts[1]:
+        findings.append(_p(words["context_lengths"]))
+    return findings
+
+
+def _context_vectors_html(texts, inputs_2xD, outputs_2xD, word: str, words: dict) -> str:
+    """The two sentences' inputs and outputs at their last word, one row each."""
+    vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
+    labels = [
+        *(words["context_input_row"].format(sentence=text) for text in texts),
+        *(words["context_output_row"].format(sentence=text) for text in texts),
+    ]
+    return matrix_html(
+        vectors_4xD,
+        labels,
+        range(vectors_4xD.shape[1]),
+        caption=words["context_vectors"].format(word=word),
+        fmt="{:+.4f}",
     )
-    parts.append('<div class="lab-side">')
+
+
+def _attention_weights_html(vocab, heads, words: dict) -> str:
+    """Each sentence's attention weights side by side, the last query's row highlighted."""
+    tables = []
     for text, ids_T, head in heads:
-        tokens = [state.vocab[i] for i in ids_T]
-        parts.append(
+        tokens = [vocab[i] for i in ids_T]
+        tables.append(
             matrix_html(
                 head.weights_TxT,
                 tokens,
@@ -343,12 +339,84 @@ def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -
                 fmt="{:.3f}",
             )
         )
-    parts.append("</div>")
-    return "".join(parts)
+    return f'<div class="lab-side">{"".join(tables)}</div>'
+
+
+def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
+    words = TEXT[lang]
+    heads = []
+    for sentence in (sentence_a, sentence_b):
+        ids_T = compute.parse_sentence(sentence, state.vocab)
+        heads.append((sentence.strip(), ids_T, compute.one_head(state.table_VxD, ids_T)))
+    texts = [text for text, _, _ in heads]
+    lasts = [len(ids_T) - 1 for _, ids_T, _ in heads]
+    inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])  # at the last word
+    outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
+    word = state.vocab[heads[0][1][-1]]
+    return "".join(
+        [
+            *_context_findings(inputs_2xD, outputs_2xD, word, lasts, words),
+            _context_vectors_html(texts, inputs_2xD, outputs_2xD, word, words),
+            _attention_weights_html(state.vocab, heads, words),
+        ]
+    )
 
 
 def equal_part(state: LabState, sentence_a: str, sentence_b: str, lang: str):
     return sentence_a, context_part(state, sentence_a, sentence_a, lang)
+
+
+def _heatmap_figure(length: int, dim: int, pos: int, pair: int, words: dict) -> Figure:
+    """The whole position table, the chosen (sin, cos) pair at `pos` outlined."""
+    table_TxD = np.asarray(compute.sinusoidal_positions(length, dim))
+    figure = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(
+        table_TxD, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest"
+    )
+    figure.colorbar(image, ax=ax)
+    ax.add_patch(matplotlib.patches.Rectangle((2 * pair - 0.5, pos - 0.5), 2, 1, fill=False, lw=2))
+    ax.set_xlabel(words["positions_dimension"])
+    ax.set_ylabel(words["positions_position"])
+    ax.set_title(words["positions_heatmap"])
+    return figure
+
+
+def _similarity_figure(length: int, dim: int, pos: int, words: dict) -> Figure:
+    """P[pos] · P[pos + k] against the offset k."""
+    similarity_TxT = compute.position_similarity(length, dim)
+    figure = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = figure.subplots()
+    offsets = np.arange(length) - pos
+    ax.plot(offsets, similarity_TxT[pos], marker=".")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel(words["positions_offset"])
+    ax.set_ylabel(words["positions_dot"])
+    ax.set_title(words["positions_similarity"].format(pos=pos))
+    return figure
+
+
+def _clock_figure(dim: int, pos: int, pair: int, words: dict) -> Figure:
+    """The first pairs (and the chosen one) at `pos` as clock hands, the chosen one thick."""
+    hands_Px2 = compute.clock_hands(pos, dim)
+    figure = Figure(figsize=(3.8, 3.6), layout="constrained")
+    ax = figure.subplots()
+    ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
+    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
+    for i in shown:
+        sin, cos = hands_Px2[i]
+        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
+        ax.plot(
+            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
+        )
+    ax.set_xlim(-1.1, 1.1)
+    ax.set_ylim(-1.1, 1.1)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(words["positions_clock"].format(pos=pos), fontsize=9)
+    return figure
 
 
 def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
@@ -373,45 +441,12 @@ def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
         sin=values.sin,
         cos=values.cos,
     )
-    table_TxD = np.asarray(compute.sinusoidal_positions(length, dim))
-    heatmap = Figure(figsize=(5.0, 3.6), layout="constrained")
-    ax = heatmap.subplots()
-    image = ax.imshow(
-        table_TxD, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest"
+    return (
+        _p(text, "lab-big"),
+        _heatmap_figure(length, dim, pos, pair, words),
+        _similarity_figure(length, dim, pos, words),
+        _clock_figure(dim, pos, pair, words),
     )
-    heatmap.colorbar(image, ax=ax)
-    ax.add_patch(matplotlib.patches.Rectangle((2 * pair - 0.5, pos - 0.5), 2, 1, fill=False, lw=2))
-    ax.set_xlabel(words["positions_dimension"])
-    ax.set_ylabel(words["positions_position"])
-    ax.set_title(words["positions_heatmap"])
-    similarity_TxT = compute.position_similarity(length, dim)
-    curve = Figure(figsize=(5.0, 3.6), layout="constrained")
-    ax = curve.subplots()
-    offsets = np.arange(length) - pos
-    ax.plot(offsets, similarity_TxT[pos], marker=".")
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_xlabel(words["positions_offset"])
-    ax.set_ylabel(words["positions_dot"])
-    ax.set_title(words["positions_similarity"].format(pos=pos))
-    hands_Px2 = compute.clock_hands(pos, dim)
-    clock = Figure(figsize=(3.8, 3.6), layout="constrained")
-    ax = clock.subplots()
-    ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
-    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
-    for i in shown:
-        sin, cos = hands_Px2[i]
-        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
-        ax.plot(
-            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
-        )
-    ax.set_xlim(-1.1, 1.1)
-    ax.set_ylim(-1.1, 1.1)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(words["positions_clock"].format(pos=pos), fontsize=9)
-    return _p(text, "lab-big"), heatmap, curve, clock
 
 
 # ----------------------------------------------------------------------------- the page
