@@ -533,6 +533,7 @@ def _output_weights_html(words: dict) -> str:
 
 _TABLE_OUTPUTS = ("state", "table", "result")  # the outputs of a part that changes the shared table
 
+# The page's parts in order. A new part is one row here, its words under its name in text.py.
 PARTS = (
     Part(
         "lookup",
