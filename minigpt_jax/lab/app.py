@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 import os
 import socket
 import webbrowser
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -25,20 +27,6 @@ matplotlib.use("Agg")  # figures are rendered to PNG for the page, never shown i
 
 from matplotlib.figure import Figure  # noqa: E402
 
-DEFAULTS = dict(
-    lookup_ids="[0, 1, 0]",
-    rename_ids="[0, 1, 2]",
-    permutation="[5, 3, 0, 1, 2, 4]",
-    edit_ids="[0, 1, 2, 1]",
-    edit_row="1",
-    edit_dim="3",
-    edit_value="0.9",
-    learning_rate=str(compute.LEARNING_RATE),
-    dim="16",
-    position="5",
-    pair="1",
-    length="64",
-)
 MAX_POSITIONS = 512
 
 # System fonts only: the page loads nothing from outside 127.0.0.1.
@@ -200,6 +188,18 @@ def rename_part(state: LabState, ids_text: str, perm_text: str, mode: str, lang:
     return new_state, _table_html(new_state), "".join(html_parts)
 
 
+def _edit_effect(ids_T, row: int, before_TxD, after_TxD, words: dict) -> str:
+    """Which looked-up positions changed (the occurrences of `row`), and how much the others did."""
+    changed = compute.changed_positions(before_TxD, after_TxD)
+    if not changed:
+        return words["edit_nothing"].format(row=row)
+    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
+    other_change = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
+    return words["edit_changed"].format(
+        positions=", ".join(map(str, changed)), row=row, other=other_change
+    )
+
+
 def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: str):
     words = TEXT[lang]
     vocab_size, dim_count = state.table_VxD.shape
@@ -211,31 +211,19 @@ def edit_part(state: LabState, ids_text, row_text, dim_text, value_text, lang: s
     new_state = state._replace(table_VxD=edited_VxD)
     before_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     after_TxD = np.asarray(compute.lookup(edited_VxD, ids_T[None]))[0]
-    changed = compute.changed_positions(before_TxD, after_TxD)
-    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
-    other_change = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
     summary = words["edit_summary"].format(
         row=row, dim=dim, word=state.vocab[row], old=float(state.table_VxD[row, dim]), new=value
     )
-    if changed:
-        effect = words["edit_changed"].format(
-            positions=", ".join(map(str, changed)), row=row, other=other_change
-        )
-    else:
-        effect = words["edit_nothing"].format(row=row)
+    ids = compute.format_ids(ids_T)
     result = "".join(
         [
             _p(summary, "lab-big"),
             '<div class="lab-side">',
             _table_html(new_state, caption="W_E", cells_hl={(row, dim)}),
-            _lookup_html(
-                state, ids_T, words["rename_before"].format(ids=compute.format_ids(ids_T))
-            ),
-            _lookup_html(
-                new_state, ids_T, words["rename_after"].format(ids=compute.format_ids(ids_T))
-            ),
+            _lookup_html(state, ids_T, words["rename_before"].format(ids=ids)),
+            _lookup_html(new_state, ids_T, words["rename_after"].format(ids=ids)),
             "</div>",
-            _p(effect, "lab-ok"),
+            _p(_edit_effect(ids_T, row, before_TxD, after_TxD, words), "lab-ok"),
         ]
     )
     return new_state, _table_html(new_state), result
@@ -245,12 +233,8 @@ def _step_words() -> dict:
     return dict(input=compute.STEP_INPUT, target=compute.STEP_TARGET, rival=compute.STEP_RIVAL)
 
 
-def step_part(state: LabState, lr_text: str, lang: str):
-    words = TEXT[lang]
-    learning_rate = compute.parse_number(lr_text, field="learning_rate")
-    input_id = state.vocab.index(compute.STEP_INPUT)
-    step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
-    new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
+def _step_figures_html(step: compute.Step, words: dict) -> str:
+    """p(target), the loss and the logit gap, before and after the step."""
     names = _step_words()
     rows = [
         [
@@ -268,10 +252,19 @@ def step_part(state: LabState, lr_text: str, lang: str):
         f"<tr><th>{_e(label)}</th><td>{before}</td><td>{after}</td></tr>"
         for label, before, after in rows
     )
+    return f'<table class="lab-table lab-big" id="step-figures">{head}{body}</table>'
+
+
+def step_part(state: LabState, lr_text: str, lang: str):
+    words = TEXT[lang]
+    learning_rate = compute.parse_number(lr_text, field="learning_rate")
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    step = compute.sgd_step(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate)
+    new_state = LabState(step.table_VxD, state.vocab, state.steps + 1)
     changed = ", ".join(f"{i} {state.vocab[i]}" for i in step.changed_rows) or "—"
     result = "".join(
         [
-            f'<table class="lab-table lab-big" id="step-figures">{head}{body}</table>',
+            _step_figures_html(step, words),
             _p(words["step_rows"].format(rows=changed), "lab-ok"),
             _p(words["step_count"].format(n=new_state.steps)),
             '<div class="lab-side">',
@@ -294,35 +287,14 @@ def reset_part(state: LabState, lang: str):
     return new_state, _table_html(new_state), _p(words["reset_done"], "lab-ok")
 
 
-def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
-    words = TEXT[lang]
-    heads = []
-    for sentence in (sentence_a, sentence_b):
-        ids_T = compute.parse_sentence(sentence, state.vocab)
-        heads.append((sentence.strip(), ids_T, compute.one_head(state.table_VxD, ids_T)))
-    (text_a, ids_a, head_a), (text_b, ids_b, head_b) = heads
-    last_a, last_b = len(ids_a) - 1, len(ids_b) - 1
-    input_diff = float(np.abs(head_a.inputs_TxD[last_a] - head_b.inputs_TxD[last_b]).max())
-    output_diff = float(np.abs(head_a.outputs_TxD[last_a] - head_b.outputs_TxD[last_b]).max())
-    word = state.vocab[ids_a[last_a]]
+def _context_findings(inputs_2xD, outputs_2xD, word: str, lasts, words: dict) -> list[str]:
+    """Whether the last words' inputs and outputs differ between the two sentences."""
+    input_diff = float(np.abs(inputs_2xD[0] - inputs_2xD[1]).max())
+    output_diff = float(np.abs(outputs_2xD[0] - outputs_2xD[1]).max())
     verdict = words["context_different_output" if output_diff > 0 else "context_same_output"]
-    vectors = np.stack(
-        [
-            head_a.inputs_TxD[last_a],
-            head_b.inputs_TxD[last_b],
-            head_a.outputs_TxD[last_a],
-            head_b.outputs_TxD[last_b],
-        ]
-    )
-    labels = [
-        words["context_input_row"].format(sentence=text_a),
-        words["context_input_row"].format(sentence=text_b),
-        words["context_output_row"].format(sentence=text_a),
-        words["context_output_row"].format(sentence=text_b),
-    ]
-    parts = [
+    findings = [
         _p(
-            words["context_inputs"].format(word=word, pos=last_a, diff=input_diff)
+            words["context_inputs"].format(word=word, pos=lasts[0], diff=input_diff)
             + (f" ({words['context_same_input']})." if input_diff == 0 else "."),
             "lab-ok",
         ),
@@ -331,21 +303,33 @@ def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -
             "lab-diff lab-big" if output_diff > 0 else "lab-ok lab-big",
         ),
     ]
-    if last_a != last_b:
-        parts.append(_p(words["context_lengths"]))
-    parts.append(
-        matrix_html(
-            vectors,
-            labels,
-            range(vectors.shape[1]),
-            caption=words["context_vectors"].format(word=word),
-            fmt="{:+.4f}",
-        )
+    if lasts[0] != lasts[1]:
+        findings.append(_p(words["context_lengths"]))
+    return findings
+
+
+def _context_vectors_html(texts, inputs_2xD, outputs_2xD, word: str, words: dict) -> str:
+    """The two sentences' inputs and outputs at their last word, one row each."""
+    vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
+    labels = [
+        *(words["context_input_row"].format(sentence=text) for text in texts),
+        *(words["context_output_row"].format(sentence=text) for text in texts),
+    ]
+    return matrix_html(
+        vectors_4xD,
+        labels,
+        range(vectors_4xD.shape[1]),
+        caption=words["context_vectors"].format(word=word),
+        fmt="{:+.4f}",
     )
-    parts.append('<div class="lab-side">')
+
+
+def _attention_weights_html(vocab, heads, words: dict) -> str:
+    """Each sentence's attention weights side by side, the last query's row highlighted."""
+    tables = []
     for text, ids_T, head in heads:
-        tokens = [state.vocab[i] for i in ids_T]
-        parts.append(
+        tokens = [vocab[i] for i in ids_T]
+        tables.append(
             matrix_html(
                 head.weights_TxT,
                 tokens,
@@ -355,12 +339,84 @@ def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -
                 fmt="{:.3f}",
             )
         )
-    parts.append("</div>")
-    return "".join(parts)
+    return f'<div class="lab-side">{"".join(tables)}</div>'
+
+
+def context_part(state: LabState, sentence_a: str, sentence_b: str, lang: str) -> str:
+    words = TEXT[lang]
+    heads = []
+    for sentence in (sentence_a, sentence_b):
+        ids_T = compute.parse_sentence(sentence, state.vocab)
+        heads.append((sentence.strip(), ids_T, compute.one_head(state.table_VxD, ids_T)))
+    texts = [text for text, _, _ in heads]
+    lasts = [len(ids_T) - 1 for _, ids_T, _ in heads]
+    inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])  # at the last word
+    outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
+    word = state.vocab[heads[0][1][-1]]
+    return "".join(
+        [
+            *_context_findings(inputs_2xD, outputs_2xD, word, lasts, words),
+            _context_vectors_html(texts, inputs_2xD, outputs_2xD, word, words),
+            _attention_weights_html(state.vocab, heads, words),
+        ]
+    )
 
 
 def equal_part(state: LabState, sentence_a: str, sentence_b: str, lang: str):
     return sentence_a, context_part(state, sentence_a, sentence_a, lang)
+
+
+def _heatmap_figure(length: int, dim: int, pos: int, pair: int, words: dict) -> Figure:
+    """The whole position table, the chosen (sin, cos) pair at `pos` outlined."""
+    table_TxD = np.asarray(compute.sinusoidal_positions(length, dim))
+    figure = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(
+        table_TxD, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest"
+    )
+    figure.colorbar(image, ax=ax)
+    ax.add_patch(matplotlib.patches.Rectangle((2 * pair - 0.5, pos - 0.5), 2, 1, fill=False, lw=2))
+    ax.set_xlabel(words["positions_dimension"])
+    ax.set_ylabel(words["positions_position"])
+    ax.set_title(words["positions_heatmap"])
+    return figure
+
+
+def _similarity_figure(length: int, dim: int, pos: int, words: dict) -> Figure:
+    """P[pos] · P[pos + k] against the offset k."""
+    similarity_TxT = compute.position_similarity(length, dim)
+    figure = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = figure.subplots()
+    offsets = np.arange(length) - pos
+    ax.plot(offsets, similarity_TxT[pos], marker=".")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel(words["positions_offset"])
+    ax.set_ylabel(words["positions_dot"])
+    ax.set_title(words["positions_similarity"].format(pos=pos))
+    return figure
+
+
+def _clock_figure(dim: int, pos: int, pair: int, words: dict) -> Figure:
+    """The first pairs (and the chosen one) at `pos` as clock hands, the chosen one thick."""
+    hands_Px2 = compute.clock_hands(pos, dim)
+    figure = Figure(figsize=(3.8, 3.6), layout="constrained")
+    ax = figure.subplots()
+    ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
+    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
+    for i in shown:
+        sin, cos = hands_Px2[i]
+        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
+        ax.plot(
+            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
+        )
+    ax.set_xlim(-1.1, 1.1)
+    ax.set_ylim(-1.1, 1.1)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(words["positions_clock"].format(pos=pos), fontsize=9)
+    return figure
 
 
 def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
@@ -385,230 +441,290 @@ def positions_part(dim_text, pos_text, pair_text, length_text, lang: str):
         sin=values.sin,
         cos=values.cos,
     )
-    table_TxD = np.asarray(compute.sinusoidal_positions(length, dim))
-    heatmap = Figure(figsize=(5.0, 3.6), layout="constrained")
-    ax = heatmap.subplots()
-    image = ax.imshow(
-        table_TxD, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest"
+    return (
+        _p(text, "lab-big"),
+        _heatmap_figure(length, dim, pos, pair, words),
+        _similarity_figure(length, dim, pos, words),
+        _clock_figure(dim, pos, pair, words),
     )
-    heatmap.colorbar(image, ax=ax)
-    ax.add_patch(matplotlib.patches.Rectangle((2 * pair - 0.5, pos - 0.5), 2, 1, fill=False, lw=2))
-    ax.set_xlabel(words["positions_dimension"])
-    ax.set_ylabel(words["positions_position"])
-    ax.set_title(words["positions_heatmap"])
-    similarity_TxT = compute.position_similarity(length, dim)
-    curve = Figure(figsize=(5.0, 3.6), layout="constrained")
-    ax = curve.subplots()
-    offsets = np.arange(length) - pos
-    ax.plot(offsets, similarity_TxT[pos], marker=".")
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_xlabel(words["positions_offset"])
-    ax.set_ylabel(words["positions_dot"])
-    ax.set_title(words["positions_similarity"].format(pos=pos))
-    hands_Px2 = compute.clock_hands(pos, dim)
-    clock = Figure(figsize=(3.8, 3.6), layout="constrained")
-    ax = clock.subplots()
-    ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
-    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
-    for i in shown:
-        sin, cos = hands_Px2[i]
-        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
-        ax.plot(
-            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
-        )
-    ax.set_xlim(-1.1, 1.1)
-    ax.set_ylim(-1.1, 1.1)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(words["positions_clock"].format(pos=pos), fontsize=9)
-    return _p(text, "lab-big"), heatmap, curve, clock
 
 
 # ----------------------------------------------------------------------------- the page
 
 
+def _dashed(key: str) -> str:
+    """A component's elem_id: its key with dashes ("lookup_ids" -> "lookup-ids")."""
+    return key.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A textbox labelled TEXT[lang][key]."""
+
+    key: str
+    default: str
+
+    def make(self, words: dict):
+        return gr.Textbox(self.default, label=words[self.key], elem_id=_dashed(self.key))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Radio buttons labelled TEXT[lang][key]; each option is (its text key, its value)."""
+
+    key: str
+    options: tuple[tuple[str, str], ...]
+    default: str
+
+    def make(self, words: dict):
+        options = [(words[text], value) for text, value in self.options]
+        return gr.Radio(
+            options, value=self.default, label=words[self.key], elem_id=_dashed(self.key)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Button:
+    """A button reading TEXT[lang][key]."""
+
+    key: str
+    primary: bool = True
+    default = None  # a button has no value of its own
+
+    def make(self, words: dict):
+        variant = "primary" if self.primary else "secondary"
+        return gr.Button(words[self.key], variant=variant, elem_id=_dashed(self.key))
+
+
+class Click(NamedTuple):
+    """Clicking `button` runs `handler(*inputs, lang=lang)`, which fills `outputs`.
+
+    Inputs and outputs name components: "state", "table", a widget's key, "result", a plot's key;
+    the part's message always comes last in the outputs, where `_guarded` writes it.
+    """
+
+    button: str
+    handler: Callable
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+class Part(NamedTuple):
+    """One part of the page: its words are TEXT[lang]["<name>_heading"] (and "<name>_explain")."""
+
+    name: str  # elem_ids part-<name>, <name>-message, <name>-result
+    layout: tuple  # widgets in order: a tuple of widgets is one gr.Row, a bare widget stands alone
+    clicks: tuple[Click, ...]
+    explain: bool = False  # a paragraph under the heading
+    heading_args: Callable[[], dict] | None = None  # fills the heading's {placeholders}
+    above: Callable[[dict], str] | None = None  # HTML of the words, above the widgets
+    plots: tuple[str, ...] = ()  # gr.Plot keys, in a row under the result
+    shown_at_start: bool = False  # the first click's outputs, for the widgets' defaults
+
+
+def _output_weights_html(words: dict) -> str:
+    return matrix_html(
+        compute.OUTPUT_WEIGHTS_2xD,
+        [f"w_{compute.STEP_TARGET}", f"w_{compute.STEP_RIVAL}"],
+        range(compute.OUTPUT_WEIGHTS_2xD.shape[1]),
+        caption=words["step_outputs"],
+    )
+
+
+_TABLE_OUTPUTS = ("state", "table", "result")  # the outputs of a part that changes the shared table
+
+# The page's parts in order. A new part is one row here, its words under its name in text.py.
+PARTS = (
+    Part(
+        "lookup",
+        ((Field("lookup_ids", "[0, 1, 0]"), Button("lookup_button")),),
+        (Click("lookup_button", lookup_part, ("state", "lookup_ids"), ("result",)),),
+        shown_at_start=True,
+    ),
+    Part(
+        "rename",
+        (
+            (
+                Field("rename_ids", "[0, 1, 2]"),
+                Field("rename_perm", "[5, 3, 0, 1, 2, 4]"),
+                Choice(
+                    "rename_mode",
+                    (("mode_both", "both"), ("mode_ids", "ids"), ("mode_rows", "rows")),
+                    "both",
+                ),
+            ),
+            Button("rename_button"),
+        ),
+        (
+            Click(
+                "rename_button",
+                rename_part,
+                ("state", "rename_ids", "rename_perm", "rename_mode"),
+                _TABLE_OUTPUTS,
+            ),
+        ),
+    ),
+    Part(
+        "edit",
+        (
+            (
+                Field("edit_ids", "[0, 1, 2, 1]"),
+                Field("edit_row", "1"),
+                Field("edit_dim", "3"),
+                Field("edit_value", "0.9"),
+            ),
+            Button("edit_button"),
+        ),
+        (
+            Click(
+                "edit_button",
+                edit_part,
+                ("state", "edit_ids", "edit_row", "edit_dim", "edit_value"),
+                _TABLE_OUTPUTS,
+            ),
+        ),
+    ),
+    Part(
+        "step",
+        (
+            (
+                Field("step_lr", str(compute.LEARNING_RATE)),
+                Button("step_button"),
+                Button("reset_button", primary=False),
+            ),
+        ),
+        (
+            Click("step_button", step_part, ("state", "step_lr"), _TABLE_OUTPUTS),
+            Click("reset_button", reset_part, ("state",), _TABLE_OUTPUTS),
+        ),
+        explain=True,
+        heading_args=_step_words,
+        above=_output_weights_html,
+    ),
+    Part(
+        "context",
+        (
+            (Field("context_a", compute.SENTENCES[0]), Field("context_b", compute.SENTENCES[1])),
+            (Button("context_button"), Button("equal_button", primary=False)),
+        ),
+        (
+            Click("context_button", context_part, ("state", "context_a", "context_b"), ("result",)),
+            Click(
+                "equal_button",
+                equal_part,
+                ("state", "context_a", "context_b"),
+                ("context_b", "result"),
+            ),
+        ),
+        explain=True,
+        shown_at_start=True,
+    ),
+    Part(
+        "positions",
+        (
+            (
+                Field("positions_dim", "16"),
+                Field("positions_pos", "5"),
+                Field("positions_pair", "1"),
+                Field("positions_length", "64"),
+                Button("positions_button"),
+            ),
+        ),
+        (
+            Click(
+                "positions_button",
+                positions_part,
+                ("positions_dim", "positions_pos", "positions_pair", "positions_length"),
+                ("result", "positions_heatmap", "positions_similarity", "positions_clock"),
+            ),
+        ),
+        plots=("positions_heatmap", "positions_similarity", "positions_clock"),
+        shown_at_start=True,
+    ),
+)
+
+
+def _heading(part: Part, words: dict) -> str:
+    heading = words[f"{part.name}_heading"]
+    if part.heading_args:
+        heading = heading.format(**part.heading_args())
+    explain = f"\n\n{words[f'{part.name}_explain']}" if part.explain else ""
+    return f"## {heading}{explain}"
+
+
+def _tupled(click: Click, lang: str) -> Callable:
+    """The click's handler in `lang`, returning a tuple of its outputs even when there is one."""
+    handler = functools.partial(click.handler, lang=lang)
+    if len(click.outputs) == 1:
+        return lambda *args: (handler(*args),)
+    return handler
+
+
+def _shown_at_start(part: Part, start: LabState, lang: str) -> dict:
+    """The first click's outputs by name, for the start state and the widgets' defaults."""
+    if not part.shown_at_start:
+        return {}
+    first = part.clicks[0]
+    defaults = {widget.key: widget.default for widget in _widgets(part.layout)}
+    inputs = [start if name == "state" else defaults[name] for name in first.inputs]
+    return dict(zip(first.outputs, _tupled(first, lang)(*inputs), strict=True))
+
+
+def _widgets(layout: tuple):
+    """The layout's widgets in order."""
+    for item in layout:
+        yield from item if isinstance(item, tuple) else (item,)
+
+
+def _build_widgets(layout: tuple, words: dict) -> dict:
+    """The layout's widgets by key, each tuple of them in a gr.Row."""
+    widgets = {}
+    for item in layout:
+        if isinstance(item, tuple):
+            with gr.Row():
+                widgets.update((widget.key, widget.make(words)) for widget in item)
+        else:
+            widgets[item.key] = item.make(words)
+    return widgets
+
+
+def _build_part(part: Part, shared: dict, start: LabState, lang: str) -> None:
+    """The part's group under the components in `shared` ("state", "table"), then its events."""
+    words = TEXT[lang]
+    components = dict(shared)
+    with gr.Group(elem_id=f"part-{part.name}"):
+        gr.Markdown(_heading(part, words))
+        if part.above:
+            gr.HTML(part.above(words))
+        components.update(_build_widgets(part.layout, words))
+        message = gr.HTML("", elem_id=f"{part.name}-message")
+        shown = _shown_at_start(part, start, lang)
+        components["result"] = gr.HTML(shown.get("result", ""), elem_id=f"{part.name}-result")
+        if part.plots:
+            with gr.Row():
+                for key in part.plots:
+                    components[key] = gr.Plot(shown[key], elem_id=_dashed(key), show_label=False)
+    for click in part.clicks:
+        components[click.button].click(
+            _guarded(lang, len(click.outputs))(_tupled(click, lang)),
+            [components[name] for name in click.inputs],
+            [*(components[name] for name in click.outputs), message],
+        )
+
+
 def build(lang: str = "en") -> gr.Blocks:
-    """The lab's Blocks in `lang` (one of LANGUAGES)."""
+    """The lab's Blocks in `lang` (one of LANGUAGES): the shared table, then every part in PARTS."""
     if lang not in LANGUAGES:
         raise ValueError(f"--lang must be one of {', '.join(LANGUAGES)}, got {lang!r}.")
     words = TEXT[lang]
     start = initial_state()
-    bind = lambda fn: functools.partial(fn, lang=lang)  # noqa: E731
-    guard = functools.partial(_guarded, lang)
-
     with gr.Blocks(title=words["title"], analytics_enabled=False) as demo:
         state = gr.State(start)
         gr.Markdown(f"# {words['title']}\n\n{words['intro']}")
         gr.Markdown(f"**{words['table_heading']}**")
         table = gr.HTML(_table_html(start), elem_id="table")
-
-        with gr.Group(elem_id="part-lookup"):
-            gr.Markdown(f"## {words['lookup_heading']}")
-            with gr.Row():
-                lookup_ids = gr.Textbox(
-                    DEFAULTS["lookup_ids"], label=words["lookup_ids"], elem_id="lookup-ids"
-                )
-                lookup_button = gr.Button(
-                    words["lookup_button"], variant="primary", elem_id="lookup-button"
-                )
-            lookup_message = gr.HTML("", elem_id="lookup-message")
-            lookup_out = gr.HTML(
-                lookup_part(start, DEFAULTS["lookup_ids"], lang), elem_id="lookup-result"
-            )
-        lookup_button.click(
-            guard(1)(lambda s, ids: (lookup_part(s, ids, lang),)),
-            [state, lookup_ids],
-            [lookup_out, lookup_message],
-        )
-
-        with gr.Group(elem_id="part-rename"):
-            gr.Markdown(f"## {words['rename_heading']}")
-            with gr.Row():
-                rename_ids = gr.Textbox(
-                    DEFAULTS["rename_ids"], label=words["rename_ids"], elem_id="rename-ids"
-                )
-                permutation = gr.Textbox(
-                    DEFAULTS["permutation"], label=words["rename_perm"], elem_id="rename-perm"
-                )
-                mode = gr.Radio(
-                    [
-                        (words["mode_both"], "both"),
-                        (words["mode_ids"], "ids"),
-                        (words["mode_rows"], "rows"),
-                    ],
-                    value="both",
-                    label=words["rename_mode"],
-                    elem_id="rename-mode",
-                )
-            rename_button = gr.Button(
-                words["rename_button"], variant="primary", elem_id="rename-button"
-            )
-            rename_message = gr.HTML("", elem_id="rename-message")
-            rename_out = gr.HTML("", elem_id="rename-result")
-        rename_button.click(
-            guard(3)(bind(rename_part)),
-            [state, rename_ids, permutation, mode],
-            [state, table, rename_out, rename_message],
-        )
-
-        with gr.Group(elem_id="part-edit"):
-            gr.Markdown(f"## {words['edit_heading']}")
-            with gr.Row():
-                edit_ids = gr.Textbox(
-                    DEFAULTS["edit_ids"], label=words["edit_ids"], elem_id="edit-ids"
-                )
-                edit_row = gr.Textbox(
-                    DEFAULTS["edit_row"], label=words["edit_row"], elem_id="edit-row"
-                )
-                edit_dim = gr.Textbox(
-                    DEFAULTS["edit_dim"], label=words["edit_dim"], elem_id="edit-dim"
-                )
-                edit_value = gr.Textbox(
-                    DEFAULTS["edit_value"], label=words["edit_value"], elem_id="edit-value"
-                )
-            edit_button = gr.Button(words["edit_button"], variant="primary", elem_id="edit-button")
-            edit_message = gr.HTML("", elem_id="edit-message")
-            edit_out = gr.HTML("", elem_id="edit-result")
-        edit_button.click(
-            guard(3)(bind(edit_part)),
-            [state, edit_ids, edit_row, edit_dim, edit_value],
-            [state, table, edit_out, edit_message],
-        )
-
-        with gr.Group(elem_id="part-step"):
-            gr.Markdown(
-                f"## {words['step_heading'].format(**_step_words())}\n\n{words['step_explain']}"
-            )
-            gr.HTML(
-                matrix_html(
-                    compute.OUTPUT_WEIGHTS_2xD,
-                    [f"w_{compute.STEP_TARGET}", f"w_{compute.STEP_RIVAL}"],
-                    range(compute.OUTPUT_WEIGHTS_2xD.shape[1]),
-                    caption=words["step_outputs"],
-                )
-            )
-            with gr.Row():
-                learning_rate = gr.Textbox(
-                    DEFAULTS["learning_rate"], label=words["step_lr"], elem_id="step-lr"
-                )
-                step_button = gr.Button(
-                    words["step_button"], variant="primary", elem_id="step-button"
-                )
-                reset_button = gr.Button(words["reset_button"], elem_id="reset-button")
-            step_message = gr.HTML("", elem_id="step-message")
-            step_out = gr.HTML("", elem_id="step-result")
-        step_button.click(
-            guard(3)(bind(step_part)),
-            [state, learning_rate],
-            [state, table, step_out, step_message],
-        )
-        reset_button.click(
-            guard(3)(bind(reset_part)), [state], [state, table, step_out, step_message]
-        )
-
-        with gr.Group(elem_id="part-context"):
-            gr.Markdown(f"## {words['context_heading']}\n\n{words['context_explain']}")
-            with gr.Row():
-                sentence_a = gr.Textbox(
-                    compute.SENTENCES[0], label=words["context_a"], elem_id="context-a"
-                )
-                sentence_b = gr.Textbox(
-                    compute.SENTENCES[1], label=words["context_b"], elem_id="context-b"
-                )
-            with gr.Row():
-                context_button = gr.Button(
-                    words["context_button"], variant="primary", elem_id="context-button"
-                )
-                equal_button = gr.Button(words["equal_button"], elem_id="equal-button")
-            context_message = gr.HTML("", elem_id="context-message")
-            context_out = gr.HTML(
-                context_part(start, *compute.SENTENCES, lang), elem_id="context-result"
-            )
-        context_button.click(
-            guard(1)(lambda s, a, b: (context_part(s, a, b, lang),)),
-            [state, sentence_a, sentence_b],
-            [context_out, context_message],
-        )
-        equal_button.click(
-            guard(2)(bind(equal_part)),
-            [state, sentence_a, sentence_b],
-            [sentence_b, context_out, context_message],
-        )
-
-        with gr.Group(elem_id="part-positions"):
-            gr.Markdown(f"## {words['positions_heading']}")
-            with gr.Row():
-                dim = gr.Textbox(
-                    DEFAULTS["dim"], label=words["positions_dim"], elem_id="positions-dim"
-                )
-                position = gr.Textbox(
-                    DEFAULTS["position"], label=words["positions_pos"], elem_id="positions-pos"
-                )
-                pair = gr.Textbox(
-                    DEFAULTS["pair"], label=words["positions_pair"], elem_id="positions-pair"
-                )
-                length = gr.Textbox(
-                    DEFAULTS["length"], label=words["positions_length"], elem_id="positions-length"
-                )
-                positions_button = gr.Button(
-                    words["positions_button"], variant="primary", elem_id="positions-button"
-                )
-            positions_message = gr.HTML("", elem_id="positions-message")
-            values, heatmap, curve, clock = positions_part(
-                DEFAULTS["dim"], DEFAULTS["position"], DEFAULTS["pair"], DEFAULTS["length"], lang
-            )
-            positions_out = gr.HTML(values, elem_id="positions-result")
-            with gr.Row():
-                heatmap_plot = gr.Plot(heatmap, elem_id="positions-heatmap", show_label=False)
-                curve_plot = gr.Plot(curve, elem_id="positions-similarity", show_label=False)
-                clock_plot = gr.Plot(clock, elem_id="positions-clock", show_label=False)
-        positions_button.click(
-            guard(4)(bind(positions_part)),
-            [dim, position, pair, length],
-            [positions_out, heatmap_plot, curve_plot, clock_plot, positions_message],
-        )
+        for part in PARTS:
+            _build_part(part, dict(state=state, table=table), start, lang)
     return demo
 
 
