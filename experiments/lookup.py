@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,9 @@ SIZES = ((512, 128), (50257, 128))
 
 def _init_table(cfg: GPTConfig, seed: int):
     """A fresh token table W_E (V, D) from the Embeddings module's own initializer."""
-    params = Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    params = nn.unbox(
+        Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    )
     return params["tok"]["embedding"]
 
 

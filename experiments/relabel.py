@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +31,9 @@ _lookup = jax.jit(lookup)
 def run(outdir: Path | None = None, *, vocab_size: int = 512, n_embd: int = 128, seed: int = 0):
     """Relabel the vocabulary by a random permutation, then edit row EDITED_TOKEN."""
     cfg = GPTConfig(vocab_size=vocab_size, n_embd=n_embd, pos_encoding="none", dropout=0.0)
-    params = Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    params = nn.unbox(
+        Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    )
     table_VxD = np.asarray(params["tok"]["embedding"])
     rng = np.random.default_rng(seed)
     # Random ids that avoid EDITED_TOKEN, which then occurs only where placed.

@@ -99,8 +99,13 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
+        # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py).
         qkv_BxTx3xHxK = nn.DenseGeneral(
-            (3, cfg.n_head, cfg.head_dim), kernel_init=init, name="qkv", **dense_options(cfg)
+            (3, cfg.n_head, cfg.head_dim),
+            kernel_init=nn.with_partitioning(init, (None, None, "tensor", None)),
+            bias_init=nn.with_partitioning(nn.initializers.zeros_init(), (None, "tensor", None)),
+            name="qkv",
+            **dense_options(cfg),
         )(x_BxTxD)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
@@ -145,7 +150,7 @@ class MultiHeadAttention(nn.Module):
         out_BxTxD = nn.DenseGeneral(
             cfg.n_embd,
             axis=(-2, -1),
-            kernel_init=residual_init(cfg),
+            kernel_init=nn.with_partitioning(residual_init(cfg), ("tensor", None, None)),
             name="proj",
             **dense_options(cfg),
         )(out_BxTxHxK)

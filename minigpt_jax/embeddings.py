@@ -67,7 +67,12 @@ class Embeddings(nn.Module):
         init = nn.initializers.normal(stddev=INIT_STDDEV)
         # float32 lookup, cast to the compute dtype after positions are added.
         self.tok = nn.Embed(
-            cfg.padded_vocab_size, cfg.n_embd, jnp.float32, cfg.weight_dtype, embedding_init=init
+            cfg.padded_vocab_size,
+            cfg.n_embd,
+            jnp.float32,
+            cfg.weight_dtype,
+            # The mesh's tensor axis splits the vocabulary (minigpt_jax/sharding.py).
+            embedding_init=nn.with_partitioning(init, ("tensor", None)),
         )
         if POSITION_ENCODINGS[cfg.pos_encoding].learned:
             self.pos = nn.Embed(

@@ -63,13 +63,17 @@ class MLP(nn.Module):
     def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
         cfg = self.cfg
         dense = dense_options(cfg)
+        # The mesh's tensor axis splits the hidden units F (minigpt_jax/sharding.py).
         h_BxTxF = nn.Dense(
-            cfg.mlp_dim, kernel_init=nn.initializers.normal(INIT_STDDEV), name="fc", **dense
+            cfg.mlp_dim,
+            kernel_init=nn.with_partitioning(nn.initializers.normal(INIT_STDDEV), (None, "tensor")),
+            bias_init=nn.with_partitioning(nn.initializers.zeros_init(), ("tensor",)),
+            name="fc",
+            **dense,
         )(x_BxTxD)
         h_BxTxF = activation_fn(cfg)(h_BxTxF)
-        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=residual_init(cfg), name="proj", **dense)(
-            h_BxTxF
-        )
+        proj_init = nn.with_partitioning(residual_init(cfg), ("tensor", None))
+        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=proj_init, name="proj", **dense)(h_BxTxF)
         return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
 
@@ -112,7 +116,8 @@ class _HeadKernel(nn.Module):
     def __call__(self) -> Array:
         cfg = self.cfg
         shape = (cfg.n_embd, cfg.padded_vocab_size)
-        return self.param("kernel", nn.initializers.normal(INIT_STDDEV), shape, cfg.weight_dtype)
+        init = nn.with_partitioning(nn.initializers.normal(INIT_STDDEV), (None, "tensor"))
+        return self.param("kernel", init, shape, cfg.weight_dtype)  # tensor splits the vocab
 
 
 class GPT(nn.Module):
@@ -196,6 +201,12 @@ class GPT(nn.Module):
 
 def init_params(cfg: GPTConfig, rng: Array) -> Params:
     """Fresh parameters for `cfg` (their shapes do not depend on the sequence length)."""
+    return nn.unbox(init_annotated_params(cfg, rng))
+
+
+def init_annotated_params(cfg: GPTConfig, rng: Array) -> Any:
+    """`init_params`, with each parameter whose creation site declares mesh axes
+    (`nn.with_partitioning`) boxed in `nn.Partitioned`: what `sharding.tree_shardings` reads."""
     return GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
 
 

@@ -5,6 +5,10 @@ optimizer moments) is split over `fsdp` along its largest divisible dimension (Z
 `tensor` splits attention heads, the MLP's hidden units and the vocabulary (Megatron-style).
 XLA inserts the collectives. On one device every sharding is trivial and costs nothing.
 
+Which dimension `tensor` splits is declared where the parameter is created, with
+`nn.with_partitioning(init, (None, "tensor"))`, so renaming a layer keeps its rule; the model's
+`init_annotated_params` returns those boxed declarations and `tree_shardings` reads them.
+
 Multi-host: call `initialize_distributed()` first on every host (the CLI does); each host then
 builds the same global batch from (seed, step) and places only its own rows.
 """
@@ -18,25 +22,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-
-# Which dimension of a parameter the `tensor` axis splits, by the end of its path.
-_TENSOR_DIM = {
-    ("attn", "qkv", "kernel"): 2,  # (D, 3, H, K): heads
-    ("attn", "qkv", "bias"): 1,  # (3, H, K)
-    ("attn", "proj", "kernel"): 0,  # (H, K, D)
-    ("mlp", "fc", "kernel"): 1,  # (D, F)
-    ("mlp", "fc", "bias"): 0,  # (F,)
-    ("mlp", "proj", "kernel"): 0,  # (F, D)
-    ("tok", "embedding"): 0,  # (V, D): vocabulary
-    ("lm_head", "kernel"): 1,  # (D, V)
-}
-
 
 HEARTBEAT_TIMEOUT_ENV = "MINIGPT_JAX_HEARTBEAT_TIMEOUT"
 
@@ -131,29 +123,78 @@ def _names(path) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def param_spec(path, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """The PartitionSpec of one parameter (or optimizer moment) from its path and shape;
-    anything else in a train state (step, rng, optimizer counts) is replicated."""
+def param_spec(declared: tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """The PartitionSpec of one parameter of `shape` whose creation site declared the mesh axes
+    `declared` (one entry per dimension, None for none).
+
+    A declared axis is kept where it divides its dimension (else that dimension is replicated);
+    then `fsdp` splits the largest remaining dimension it divides.
+    """
+    if len(declared) != len(shape):
+        raise ValueError(f"mesh axes {declared} do not match a parameter of shape {shape}.")
     spec: list[Any] = [None] * len(shape)
-    names = _names(path)
-    if not names or names[-1] not in ("kernel", "bias", "embedding", "scale"):
-        return PartitionSpec()
-    tensor = mesh.shape["tensor"]
-    for suffix, dim in _TENSOR_DIM.items():
-        if names[-len(suffix) :] == suffix and tensor > 1 and shape[dim] % tensor == 0:
-            spec[dim] = "tensor"
+    for dim, axis in enumerate(declared):
+        if axis is None:
+            continue
+        if axis not in MESH_AXES:
+            raise ValueError(
+                f"a parameter of shape {shape} declares mesh axes {declared}, but {axis!r} is not "
+                f"one of the mesh's axes {MESH_AXES}."
+            )
+        if mesh.shape[axis] > 1 and shape[dim] % mesh.shape[axis] == 0:
+            spec[dim] = axis
     fsdp = mesh.shape["fsdp"]
-    if fsdp > 1:
+    if fsdp > 1 and "fsdp" not in spec:
         free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp == 0]
         if free:
             spec[max(free, key=lambda d: shape[d])] = "fsdp"
     return PartitionSpec(*spec)
 
 
-def tree_shardings(tree: Any, mesh: Mesh) -> Any:
-    """NamedShardings for a params / train-state pytree (arrays or ShapeDtypeStructs)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, param_spec(path, x.shape, mesh)), tree
+def param_specs(annotated_params: Any, mesh: Mesh) -> dict[tuple[str, ...], tuple]:
+    """{parameter path: (shape, PartitionSpec)} from params (arrays or ShapeDtypeStructs) whose
+    annotated leaves are boxed in `nn.Partitioned`, e.g. `jax.eval_shape` of the model's
+    `init_annotated_params`; a leaf without a box declares no axis."""
+    boxed = jax.tree_util.tree_flatten_with_path(
+        annotated_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)
+    )[0]
+    specs = {}
+    for path, leaf in boxed:
+        if isinstance(leaf, nn.Partitioned):
+            declared, leaf = tuple(leaf.names), leaf.value
+        else:
+            declared = (None,) * len(leaf.shape)
+        shape = tuple(leaf.shape)
+        specs[_names(path)] = (shape, param_spec(declared, shape, mesh))
+    return specs
+
+
+def tree_specs(tree: Any, mesh: Mesh, annotated_params: Any) -> Any:
+    """PartitionSpecs for a params / train-state pytree (arrays or ShapeDtypeStructs).
+
+    A leaf whose path ends with a parameter's path and that has its shape (the parameter
+    itself, AdamW's moments mu and nu) takes the parameter's spec (`param_specs` of
+    `annotated_params`); anything else (step, rng, optimizer counts) is replicated.
+    """
+    specs = param_specs(annotated_params, mesh)
+
+    def spec(path, x) -> PartitionSpec:
+        names = _names(path)
+        for start in range(len(names)):  # the longest parameter path that ends this one
+            shape_spec = specs.get(names[start:])
+            if shape_spec is not None and shape_spec[0] == tuple(x.shape):
+                return shape_spec[1]
+        return PartitionSpec()
+
+    return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+def tree_shardings(tree: Any, mesh: Mesh, annotated_params: Any) -> Any:
+    """NamedShardings on `mesh` for a params / train-state pytree: `tree_specs`."""
+    return jax.tree_util.tree_map(
+        lambda spec: NamedSharding(mesh, spec),
+        tree_specs(tree, mesh, annotated_params),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
     )
 
 

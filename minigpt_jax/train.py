@@ -26,7 +26,7 @@ from minigpt_jax.checkpoint import LATEST_DIR, Checkpointer
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.losses import CROSS_ENTROPY, parse_terms
 from minigpt_jax.metrics import MetricsWriter
-from minigpt_jax.model import Params, init_params, next_token_loss_terms
+from minigpt_jax.model import Params, init_annotated_params, init_params, next_token_loss_terms
 from minigpt_jax.optimizers import decay_mask as decay_mask
 from minigpt_jax.optimizers import make_optimizer
 from minigpt_jax.pretrained import load_model, params_for
@@ -164,9 +164,11 @@ def train_step(
 
 
 def state_shardings(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
-    """NamedShardings of the whole train state on `mesh` (from shapes; nothing allocated)."""
+    """NamedShardings of the whole train state on `mesh` (from shapes; nothing allocated), each
+    parameter's from the mesh axes declared where the model creates it."""
     abstract = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
-    return sharding.tree_shardings(abstract, mesh)
+    annotated = jax.eval_shape(functools.partial(init_annotated_params, cfg), jax.random.key(0))
+    return sharding.tree_shardings(abstract, mesh, annotated)
 
 
 def make_init_state(

@@ -3,6 +3,7 @@
 import math
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +20,9 @@ def _embed(cfg, params, tokens_BxT):
 
 
 def _init(cfg, seed=0):
-    return Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    return nn.unbox(
+        Embeddings(cfg).init(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    )
 
 
 class LookupTest(chex.TestCase):

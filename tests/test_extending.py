@@ -11,6 +11,7 @@ from pathlib import Path
 from pydoc_data.topics import topics
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,7 +218,7 @@ def test_user_position_encoding_adds_half_sinusoids(user_dir):
     cfg = CFG.replace(pos_encoding="my_positions:HALF_SINUSOIDS")
     embed = Embeddings(cfg)
     tokens_BxT = _tokens_BxT()
-    variables = embed.init(jax.random.key(0), tokens_BxT)
+    variables = nn.unbox(embed.init(jax.random.key(0), tokens_BxT))
     x_BxTxD = embed.apply(variables, tokens_BxT)
     table_VxD = variables["params"]["tok"]["embedding"]
     expected_BxTxD = table_VxD[tokens_BxT] + 0.5 * sinusoidal_at(jnp.arange(12), 32)[None]
