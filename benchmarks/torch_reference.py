@@ -130,6 +130,7 @@ class TorchGPT(nn.Module):
             )
         if cfg.pos_encoding not in _POS_ENCODINGS:
             raise ValueError(f"pos_encoding={cfg.pos_encoding!r}; allowed: {_POS_ENCODINGS}.")
+        check_mirrored(cfg, _MODEL_PARTS)
         self.cfg = cfg
         # The table (and head) hold cfg.padded_vocab_size rows; logits keep the first V.
         modules = dict(
@@ -272,6 +273,26 @@ def jax_params_from_torch(model: TorchGPT, *, grads: bool = False) -> dict:
 # ----------------------------------------------------------------------------- optimization
 
 
+# The registry entries this twin implements; any other choice is refused rather than silently
+# trained as the defaults (a new entry of minigpt_jax needs its twin here first).
+_MODEL_PARTS = {"attention_mask": ("causal",), "norm": ("layernorm",), "activation": ("gelu",)}
+_OPTIM_PARTS = {"name": ("adamw",), "schedule": ("cosine",)}
+
+
+def check_mirrored(settings: Any, parts: dict[str, tuple[str, ...]]) -> None:
+    """Raises ValueError naming each registry choice of `settings` the twin lacks."""
+    missing = [
+        f"{key}={getattr(settings, key)!r} (the twin has {', '.join(allowed)})"
+        for key, allowed in parts.items()
+        if getattr(settings, key, allowed[0]) not in allowed
+    ]
+    if missing:
+        raise ValueError(
+            "the PyTorch twin does not implement " + "; ".join(missing) + ": compare it with "
+            "minigpt-jax only on the settings it mirrors, or add the entry's twin here."
+        )
+
+
 def lr_at(step: int, lr: float, warmup: int, num_steps: int, min_lr: float) -> float:
     """Linear warmup 0 -> lr over `warmup` steps, then cosine to `min_lr` at `num_steps`.
 
@@ -291,10 +312,12 @@ def make_torch_optimizer(
     """AdamW and its `lr_at` scheduler from the `optim` ConfigDict, as train.make_optimizer.
 
     optim needs lr, min_lr, warmup_steps, b1, b2, eps, weight_decay; clipping at
-    optim.grad_clip is `torch_train_step`'s job. Weight decay goes on the ≥2-D params (matrices
+    optim.grad_clip is `torch_train_step`'s job. Optimizers and schedules other than AdamW on
+    warmup + cosine are refused (`check_mirrored`). Weight decay goes on the ≥2-D params (matrices
     and embedding tables), not on biases or LayerNorm scales (nanoGPT's configure_optimizers):
     in the JAX layout the `kernel` and `embedding` leaves, as train.decay_mask.
     """
+    check_mirrored(optim, _OPTIM_PARTS)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},

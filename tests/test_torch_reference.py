@@ -157,6 +157,15 @@ class ForwardTest(chex.TestCase):
         with self.assertRaisesRegex(ValueError, "float32"):
             TorchGPT(CFG.replace(dtype="bfloat16"))
 
+    def test_registry_choices_it_lacks_are_refused(self):
+        """A new entry of minigpt-jax is refused by the twin, never trained as the default."""
+        with self.assertRaisesRegex(ValueError, r"norm='rmsnorm' \(the twin has layernorm\)"):
+            TorchGPT(CFG.replace(norm="rmsnorm"))
+        optim = default.get_config().optim
+        optim.name = "optax:lion"
+        with self.assertRaisesRegex(ValueError, r"name='optax:lion' \(the twin has adamw\)"):
+            make_torch_optimizer(TorchGPT(CFG), optim, 10)
+
 
 class GradientTest(chex.TestCase):
     @parameterized.named_parameters(*_VARIANTS)
