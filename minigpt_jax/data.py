@@ -75,8 +75,8 @@ def load_text(corpus: str, path: str | os.PathLike | None = None, text_field: st
     """Returns the text of a corpus (the inputs of find_sources) for an in-memory dataset.
 
     A .txt file is one document, a .jsonl line one document (the string in its `text_field`);
-    the documents are joined with DOCUMENT_SEPARATOR ("\\n"), in find_sources' order, so a
-    corpus of one file is that file's text exactly.
+    the documents are joined with DOCUMENT_SEPARATOR ("\\n") in find_sources' order, so a
+    corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text unchanged.
     """
     sources = find_sources(corpus, path)
     text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field))
