@@ -24,13 +24,14 @@ import jax
 import orbax.checkpoint as ocp
 
 from minigpt_jax.digests import sha256_file
+from minigpt_jax.run_dir import BEST_DIRNAME, LATEST_DIRNAME, RunDir
 
 # Orbax logs every save at INFO; the training loop reports what matters.
 logging.getLogger("absl").setLevel(logging.WARNING)
 _log = logging.getLogger(__name__)
 
-LATEST_DIR = "checkpoints"
-BEST_DIR = "best"
+LATEST_DIR = LATEST_DIRNAME  # the names RunDir gives checkpoints/ and best/
+BEST_DIR = BEST_DIRNAME
 DIGEST_FILENAME = "sha256sums.txt"
 
 
@@ -149,10 +150,11 @@ class Checkpointer:
 
     def __init__(self, workdir: str | Path, keep: int = 3, *, write_digests: bool = True):
         self.workdir = Path(workdir).resolve()
+        self.run_dir = RunDir(self.workdir)
         self._write = write_digests
         self._keep = keep
-        self._latest = _manager(self.workdir / LATEST_DIR, ("state", "meta"))
-        self._best = _manager(self.workdir / BEST_DIR, ("params", "meta"))
+        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
+        self._best = _manager(self.run_dir.best, ("params", "meta"))
         self._last_saved: int | None = None
 
     def latest_step(self) -> int | None:
@@ -182,7 +184,7 @@ class Checkpointer:
         """Restores (state, meta) at `step` (default: latest) into the structure of target_state."""
         step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"no checkpoint in {self.workdir / LATEST_DIR}.")
+            raise CheckpointError(f"no checkpoint in {self.run_dir.checkpoints}.")
         restored = _restore(
             self._latest,
             step,
@@ -232,7 +234,7 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
     """
     if which not in ("latest", "best"):
         raise ValueError(f"which={which!r}: choose 'latest' or 'best'.")
-    directory = Path(workdir).resolve() / (LATEST_DIR if which == "latest" else BEST_DIR)
+    directory = RunDir(Path(workdir).resolve()).checkpoint_dir(which)
     if not directory.is_dir():
         raise CheckpointError(
             f"no checkpoints in {directory}: train first with "

@@ -14,8 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from minigpt_jax.corpus import Source, read_documents, text_files
 from minigpt_jax.digests import sha256_file
-from minigpt_jax.tokenizers import Tokenizer, load_tokenizer, make_tokenizer
+from minigpt_jax.run_dir import TOKENIZER_FILENAME as TOKENIZER_FILENAME  # re-exported
+from minigpt_jax.run_dir import TOKENS_FILENAME as TOKENS_FILENAME  # re-exported
+from minigpt_jax.run_dir import RunDir, fingerprint_path
+from minigpt_jax.tokenizers import MAX_UINT16_VOCAB, Tokenizer, load_tokenizer, make_tokenizer
 
 _log = logging.getLogger(__name__)
 
@@ -29,25 +33,25 @@ SHAKESPEARE_URL = (
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DATA_DIR_ENV = "MINIGPT_JAX_DATA"
 _DOWNLOAD_TIMEOUT_S = 20
-
-TOKENIZER_FILENAME = "tokenizer.json"
-TOKENS_FILENAME = "tokens.npy"
-_MAX_UINT16_VOCAB = 1 << 16
+# Between the documents of an in-memory corpus of many (the files of a directory or a glob, the
+# lines of a .jsonl file); a single-document corpus (pydoc, Tiny Shakespeare, one .txt file) is
+# its text unchanged. Sharded corpora put an end-of-text id there instead.
+DOCUMENT_SEPARATOR = "\n"
 
 
 # ---------------------------------------------------------------------------------------------
 # Text
 
 
-def load_text(corpus: str, path: str | os.PathLike | None = None) -> str:
-    """Returns the text of a corpus.
+def find_sources(corpus: str, path: str | os.PathLike | None) -> list[Source]:
+    """The inputs of a corpus, in a fixed order: the same for data.format "memory" and "shards".
 
     corpus:
       "pydoc": CPython's bundled English docs (pydoc_data.topics); no path, no download.
       "shakespeare": Tiny Shakespeare, found at `path` (file or directory), in
         $MINIGPT_JAX_DATA, or in the cache dir, else downloaded into the cache dir.
-      "text": `path` is a UTF-8 .txt file, or a directory whose *.txt files are read in sorted
-        name order and joined with "\\n".
+      "text": `path` is a file, a directory (every .txt/.jsonl file below it) or a glob, as
+        corpus.text_files resolves it.
     """
     if corpus == "pydoc":
         if path is not None:
@@ -55,17 +59,31 @@ def load_text(corpus: str, path: str | os.PathLike | None = None) -> str:
                 f"corpus 'pydoc' is built in and takes no path (got {str(path)!r}); drop the "
                 f"path, or use corpus 'text' to train on your own files."
             )
-        text, source = _pydoc_text(), "pydoc_data.topics"
-    elif corpus == "shakespeare":
-        source = _find_or_download_shakespeare(path)
-        text = _read_utf8(source)
-    elif corpus == "text":
-        text, source = _read_text_path(path)
-    else:
-        raise ValueError(f"unknown corpus {corpus!r}; choose one of {list(CORPORA)}.")
+        return [Source.embedded("pydoc_data.topics", _pydoc_text())]
+    if corpus == "shakespeare":
+        return [Source.of_file(_find_or_download_shakespeare(path))]
+    if corpus == "text":
+        if path is None:
+            raise ValueError(
+                "corpus 'text' needs a path: a .txt/.jsonl file, a directory or a glob of them."
+            )
+        return [Source.of_file(file) for file in text_files(path)]
+    raise ValueError(f"unknown corpus {corpus!r}; choose one of {list(CORPORA)}.")
+
+
+def load_text(corpus: str, path: str | os.PathLike | None = None, text_field: str = "text") -> str:
+    """Returns the text of a corpus (the inputs of find_sources) for an in-memory dataset.
+
+    A .txt file is one document, a .jsonl line one document (the string in its `text_field`);
+    the documents are joined with DOCUMENT_SEPARATOR ("\\n") in find_sources' order, so a
+    corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text unchanged.
+    """
+    sources = find_sources(corpus, path)
+    text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field))
     if not text.strip():
+        where = sources[0].path if len(sources) == 1 else os.fspath(path)
         raise ValueError(
-            f"corpus {corpus!r} from {source} is empty (no non-whitespace text); "
+            f"corpus {corpus!r} from {where} is empty (no non-whitespace text); "
             f"point it at a file with training text."
         )
     return text
@@ -75,38 +93,6 @@ def _pydoc_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[key] for key in sorted(topics))
-
-
-def _read_utf8(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path} is not valid UTF-8 (invalid byte at offset {error.start}); convert it to "
-            f"UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path} > converted.txt`."
-        ) from None
-
-
-def _read_text_path(path: str | os.PathLike | None) -> tuple[str, Path]:
-    if path is None:
-        raise ValueError(
-            "corpus 'text' needs a path: a UTF-8 .txt file or a directory of .txt files."
-        )
-    path = Path(path)
-    if path.is_file():
-        return _read_utf8(path), path
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.txt") if p.is_file())
-        if not files:
-            raise ValueError(
-                f"directory {path} contains no .txt files; add UTF-8 .txt files to it or point "
-                f"path at a single text file."
-            )
-        return "\n".join(_read_utf8(file) for file in files), path
-    raise FileNotFoundError(
-        f"corpus 'text': {path} does not exist; pass a .txt file or a directory of .txt files."
-    )
 
 
 def _cache_dir() -> Path:
@@ -182,10 +168,10 @@ def _fingerprint(text: str, tokenizer: Tokenizer) -> str:
 
 
 def _encode_uint16(text: str, tokenizer: Tokenizer) -> np.ndarray:
-    if tokenizer.vocab_size > _MAX_UINT16_VOCAB:
+    if tokenizer.vocab_size > MAX_UINT16_VOCAB:
         raise ValueError(
             f"vocab_size {tokenizer.vocab_size} does not fit the uint16 token cache (at most "
-            f"{_MAX_UINT16_VOCAB} tokens); use a smaller vocab_size."
+            f"{MAX_UINT16_VOCAB} tokens); use a smaller vocab_size."
         )
     return tokenizer.encode(text).astype(np.uint16)
 
@@ -203,10 +189,10 @@ def encode_cached(
     if cache_path is None:
         return _encode_uint16(text, tokenizer)
     cache_path = Path(cache_path)
-    fingerprint_path = cache_path.with_name(cache_path.name + ".fingerprint")
+    sidecar_path = fingerprint_path(cache_path)
     fingerprint = _fingerprint(text, tokenizer)
     try:
-        saved = fingerprint_path.read_text(encoding="ascii").split()
+        saved = sidecar_path.read_text(encoding="ascii").split()
         if saved[:1] == [fingerprint]:
             tokens = np.load(cache_path, allow_pickle=False)
             problem = _tokens_problem(tokens, saved[1:], tokenizer.vocab_size)
@@ -220,10 +206,10 @@ def encode_cached(
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     # Invalidate first so a crash between the two writes can never pair new tokens with an
     # old fingerprint.
-    fingerprint_path.unlink(missing_ok=True)
+    sidecar_path.unlink(missing_ok=True)
     _atomic_write(cache_path, lambda file: np.save(file, tokens, allow_pickle=False))
     sidecar = f"{fingerprint}\n{hashlib.sha256(tokens.tobytes()).hexdigest()}\n"
-    _atomic_write(fingerprint_path, lambda file: file.write(sidecar.encode("ascii")))
+    _atomic_write(sidecar_path, lambda file: file.write(sidecar.encode("ascii")))
     return tokens
 
 
@@ -339,16 +325,18 @@ def prepare_dataset(
     workdir: str | os.PathLike | None,
     val_fraction: float = 0.1,
     tokenizer: Tokenizer | None = None,
+    text_field: str = "text",
 ) -> Dataset:
     """Loads, tokenises and splits a corpus; checks each split holds one window.
 
     With a workdir, an existing workdir/tokenizer.json is reused (a resumed run keeps its
     vocabulary), else the new tokenizer is saved there; tokens are cached in
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
-    replaces tokenizer_kind and vocab_size.
+    replaces tokenizer_kind and vocab_size. text_field: the field of a .jsonl line's text.
     """
-    text = load_text(corpus, path)
-    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME if workdir is not None else None
+    text = load_text(corpus, path, text_field)
+    run_dir = RunDir(workdir) if workdir is not None else None
+    tokenizer_path = run_dir.tokenizer if run_dir is not None else None
     if tokenizer_path is not None and tokenizer_path.exists():
         saved = load_tokenizer(tokenizer_path)
         if tokenizer is None:
@@ -364,7 +352,7 @@ def prepare_dataset(
         if tokenizer_path is not None:
             tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
             tokenizer.save(tokenizer_path)
-    cache_path = Path(workdir) / TOKENS_FILENAME if workdir is not None else None
+    cache_path = run_dir.tokens if run_dir is not None else None
     train, val = split_tokens(encode_cached(text, tokenizer, cache_path), val_fraction)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")

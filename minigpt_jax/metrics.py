@@ -13,8 +13,7 @@ from pathlib import Path
 
 from tensorboardX import SummaryWriter
 
-METRICS_FILENAME = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+from minigpt_jax.run_dir import RunDir
 
 
 class MetricsWriter:
@@ -28,7 +27,8 @@ class MetricsWriter:
         self.enabled = enabled
         if not enabled:
             return
-        self.path = Path(workdir) / METRICS_FILENAME
+        run_dir = RunDir(workdir)
+        self.path = run_dir.metrics
         if resume_step and self.path.exists():
             kept = read_metrics(workdir, upto_step=resume_step)
             tmp = self.path.with_name(self.path.name + ".part")
@@ -38,7 +38,7 @@ class MetricsWriter:
             self.path.unlink()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._tensorboard = SummaryWriter(
-            str(Path(workdir) / TENSORBOARD_DIR),
+            str(run_dir.tensorboard),
             purge_step=resume_step + 1 if resume_step else None,
         )
 
@@ -82,7 +82,7 @@ def read_metrics(workdir: str | Path, upto_step: int | None = None) -> list[dict
     A torn last line (a crash while appending) is dropped; an unreadable line elsewhere raises a
     ValueError naming the file and the line.
     """
-    path = Path(workdir) / METRICS_FILENAME
+    path = RunDir(workdir).metrics
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     records = []

@@ -29,8 +29,8 @@ import numpy as np
 
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config import GPTConfig
-from minigpt_jax.data import TOKENIZER_FILENAME
 from minigpt_jax.model import LAYERNORM_EPS, Params
+from minigpt_jax.run_dir import RunDir
 from minigpt_jax.settings import SPEED, declarations
 from minigpt_jax.tokenizers import (
     BPETokenizer,
@@ -417,7 +417,7 @@ def load_run(workdir: str | Path, checkpoint: str = "latest") -> LoadedModel:
     tokenizer `minigpt-jax train` saved beside it."""
     params, meta = load_params(workdir, checkpoint)
     cfg = GPTConfig(**meta["gpt_config"])
-    tokenizer_path = Path(workdir) / TOKENIZER_FILENAME
+    tokenizer_path = RunDir(workdir).tokenizer
     if not tokenizer_path.exists():
         raise FileNotFoundError(
             f"{tokenizer_path} is missing: use the workdir of a run made by "
@@ -443,7 +443,7 @@ def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:
                 f"{directory} has weights but no tokenizer: add GPT-2's tokenizer.json, or "
                 f"vocab.json + merges.txt, from the same model."
             )
-    elif (directory / "checkpoints").is_dir() or (directory / "best").is_dir():
+    elif RunDir(directory).has_checkpoints():
         cfg, params, tokenizer = load_run(directory, checkpoint)
     else:
         raise GPT2CheckpointError(

@@ -192,6 +192,7 @@ def dataset_from(
         workdir,
         config.data.val_fraction,
         tokenizer=tokenizer,
+        text_field=config.data.text_field,
     )
 
 

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-LOCK_FILENAME = "run.lock"
+from minigpt_jax.run_dir import RunDir
 
 
 class RunDirectoryInUse(RuntimeError):
@@ -23,8 +23,7 @@ class RunLock:
     """
 
     def __init__(self, workdir: str | Path, process_index: int = 0):
-        name = LOCK_FILENAME if process_index == 0 else f"run.{process_index}.lock"
-        self.path = Path(workdir) / name
+        self.path = RunDir(workdir).lock(process_index)
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:

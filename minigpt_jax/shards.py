@@ -1,8 +1,9 @@
 """Corpora of any size: stream text into memory-mapped token shards with a JSON manifest.
 
-`prepare_shards` reads a corpus (a file, a directory or a glob of .txt / .jsonl files) in
-bounded pieces, encodes them in multi-threaded batches and appends the tokens, an end-of-text id
-after every document, to fixed-size shards of raw little-endian uint16 (uint32 when the
+`prepare_shards` reads a corpus (the inputs data.find_sources names: a file, a directory or a
+glob of .txt / .jsonl files, the same files an in-memory corpus reads) through corpus.read_pieces
+in bounded pieces, encodes them in multi-threaded batches and appends the tokens, an end-of-text
+id after every document, to fixed-size shards of raw little-endian uint16 (uint32 when the
 vocabulary does not fit). A .txt file is one document; a .jsonl line is one document (its
 `text_field`). The stream's first int(n * (1 - val_fraction)) tokens are the train split, the
 rest the validation split, as for in-memory corpora (data.split_tokens).
@@ -20,10 +21,7 @@ uninterrupted one. `load_shards` maps them read-only (`TokenStream`); nothing is
 
 from __future__ import annotations
 
-import codecs
-import glob
 import hashlib
-import io
 import json
 import os
 import time
@@ -35,9 +33,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from minigpt_jax import data
-from minigpt_jax.data import Dataset, _check_reused_tokenizer, check_split_length
+from minigpt_jax.corpus import Piece, Source, read_pieces
+from minigpt_jax.data import Dataset, _check_reused_tokenizer, check_split_length, find_sources
+from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
 from minigpt_jax.tokenizers import (
+    MAX_UINT16_VOCAB,
     TOKENIZER_KINDS,
     BPETokenizer,
     CharTokenizer,
@@ -49,81 +49,10 @@ from minigpt_jax.tokenizers import (
 FORMAT = "minigpt_jax.shards/1"
 MANIFEST_FILENAME = "manifest.json"
 PROGRESS_FILENAME = "progress.json"
-TOKENIZER_FILENAME = "tokenizer.json"
-SHARDS_DIRNAME = "shards"  # under the workdir, unless data.shards_dir names a folder
-INPUT_SUFFIXES = (".txt", ".jsonl")
-_MAX_UINT16_VOCAB = 1 << 16
-_READ_BYTES = 1 << 20  # one read of a .txt file
 _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core
-_MAX_CARRY_CHARS = 1 << 24  # a .txt stretch with no safe BPE cut is cut here anyway
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file (or the embedded pydoc text, `data` set and `path` a label)."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    data: bytes | None = None
-
-    @property
-    def is_jsonl(self) -> bool:
-        return self.path.endswith(".jsonl")
-
-    def open(self):
-        return io.BytesIO(self.data) if self.data is not None else open(self.path, "rb")
-
-
-def find_sources(corpus: str, path: str | os.PathLike | None) -> list[Source]:
-    """The input files of a corpus, in a fixed order.
-
-    corpus "text": `path` is a .txt/.jsonl file, a directory (every .txt/.jsonl below it,
-    sorted by relative path) or a glob pattern (sorted); "shakespeare" and "pydoc" as in
-    data.load_text.
-    """
-    if corpus == "pydoc":
-        text = data.load_text("pydoc")
-        return [Source("pydoc_data.topics", len(text.encode()), 0, text.encode())]
-    if corpus == "shakespeare":
-        return [_source(data._find_or_download_shakespeare(path))]
-    if corpus != "text":
-        raise ValueError(f"unknown corpus {corpus!r}; choose one of {list(data.CORPORA)}.")
-    if path is None:
-        raise ValueError(
-            "corpus 'text' needs a path: a .txt/.jsonl file, a directory or a glob of them."
-        )
-    path_str = os.fspath(path)
-    if Path(path_str).is_file():
-        files = [Path(path_str)]
-    elif Path(path_str).is_dir():
-        files = sorted(p for p in Path(path_str).rglob("*") if p.suffix in INPUT_SUFFIXES)
-    else:
-        files = sorted(Path(p) for p in glob.glob(path_str, recursive=True))
-        if not files and not glob.has_magic(path_str):
-            raise FileNotFoundError(
-                f"corpus 'text': {path_str} does not exist; pass a .txt/.jsonl file, a "
-                f"directory or a glob such as 'data/*.jsonl'."
-            )
-    files = [f for f in files if f.is_file()]
-    bad = [f for f in files if f.suffix not in INPUT_SUFFIXES]
-    if bad:
-        raise ValueError(
-            f"{bad[0]} is neither .txt nor .jsonl; rename it or narrow the path or glob."
-        )
-    if not files:
-        raise ValueError(
-            f"{path_str} names no .txt or .jsonl files; point data.path at your corpus."
-        )
-    return [_source(f) for f in files]
-
-
-def _source(path: Path) -> Source:
-    stat = path.stat()
-    return Source(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
 def inputs_fingerprint(sources: list[Source]) -> str:
@@ -133,86 +62,6 @@ def inputs_fingerprint(sources: list[Source]) -> str:
         stamp = hashlib.sha256(source.data).hexdigest() if source.data is not None else ""
         digest.update(f"{source.path}\0{source.size}\0{source.mtime_ns}\0{stamp}\n".encode())
     return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A stretch of one document; the cursor (source index, byte offset) just after it."""
-
-    text: str
-    ends_document: bool
-    cursor: tuple[int, int]
-
-
-def read_pieces(
-    sources: list[Source],
-    text_field: str,
-    cursor: tuple[int, int] = (0, 0),
-    safe_cut=len,
-) -> Iterator[Piece]:
-    """Streams the documents of `sources` from `cursor` in pieces of at most ~1 MB (a .jsonl
-    line is one piece). safe_cut(text) is where a .txt stretch may be cut without changing its
-    tokens (Tokenizer.safe_cut); the rest is carried into the next piece."""
-    first_source, offset = cursor
-    for index in range(first_source, len(sources)):
-        source = sources[index]
-        start = offset if index == first_source else 0
-        reader = _jsonl_pieces if source.is_jsonl else _txt_pieces
-        with source.open() as file:
-            file.seek(start)
-            yield from reader(file, source, index, start, text_field, safe_cut)
-
-
-def _txt_pieces(file, source, index, offset, text_field, safe_cut) -> Iterator[Piece]:
-    del text_field
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    carry = ""
-    while True:
-        block = file.read(_READ_BYTES)
-        try:
-            text = carry + decoder.decode(block, final=not block)
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{source.path} is not valid UTF-8 (near byte {offset + error.start}); convert "
-                f"it, e.g. `iconv -f LATIN1 -t UTF-8 in.txt > out.txt`."
-            ) from None
-        offset += len(block)
-        if not block:
-            yield Piece(text, True, (index + 1, 0))
-            return
-        cut = safe_cut(text)
-        if cut == 0 and len(text) > _MAX_CARRY_CHARS:
-            cut = len(text)  # no safe cut in 16 M characters: bound memory, cut anyway
-        if cut:
-            carry = text[cut:]
-            pending = len(decoder.getstate()[0])
-            yield Piece(text[:cut], False, (index, offset - pending - len(carry.encode())))
-        else:
-            carry = text
-
-
-def _jsonl_pieces(file, source, index, offset, text_field, safe_cut) -> Iterator[Piece]:
-    del safe_cut
-    for line in iter(file.readline, b""):
-        line_start, offset = offset, offset + len(line)
-        if not line.strip():
-            continue
-        try:
-            text = json.loads(line)[text_field]
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(
-                f"{source.path}, the line at byte {line_start}: not a JSON object with a "
-                f"{text_field!r} field ({type(error).__name__}: {error}); fix the line or set "
-                f"data.text_field to the field that holds the text."
-            ) from None
-        if not isinstance(text, str):
-            raise ValueError(
-                f"{source.path}, the line at byte {line_start}: field {text_field!r} is "
-                f"{type(text).__name__}, not a string; set data.text_field to the text field."
-            )
-        at_end = offset >= source.size
-        yield Piece(text, True, (index + 1, 0) if at_end else (index, offset))
-    # A file whose last lines are blank ends here, after its last document.
 
 
 def sample_texts(sources: list[Source], text_field: str, sample_bytes: int) -> Iterator[str]:
@@ -270,7 +119,7 @@ def shard_name(index: int) -> str:
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype("<u2" if vocab_size <= _MAX_UINT16_VOCAB else "<u4")
+    return np.dtype("<u2" if vocab_size <= MAX_UINT16_VOCAB else "<u4")
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -460,6 +309,75 @@ def _matches(manifest: dict, wanted: dict, tokenizer: Tokenizer | None, director
     )
 
 
+class _EncodingPass:
+    """The bookkeeping of one pass over the inputs, from the last progress record to the end:
+    the cursor after the last piece written, the documents ended so far, the pieces waiting to
+    be encoded (and their characters), and the input bytes done (for the progress bar)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        sources: list[Source],
+        tokenizer: Tokenizer,
+        writer: _ShardWriter,
+        saved: dict,
+        progress: bool,
+    ):
+        self._progress_path = directory / PROGRESS_FILENAME
+        self._sources, self._tokenizer, self._writer = sources, tokenizer, writer
+        self._saved = saved  # the progress record this pass started from
+        self._eot = np.asarray([tokenizer.eot_id], np.int32)
+        self.cursor: tuple[int, int] = tuple(saved["cursor"])
+        self.documents: int = saved["documents"]
+        self.batch: list[Piece] = []
+        self.batch_chars = 0
+        self.done_bytes = self._bytes_before(self.cursor)
+        self.bar = tqdm(
+            total=sum(s.size for s in sources),
+            initial=self.done_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="prepare",
+            disable=not progress,
+        )
+
+    def _bytes_before(self, cursor: tuple[int, int]) -> int:
+        return sum(s.size for s in self._sources[: cursor[0]]) + cursor[1]
+
+    def add(self, piece: Piece) -> None:
+        self.batch.append(piece)
+        self.batch_chars += len(piece.text)
+
+    def flush(self) -> None:
+        """Encodes the batch, appends its tokens (an end-of-text id after each document's last
+        piece), then records the progress: a rerun resumes from there."""
+        encoded = self._tokenizer.encode_batch([piece.text for piece in self.batch])
+        parts = []
+        for piece, ids in zip(self.batch, encoded, strict=True):
+            parts.append(ids)
+            if piece.ends_document:
+                parts.append(self._eot)
+                self.documents += 1
+        self._writer.write(np.concatenate(parts))
+        self._writer.flush()
+        self.cursor = self.batch[-1].cursor
+        done_bytes = self._bytes_before(self.cursor)
+        self.bar.update(done_bytes - self.done_bytes)
+        self.done_bytes = done_bytes
+        self.bar.set_postfix(tokens=f"{self._writer.written:,}", refresh=False)
+        # Recorded after the tokens are in the file.
+        _write_json(
+            self._progress_path,
+            {
+                **self._saved,
+                "cursor": list(self.cursor),
+                "tokens": self._writer.written,
+                "documents": self.documents,
+            },
+        )
+        self.batch, self.batch_chars = [], 0
+
+
 def _encode_all(
     directory: Path,
     sources: list[Source],
@@ -470,67 +388,48 @@ def _encode_all(
 ) -> dict:
     dtype = token_dtype(tokenizer.vocab_size)
     writer = _ShardWriter(directory, dtype, settings.shard_tokens, saved["tokens"])
-    cursor, documents = tuple(saved["cursor"]), saved["documents"]
-    total_bytes = sum(s.size for s in sources)
-    done_bytes = sum(s.size for s in sources[: cursor[0]]) + cursor[1]
-    eot = np.asarray([tokenizer.eot_id], np.int32)
+    encoding = _EncodingPass(directory, sources, tokenizer, writer, saved, progress)
     start = time.perf_counter()
-    bar = tqdm(
-        total=total_bytes,
-        initial=done_bytes,
-        unit="B",
-        unit_scale=True,
-        desc="prepare",
-        disable=not progress,
-    )
-    batch: list[Piece] = []
-    batch_chars = 0
-
-    def flush_batch() -> None:
-        nonlocal cursor, documents, batch, batch_chars, done_bytes
-        encoded = tokenizer.encode_batch([piece.text for piece in batch])
-        parts = []
-        for piece, ids in zip(batch, encoded, strict=True):
-            parts.append(ids)
-            if piece.ends_document:
-                parts.append(eot)
-                documents += 1
-        writer.write(np.concatenate(parts))
-        writer.flush()
-        cursor = batch[-1].cursor
-        new_done = sum(s.size for s in sources[: cursor[0]]) + cursor[1]
-        bar.update(new_done - done_bytes)
-        done_bytes = new_done
-        bar.set_postfix(tokens=f"{writer.written:,}", refresh=False)
-        # Recorded after the tokens are in the file: a rerun resumes from here.
-        _write_json(
-            directory / PROGRESS_FILENAME,
-            {**saved, "cursor": list(cursor), "tokens": writer.written, "documents": documents},
-        )
-        batch, batch_chars = [], 0
-
+    pieces = read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut)
     try:
-        with bar:
-            for piece in read_pieces(sources, settings.text_field, cursor, tokenizer.safe_cut):
-                batch.append(piece)
-                batch_chars += len(piece.text)
-                if batch_chars >= _BATCH_CHARS:
-                    flush_batch()
-            if batch:
-                flush_batch()
+        with encoding.bar:
+            for piece in pieces:
+                encoding.add(piece)
+                if encoding.batch_chars >= _BATCH_CHARS:
+                    encoding.flush()
+            if encoding.batch:
+                encoding.flush()
         shard_counts = writer.finish()
     finally:
         writer.close()
+    manifest = _manifest(sources, settings, tokenizer, saved, dtype, shard_counts)
+    manifest.update(
+        documents=encoding.documents, prepare_seconds=round(time.perf_counter() - start, 3)
+    )
+    _write_json(directory / MANIFEST_FILENAME, manifest)
+    (directory / PROGRESS_FILENAME).unlink(missing_ok=True)
+    return manifest
 
-    n_tokens = writer.written
+
+def _manifest(
+    sources: list[Source],
+    settings: ShardSettings,
+    tokenizer: Tokenizer,
+    saved: dict,
+    dtype: np.dtype,
+    shard_counts: list[int],
+) -> dict:
+    """The manifest of finished shards; the caller fills in "documents" and "prepare_seconds"
+    (None here, in their places)."""
+    n_tokens = sum(shard_counts)
     n_train = int(n_tokens * (1.0 - settings.val_fraction))
-    manifest = {
+    return {
         "format": FORMAT,
         "inputs_fingerprint": saved["inputs_fingerprint"],
         "settings": settings.as_dict(),
         "inputs": {
             "files": len(sources),
-            "bytes": total_bytes,
+            "bytes": sum(s.size for s in sources),
             "first": sources[0].path,
             "last": sources[-1].path,
         },
@@ -543,18 +442,15 @@ def _encode_all(
         },
         "dtype": dtype.str,
         "tokens": n_tokens,
-        "documents": documents,
+        "documents": None,
         "shards": [{"file": shard_name(i), "tokens": n} for i, n in enumerate(shard_counts)],
         "split": {
             "val_fraction": settings.val_fraction,
             "train_tokens": n_train,
             "val_tokens": n_tokens - n_train,
         },
-        "prepare_seconds": round(time.perf_counter() - start, 3),
+        "prepare_seconds": None,
     }
-    _write_json(directory / MANIFEST_FILENAME, manifest)
-    (directory / PROGRESS_FILENAME).unlink(missing_ok=True)
-    return manifest
 
 
 # ----------------------------------------------------------------------------- reading
@@ -634,9 +530,9 @@ def sharded_dataset(
     the tokenizer the shards are (re)encoded with, so its vocabulary never changes. A given
     `tokenizer` (a pretrained model's) encodes a new run's shards instead of a trained one.
     """
-    workdir = Path(workdir)
-    directory = Path(data_config.shards_dir or workdir / SHARDS_DIRNAME)
-    run_tokenizer_path = workdir / TOKENIZER_FILENAME
+    run_dir = RunDir(workdir)
+    directory = Path(data_config.shards_dir or run_dir.shards)
+    run_tokenizer_path = run_dir.tokenizer
     saved = load_tokenizer(run_tokenizer_path) if run_tokenizer_path.exists() else None
     if saved is not None and tokenizer is None:
         _check_reused_tokenizer(
@@ -652,7 +548,7 @@ def sharded_dataset(
     prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
     _, tokenizer, train, val = load_shards(directory)
     if saved is None:
-        workdir.mkdir(parents=True, exist_ok=True)
+        run_dir.root.mkdir(parents=True, exist_ok=True)
         _save_tokenizer(tokenizer, run_tokenizer_path)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")

@@ -18,6 +18,9 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 TOKENIZER_KINDS = ("char", "bpe")
+# The largest vocabulary whose ids fit uint16: token caches and shards store ids as uint16 up to
+# it (shards switch to uint32 beyond it; the in-memory cache refuses a larger vocabulary).
+MAX_UINT16_VOCAB = 1 << 16
 _BYTE_ALPHABET_SIZE = 256
 # GPT-2's one special token: it separates documents and is the model's BOS and EOS.
 GPT2_EOT = "<|endoftext|>"

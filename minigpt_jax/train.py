@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from minigpt_jax import data, sharding
-from minigpt_jax.checkpoint import LATEST_DIR, Checkpointer
+from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.config import GPTConfig
 from minigpt_jax.losses import CROSS_ENTROPY, parse_terms
 from minigpt_jax.metrics import MetricsWriter
@@ -406,7 +406,7 @@ class Trainer:
         changes = check_resume(
             self.checkpointer.read_meta(latest),
             self.meta,
-            self.checkpointer.workdir / LATEST_DIR / str(latest),
+            self.checkpointer.run_dir.checkpoints / str(latest),
             allow_changes=self.allow_resume_changes,
         )
         if changes:

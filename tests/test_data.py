@@ -4,6 +4,7 @@ No test touches the network: every path that could download replaces data._downl
 """
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,38 @@ def test_text_file_and_directory(tmp_path):
     (tmp_path / "ignored.md").write_text("not text")
     assert data.load_text("text", tmp_path / "a.txt") == "first ünïcode"
     assert data.load_text("text", tmp_path) == "first ünïcode\nsecond\n"
+    assert data.load_text("text", tmp_path / "ignored.md") == "not text", "a named file is read"
+
+
+def test_directory_reads_nested_txt_and_jsonl_documents_in_path_order(tmp_path):
+    """Every .txt/.jsonl below the directory, sorted by path; a .jsonl line is one document
+    (blank lines skipped); documents joined with DOCUMENT_SEPARATOR."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("one", encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text(
+        json.dumps({"body": "two", "id": 0}) + "\n\n" + json.dumps({"body": "three"}) + "\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "sub" / "c.txt").write_text("four", encoding="utf-8")
+    assert data.DOCUMENT_SEPARATOR == "\n"
+    assert data.load_text("text", tmp_path, "body") == "one\ntwo\nthree\nfour"
+    assert data.load_text("text", str(tmp_path / "*.jsonl"), "body") == "two\nthree"
+    with pytest.raises(ValueError, match=r"b.jsonl.*'text' field.*data.text_field"):
+        data.load_text("text", tmp_path)
+
+
+def test_a_directory_named_like_a_glob_is_that_directory(tmp_path):
+    """runs[1] exists, so it is read as a path; runs[0-9]/*.txt, which does not, is a
+    pattern (matching runs1/decoy.txt)."""
+    (tmp_path / "runs[1]").mkdir()
+    (tmp_path / "runs[1]" / "mine.txt").write_text("mine", encoding="utf-8")
+    (tmp_path / "runs1").mkdir()  # what the pattern "runs[1]" would match
+    (tmp_path / "runs1" / "decoy.txt").write_text("decoy", encoding="utf-8")
+    assert data.load_text("text", tmp_path / "runs[1]") == "mine"
+    assert data.load_text("text", tmp_path / "runs[1]" / "mine.txt") == "mine"
+    assert data.load_text("text", tmp_path / "runs[0-9]" / "*.txt") == "decoy"
+    sources = data.find_sources("text", tmp_path / "runs[1]")
+    assert [Path(s.path).name for s in sources] == ["mine.txt"]
 
 
 def test_text_errors(tmp_path):
@@ -128,8 +161,13 @@ def test_text_errors(tmp_path):
         data.load_text("text")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data.load_text("text", tmp_path / "missing.txt")
-    with pytest.raises(ValueError, match="contains no .txt files"):
+    with pytest.raises(ValueError, match=r"names no .txt or .jsonl files"):
         data.load_text("text", tmp_path)
+    with pytest.raises(ValueError, match=r"names no .txt or .jsonl files"):
+        data.load_text("text", str(tmp_path / "*.txt"))
+    (tmp_path / "notes.md").write_text("a note")
+    with pytest.raises(ValueError, match=r"notes.md is neither .txt nor .jsonl"):
+        data.load_text("text", str(tmp_path / "notes.*"))
 
 
 def test_non_utf8_file_names_file_and_offset(tmp_path):

@@ -56,9 +56,7 @@ def test_speed_fields_and_finetune_rules_are_what_they_were():
         block_size=32,
     )
     assert shape_mismatch(loaded, wanted) == []
-    assert shape_mismatch(loaded, wanted.replace(n_layer=2)) == [
-        "n_layer: checkpoint 4, config 2"
-    ]
+    assert shape_mismatch(loaded, wanted.replace(n_layer=2)) == ["n_layer: checkpoint 4, config 2"]
 
 
 def test_export_rules_name_each_setting_gpt2_lacks():

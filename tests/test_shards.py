@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from minigpt_jax import data, shards
+from minigpt_jax import corpus, data, shards
 from minigpt_jax.metrics import read_metrics
 from minigpt_jax.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
 from minigpt_jax.train import train_and_evaluate
@@ -61,7 +61,7 @@ def _data_config(path, tokenizer="char", **overrides):
 @pytest.fixture
 def small_pieces(monkeypatch):
     """Reads and batches far smaller than a document, so pieces and shards cut mid-document."""
-    monkeypatch.setattr(shards, "_READ_BYTES", 700)
+    monkeypatch.setattr(corpus, "_READ_BYTES", 700)
     monkeypatch.setattr(shards, "_BATCH_CHARS", 2500)
 
 
@@ -92,6 +92,28 @@ def test_many_files_and_documents_equal_encoding_the_concatenation(
     assert sizes[:-1] == [5000] * (len(sizes) - 1) and 0 < sizes[-1] <= 5000
     assert manifest["split"]["train_tokens"] == int(len(expected) * 0.9)
     assert not (tmp_path / "shards" / shards.PROGRESS_FILENAME).exists()
+
+
+def test_memory_and_shards_read_the_same_documents_of_a_directory(corpus_dir, tmp_path):
+    """One reader: data.path=DIR names the same files (nested .txt and .jsonl) in the same order
+    and the same documents for data.format "memory" and "shards"; memory joins them with
+    data.DOCUMENT_SEPARATOR where shards put an end-of-text id."""
+    (corpus_dir / "notes.md").write_text("neither format reads this", encoding="utf-8")
+    manifest = shards.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
+    sources = data.find_sources("text", corpus_dir)
+    assert manifest["inputs"]["files"] == len(sources) == 8
+    assert [manifest["inputs"]["first"], manifest["inputs"]["last"]] == [
+        sources[0].path,
+        sources[-1].path,
+    ]
+    assert manifest["inputs_fingerprint"] == shards.inputs_fingerprint(sources)
+    _, stream = _stream(tmp_path / "s")
+    documents = load_tokenizer(tmp_path / "s" / "tokenizer.json").decode(stream).split(GPT2_EOT)
+    assert documents[-1] == "" and len(documents) - 1 == manifest["documents"] == 12
+    memory = data.load_text("text", corpus_dir, "body")
+    assert memory == data.DOCUMENT_SEPARATOR.join(documents[:-1])
+    ordered = _documents()[:4] + _documents()[6:12] + _documents()[4:6]
+    assert memory == "\n".join(ordered)
 
 
 def test_bpe_tokenizer_is_trained_on_a_sample(corpus_dir, tmp_path):
@@ -144,9 +166,9 @@ def test_bad_inputs_are_named(corpus_dir, tmp_path):
 _KILLER = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
-from minigpt_jax import shards
+from minigpt_jax import corpus, shards
 from tests.test_shards import _data_config
-shards._READ_BYTES, shards._BATCH_CHARS = 700, 2500
+corpus._READ_BYTES, shards._BATCH_CHARS = 700, 2500
 original = shards._ShardWriter.{hook}
 def hooked(self, *args):
     result = original(self, *args)
