@@ -135,7 +135,7 @@ def prepare(corpus: Path, out: Path, tokenizer: str, vocab_size: int, sample_mb:
 
 _NAIVE = """
 import sys, time
-from minigpt_jax import data
+from minigpt_jax.data import memory as data
 start = time.perf_counter()
 dataset = data.prepare_dataset("text", sys.argv[1], sys.argv[2], int(sys.argv[3]), 1024, None)
 print(len(dataset.train) + len(dataset.val), time.perf_counter() - start)

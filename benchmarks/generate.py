@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.sampling import sample_token
+from minigpt_jax.io.sampling import sample_token
 from minigpt_jax.timing import median_seconds
 
 SHAKESPEARE_CHAR = GPTConfig(

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minigpt_jax.config import GPTConfig
+from minigpt_jax.model.config import GPTConfig
 
-# minigpt_jax.dense.INIT_STDDEV and minigpt_jax.model.LAYERNORM_EPS (GPT-2 / nanoGPT).
+# minigpt_jax.model.dense.INIT_STDDEV and minigpt_jax.model.gpt.LAYERNORM_EPS (GPT-2 / nanoGPT).
 INIT_STDDEV = 0.02
 LAYERNORM_EPS = 1e-5
 _POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
@@ -35,7 +35,7 @@ _POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
 
 
 def _inverse_frequencies(dim: int, device: torch.device) -> torch.Tensor:
-    """1 / 10000^(2i/dim), as minigpt_jax.positions (Vaswani et al. 2017, section 3.5)."""
+    """1 / 10000^(2i/dim), as minigpt_jax.model.positions (Vaswani et al. 2017, section 3.5)."""
     return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
 
 
@@ -46,7 +46,7 @@ def sinusoidal_positions(positions_T: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def apply_rope(x_BxTxHxK: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[2i], x[2i+1]) by t·f_i (RoFormer), as minigpt_jax.positions."""
+    """Rotate each pair (x[2i], x[2i+1]) by t·f_i (RoFormer), as minigpt_jax.model.positions."""
     head_dim = x_BxTxHxK.shape[-1]
     inv_freq = _inverse_frequencies(head_dim, x_BxTxHxK.device)
     angles_1xTx1xK2 = (positions_T.float()[:, None] * inv_freq)[None, :, None, :]
@@ -296,8 +296,9 @@ def check_mirrored(settings: Any, parts: dict[str, tuple[str, ...]]) -> None:
 def lr_at(step: int, lr: float, warmup: int, num_steps: int, min_lr: float) -> float:
     """Linear warmup 0 -> lr over `warmup` steps, then cosine to `min_lr` at `num_steps`.
 
-    The schedule of minigpt_jax.train.make_optimizer (optax.warmup_cosine_decay_schedule with
-    decay_steps = max(num_steps, warmup + 1)); nanoGPT's get_lr, but warming up from 0.
+    The schedule of minigpt_jax.train.optimizers.make_optimizer ("cosine":
+    optax.warmup_cosine_decay_schedule with decay_steps = max(num_steps, warmup + 1)); nanoGPT's
+    get_lr, but warming up from 0.
     """
     if step < warmup:
         return lr * step / warmup

@@ -159,7 +159,7 @@ def with_overrides(config, overrides: dict[str, Any]) -> tuple[Any, dict[str, An
 
 def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
     """num_steps batches (num_steps, B, T+1) of the real corpus (or random ids) and V."""
-    from minigpt_jax import data
+    from minigpt_jax.data import memory as data
 
     block_size = config.model.block_size
     if args.synthetic:
@@ -300,7 +300,7 @@ def torch_column(
 
 def _model_note(cfg) -> str:
     """The model's speed settings, "auto" ones as this backend resolves them."""
-    from minigpt_jax import backend
+    from minigpt_jax.model import backend
 
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = backend.attention(cfg, weight_dropout=cfg.dropout > 0, cached=False)

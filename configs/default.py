@@ -10,7 +10,7 @@ Expect:   val loss 3.09 nats/token at step 1500 (measured: train 2.5705, val 3.0
           gradients), in two back-to-back pairs; the same val loss.
 
 Every setting is declared once, with its default, doc, allowed values and kind, in
-minigpt_jax/settings.py (the model group: minigpt_jax/config.py's GPTConfig); the defaults are
+minigpt_jax/settings.py (the model group: minigpt_jax/model/config.py's GPTConfig); the defaults are
 this course model, so this file states nothing else. `minigpt-jax settings` lists them all.
 Other configs start from this one and state only what differs:
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from configs import shakespeare_char
-from minigpt_jax.metrics import read_metrics
 from minigpt_jax.train import RunSummary, train_and_evaluate
+from minigpt_jax.train.metrics import read_metrics
 
 # Validation passes per run: enough points for a curve, cheap next to the training steps.
 EVALS_PER_RUN = 10

@@ -1,8 +1,10 @@
 """minigpt-jax: a small GPT in JAX/Flax whose invariants are checked, not assumed."""
 
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.embeddings import Embeddings, check_token_ids
-from minigpt_jax.model import (
+from minigpt_jax.io.pretrained import load_gpt2, save_gpt2
+from minigpt_jax.io.sampling import generate
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.embeddings import Embeddings, check_token_ids
+from minigpt_jax.model.gpt import (
     GPT,
     checked_forward,
     count_params,
@@ -13,9 +15,7 @@ from minigpt_jax.model import (
     next_token_losses,
     vocab_padding_params,
 )
-from minigpt_jax.positions import POSITION_ENCODINGS, PositionEncoding, sinusoidal_positions
-from minigpt_jax.pretrained import load_gpt2, save_gpt2
-from minigpt_jax.sampling import generate
+from minigpt_jax.model.positions import POSITION_ENCODINGS, PositionEncoding, sinusoidal_positions
 
 __version__ = "0.1.0"
 

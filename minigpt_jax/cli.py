@@ -63,7 +63,7 @@ _LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.
 
 def _train() -> None:
     from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
-    from minigpt_jax.train import train_and_evaluate
+    from minigpt_jax.train.loop import train_and_evaluate
 
     if _CONFIG.value is None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
@@ -87,8 +87,8 @@ def _train() -> None:
 
 
 def _prepare() -> None:
+    from minigpt_jax.data.shards import sharded_dataset
     from minigpt_jax.run_config import complete
-    from minigpt_jax.shards import sharded_dataset
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
@@ -105,7 +105,7 @@ def _prepare() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.runs import sample_from_pretrained, sample_from_workdir
+    from minigpt_jax.io.runs import sample_from_pretrained, sample_from_workdir
 
     settings = dict(
         max_new_tokens=_MAX_NEW_TOKENS.value,
@@ -128,7 +128,7 @@ def _sample() -> None:
 
 
 def _export() -> None:
-    from minigpt_jax.pretrained import export_run
+    from minigpt_jax.io.pretrained import export_run
 
     if _OUT.value is None:
         raise app.UsageError("export needs --out, the directory to write, e.g. --out hf/run.")
@@ -137,7 +137,7 @@ def _export() -> None:
 
 
 def _eval() -> None:
-    from minigpt_jax.evaluate import perplexity_of
+    from minigpt_jax.io.evaluate import perplexity_of
 
     if _TEXT.value is None:
         raise app.UsageError("eval needs --text, a UTF-8 text file, e.g. --text valid.txt.")

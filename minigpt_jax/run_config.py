@@ -21,12 +21,14 @@ import ml_collections
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
-from minigpt_jax import data, settings, shards
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.losses import parse_terms
-from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax import settings
+from minigpt_jax.data import memory as data
+from minigpt_jax.data import shards
+from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.settings import check_values, declarations
-from minigpt_jax.tokenizers import Tokenizer
+from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings). vocab_size is not a model key: the tokenizer decides it

@@ -1,7 +1,7 @@
 """Every setting declared once: name, default, one-line doc, allowed values and kind.
 
 A setting is a field of a typed group declared with `setting(...)`: `GPTConfig` (the model
-group, minigpt_jax.config) and the groups below (loop settings at the top level, `optim`,
+group, minigpt_jax.model.config) and the groups below (loop settings at the top level, `optim`,
 `data`, `mesh`, `loss`). Everything else derives from these declarations: the keys a config may
 hold and the "did you mean" of a typo (`run_config`), the range checks, what may change on
 resume (`resume`), what a fine-tune may change and what GPT-2's layout needs (`pretrained`), and
@@ -274,7 +274,7 @@ class Mesh:
 
 @dataclasses.dataclass(frozen=True)
 class Loss:
-    """config.loss: terms added to the next-token cross-entropy (minigpt_jax/losses.py)."""
+    """config.loss: terms added to the next-token cross-entropy (minigpt_jax/model/losses.py)."""
 
     terms: str = setting(
         "",
@@ -284,5 +284,5 @@ class Loss:
     )
 
 
-# The groups of a run config besides `model` (GPTConfig, minigpt_jax.config), by key.
+# The groups of a run config besides `model` (GPTConfig, minigpt_jax.model.config), by key.
 GROUPS: dict[str, type] = {"optim": Optim, "data": Data, "mesh": Mesh, "loss": Loss}

@@ -8,9 +8,9 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig
-from minigpt_jax.attention import MultiHeadAttention, attention_weights, causal_mask
-from minigpt_jax.model import MLP
-from minigpt_jax.positions import apply_rope
+from minigpt_jax.model.attention import MultiHeadAttention, attention_weights, causal_mask
+from minigpt_jax.model.gpt import MLP
+from minigpt_jax.model.positions import apply_rope
 
 DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, K=8)
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=4, n_embd=32, dropout=0.0)

@@ -132,7 +132,7 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint(tmp_path, corpus_
 def trained_workdir(corpus_file, tmp_path_factory):
     """A tiny model trained for 20 steps on the text corpus, for sampling."""
     from configs import tiny
-    from minigpt_jax.train import train_and_evaluate
+    from minigpt_jax.train.loop import train_and_evaluate
 
     config = tiny.get_config()
     config.num_steps = 20
@@ -143,7 +143,7 @@ def trained_workdir(corpus_file, tmp_path_factory):
 
 
 def test_sample_from_workdir_continues_the_prompt(trained_workdir):
-    from minigpt_jax.runs import sample_from_workdir
+    from minigpt_jax.io.runs import sample_from_workdir
 
     texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=30, seed=1, num_samples=3)
     assert len(texts) == 3 and all(t.startswith("The ") and len(t) == 34 for t in texts)

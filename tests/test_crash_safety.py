@@ -22,13 +22,13 @@ import pytest
 import test_train
 from test_cli import _train_args
 
-from minigpt_jax import data
-from minigpt_jax.checkpoint import CheckpointError, load_params
-from minigpt_jax.metrics import read_metrics
-from minigpt_jax.resume import check_resume
-from minigpt_jax.run_lock import RunDirectoryInUse, RunLock
-from minigpt_jax.tokenizers import CharTokenizer
-from minigpt_jax.train import train_and_evaluate
+from minigpt_jax.data import memory as data
+from minigpt_jax.data.tokenizers import CharTokenizer
+from minigpt_jax.train.checkpoint import CheckpointError, load_params
+from minigpt_jax.train.loop import train_and_evaluate
+from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.train.resume import check_resume
+from minigpt_jax.train.run_lock import RunDirectoryInUse, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 corpus_file = test_train.corpus_file  # the same 40 kB text fixture
@@ -150,7 +150,7 @@ def test_second_trainer_fails_at_once_naming_the_holder(corpus_file, tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from minigpt_jax.run_lock import RunLock\n"
+            "import sys, time; from minigpt_jax.train.run_lock import RunLock\n"
             "with RunLock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(600)",
             str(workdir),
         ],

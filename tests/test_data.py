@@ -1,4 +1,4 @@
-"""Tests for minigpt_jax.data: corpus loading, token cache, split and deterministic batches.
+"""Tests for minigpt_jax.data.memory: corpus loading, token cache, split and deterministic batches.
 
 No test touches the network: every path that could download replaces data._download.
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt_jax import data
-from minigpt_jax.tokenizers import CharTokenizer, load_tokenizer
+from minigpt_jax.data import memory as data
+from minigpt_jax.data.tokenizers import CharTokenizer, load_tokenizer
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REAL_SHAKESPEARE = SHARED_DATA / data.SHAKESPEARE_FILENAME

@@ -20,12 +20,12 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.checkpoint import load_params
-from minigpt_jax.losses import parse_terms
-from minigpt_jax.metrics import read_metrics
+from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.registry import RegistryError
 from minigpt_jax.run_config import check_experiment_config, default_config
 from minigpt_jax.train import loss_fn, make_optimizer
+from minigpt_jax.train.checkpoint import load_params
+from minigpt_jax.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
@@ -212,8 +212,8 @@ def test_user_loss_term_adds_its_weighted_mean(user_dir):
 
 def test_user_position_encoding_adds_half_sinusoids(user_dir):
     """The user's scheme adds 0.5 x the sinusoids to the token embeddings, with no table."""
-    from minigpt_jax.embeddings import Embeddings
-    from minigpt_jax.positions import sinusoidal_at
+    from minigpt_jax.model.embeddings import Embeddings
+    from minigpt_jax.model.positions import sinusoidal_at
 
     cfg = CFG.replace(pos_encoding="my_positions:HALF_SINUSOIDS")
     embed = Embeddings(cfg)

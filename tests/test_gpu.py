@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from minigpt_jax import GPTConfig, backend, forward, init_params, next_token_losses
-from minigpt_jax.attention import attention_weights, causal_mask, fused_attention, mix_values
+from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
+from minigpt_jax.model import backend
+from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,52 +8,67 @@ from pathlib import Path
 
 import chex
 
-import minigpt_jax
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minigpt_jax"
-# Modules, and subpackages (e.g. lab/) taken whole: a subpackage is one unit of a layer.
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-MODULES = sorted([p.stem for p in PACKAGE.glob("*.py")] + SUBPACKAGES)
+# Every module by its path under minigpt_jax/ without .py ("model/gpt", "cli"); a subpackage's
+# __init__ is not a layer of its own (it imports nothing of the package: test below).
+MODULES = sorted(
+    str(p.relative_to(PACKAGE).with_suffix(""))
+    for p in PACKAGE.rglob("*.py")
+    if not (p.name == "__init__.py" and p.parent != PACKAGE)
+)
 
 
-def _source_files(module: str) -> list[Path]:
-    if module in SUBPACKAGES:
-        return sorted(PACKAGE.joinpath(module).rglob("*.py"))
-    return [PACKAGE.joinpath(f"{module}.py")]
+def _source_file(module: str) -> Path:
+    return PACKAGE.joinpath(f"{module}.py")
 
 
 def readme_layers() -> dict[str, int]:
-    """{module: layer} from the README's layer table: lines `  <n>  a.py b/ ...`."""
+    """{module: layer} from the README's layer table: lines `  <n>  a.py model/b.py ...`."""
     layout = ROOT.joinpath("README.md").read_text().split("## Layout", 1)[1]
     layers = {}
-    for number, names in re.findall(r"^ {2}(\d) {2}((?:\S+(?:\.py|/) ?)+)$", layout, re.MULTILINE):
+    for number, names in re.findall(r"^ {2}(\d) {2}((?:\S+\.py ?)+)$", layout, re.MULTILINE):
         for name in names.split():
-            layers[name.removesuffix(".py").removesuffix("/")] = int(number)
+            layers[name.removesuffix(".py")] = int(number)
     return layers
 
 
+def _module_of(dotted: str) -> str | None:
+    """ "model/gpt" for minigpt_jax.model.gpt; None for a subpackage itself."""
+    parts = dotted.split(".")[1:]
+    if not parts:
+        return "__init__"
+    name = "/".join(parts)
+    if name in MODULES:
+        return name
+    return None
+
+
 def package_imports(module: str) -> set[str]:
-    """The minigpt_jax modules `module` imports anywhere in its source (function bodies too);
-    `from minigpt_jax import name` counts as importing the submodule `name` if there is one,
-    else the package's __init__."""
+    """The minigpt_jax modules `module` imports anywhere in its source (function bodies too):
+    `from minigpt_jax.model import gpt` counts as model/gpt, `from minigpt_jax import cli` as
+    cli; `from minigpt_jax.model.gpt import forward` as model/gpt."""
     found = set()
-    nodes = [n for f in _source_files(module) for n in ast.walk(ast.parse(f.read_text()))]
-    for node in nodes:
+    for node in ast.walk(ast.parse(_source_file(module).read_text())):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            dotted_names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "minigpt_jax":
-                for alias in node.names:
-                    found.add(alias.name if alias.name in MODULES else "__init__")
-                continue
-            names = [node.module]
+            dotted_names = []
+            for alias in node.names:
+                child = _module_of(f"{node.module}.{alias.name}")
+                dotted_names.append(
+                    f"{node.module}.{alias.name}" if child is not None else node.module
+                )
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "minigpt_jax":
-                found.add(parts[1] if len(parts) > 1 else "__init__")
+        for dotted in dotted_names:
+            if dotted.split(".")[0] != "minigpt_jax":
+                continue
+            target = _module_of(dotted)
+            if target is None:
+                raise AssertionError(f"{module} imports the subpackage {dotted}: name a module")
+            found.add(target)
     found.discard(module)
     return found
 
@@ -91,20 +106,29 @@ class LayoutTest(chex.TestCase):
             visit(module)
 
     def test_finds_imports_in_function_bodies(self):
-        """The checker itself: cli imports train and runs lazily, inside functions."""
-        self.assertContainsSubset({"train", "runs", "run_config"}, package_imports("cli"))
+        """The checker itself: cli imports the loop and runs lazily, inside functions."""
+        self.assertContainsSubset({"train/loop", "io/runs", "run_config"}, package_imports("cli"))
+
+    def test_subpackage_inits_import_nothing_of_the_package(self):
+        """Their re-exports are lazy (PEP 562 __getattr__), so no layer hides in them."""
+        for name in SUBPACKAGES:
+            tree = ast.parse(PACKAGE.joinpath(name, "__init__.py").read_text())
+            imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+            self.assertEmpty([n.module for n in imports if n.module.startswith("minigpt_jax")])
 
     def test_no_package_attribute_shadows_a_submodule(self):
         for module in MODULES:
-            if module in ("__init__", "__main__"):
+            if module.endswith(("__init__", "__main__")):
                 continue
-            imported = importlib.import_module(f"minigpt_jax.{module}")
-            self.assertIs(getattr(minigpt_jax, module), imported, module)
+            parent, _, name = f"minigpt_jax/{module}".rpartition("/")
+            imported = importlib.import_module(f"minigpt_jax.{module.replace('/', '.')}")
+            package = importlib.import_module(parent.replace("/", "."))
+            self.assertIs(getattr(package, name), imported, module)
 
 
 def legend_letters() -> set[str]:
     """The shape letters model.py's docstring defines: `  X  meaning` entries of its legend."""
-    doc = ast.get_docstring(ast.parse(PACKAGE.joinpath("model.py").read_text()))
+    doc = ast.get_docstring(ast.parse(PACKAGE.joinpath("model", "gpt.py").read_text()))
     legend = doc.split("Shape letters", 1)[1].split("\n\n", 1)[0]
     letters = set(re.findall(r"(?:^|\s{2})([A-Z]\d?)(?=\s{1,2}\S)", legend, re.MULTILINE))
     letters |= set(re.findall(r"\b([A-Z]), ([A-Z]), ([A-Z])\b", legend)[0])

@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from minigpt_jax import pretrained
-from minigpt_jax.evaluate import perplexity, sliding_windows
-from minigpt_jax.model import forward, forward_with_cache, init_cache
-from minigpt_jax.sampling import generate
-from minigpt_jax.tokenizers import GPT2_EOT, BPETokenizer, load_gpt2_tokenizer
+from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, load_gpt2_tokenizer
+from minigpt_jax.io import pretrained
+from minigpt_jax.io.evaluate import perplexity, sliding_windows
+from minigpt_jax.io.sampling import generate
+from minigpt_jax.model.gpt import forward, forward_with_cache, init_cache
 
 torch = pytest.importorskip("torch")  # the `hf` extra, installed by .ci/run
 transformers = pytest.importorskip("transformers")
@@ -154,8 +154,8 @@ def test_save_gpt2_reloads_in_transformers_with_identical_logits(loaded, hf_mode
 
 def test_untied_and_bias_free_models_round_trip(tmp_path):
     """An untied head goes to lm_head.weight; a model without biases exports zero biases."""
-    from minigpt_jax.config import GPTConfig
-    from minigpt_jax.model import init_params
+    from minigpt_jax.model.config import GPTConfig
+    from minigpt_jax.model.gpt import init_params
 
     cfg = GPTConfig(
         vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, tie_embeddings=False,
@@ -481,7 +481,7 @@ def _finetune_config(init_from, corpus, **changes):
 def test_init_from_starts_training_at_the_checkpoint(hf_dir, loaded, tmp_path):
     """With a zero learning rate the run's params stay the checkpoint's (positions cropped to
     the config's block_size), from a Hugging Face directory and from a run directory alike."""
-    from minigpt_jax.train import train_and_evaluate
+    from minigpt_jax.train.loop import train_and_evaluate
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)

@@ -12,14 +12,14 @@ import pytest
 
 from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.layers import ACTIVATIONS, NORMS, relu_squared
-from minigpt_jax.losses import LOSS_TERMS, parse_terms, term_name, z_loss
-from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
+from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
 from minigpt_jax.registry import Registry, RegistryError
+from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
 
 
 def test_names_and_user_attributes_resolve():
-    assert OPTIMIZERS["adamw"] is OPTIMIZERS["minigpt_jax.optimizers:adamw"]
+    assert OPTIMIZERS["adamw"] is OPTIMIZERS["minigpt_jax.train.optimizers:adamw"]
     assert ACTIVATIONS["jax.nn:silu"] is jax.nn.silu
     assert "adamw" in OPTIMIZERS and "no.such:thing" not in OPTIMIZERS
 

@@ -9,7 +9,7 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.sampling import generate_padded, sample_token, top_k_filter, top_p_filter
+from minigpt_jax.io.sampling import generate_padded, sample_token, top_k_filter, top_p_filter
 
 DIMS = chex.Dimensions(B=2, V=32)
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)

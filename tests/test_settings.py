@@ -8,8 +8,7 @@ import pytest
 
 from configs import default, gpt2_small, shakespeare_char, tiny
 from minigpt_jax import GPTConfig
-from minigpt_jax.pretrained import check_exportable, shape_mismatch
-from minigpt_jax.resume import SPEED_FIELDS, check_resume
+from minigpt_jax.io.pretrained import check_exportable, shape_mismatch
 from minigpt_jax.run_config import (
     EXPERIMENT_KEYS,
     check_experiment_config,
@@ -19,6 +18,7 @@ from minigpt_jax.run_config import (
     settings_table,
 )
 from minigpt_jax.settings import GROUPS, KINDS, Loop, declarations
+from minigpt_jax.train.resume import SPEED_FIELDS, check_resume
 
 
 def test_every_key_has_one_declaration_with_a_doc_and_a_kind():

@@ -21,8 +21,8 @@ from ml_collections import ConfigDict
 
 from configs import tiny
 from minigpt_jax import sharding, train
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.model import init_annotated_params, init_params
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.gpt import init_annotated_params, init_params
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = (

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from minigpt_jax import corpus, data, shards
-from minigpt_jax.metrics import read_metrics
-from minigpt_jax.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
-from minigpt_jax.train import train_and_evaluate
+from minigpt_jax.data import corpus, shards
+from minigpt_jax.data import memory as data
+from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
+from minigpt_jax.train.loop import train_and_evaluate
+from minigpt_jax.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 _TEXT = "\n\n".join(topics[k] for k in sorted(topics))
@@ -166,7 +167,8 @@ def test_bad_inputs_are_named(corpus_dir, tmp_path):
 _KILLER = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
-from minigpt_jax import corpus, shards
+from minigpt_jax.data import corpus
+from minigpt_jax.data import shards
 from tests.test_shards import _data_config
 corpus._READ_BYTES, shards._BATCH_CHARS = 700, 2500
 original = shards._ShardWriter.{hook}

@@ -1,12 +1,12 @@
-"""Tests for minigpt_jax.tokenizers: exact round-trips, vocab sizes, errors, save/load."""
+"""Tests for minigpt_jax.data.tokenizers: exact round-trips, vocab sizes, errors, save/load."""
 
 import json
 
 import numpy as np
 import pytest
 
-from minigpt_jax import tokenizers
-from minigpt_jax.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, make_tokenizer
+from minigpt_jax.data import tokenizers
+from minigpt_jax.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, make_tokenizer
 
 TRICKY = "  leading spaces\n\n\tand tabs\r\nünïcödé 日本語 🙂\n   \nend "
 

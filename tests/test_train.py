@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from minigpt_jax.checkpoint import load_params
-from minigpt_jax.metrics import read_metrics
+from minigpt_jax.data.tokenizers import load_tokenizer
 from minigpt_jax.run_config import gpt_config_from
-from minigpt_jax.tokenizers import load_tokenizer
 from minigpt_jax.train import (
     accumulated_value_and_grad,
     decay_mask,
@@ -25,6 +23,8 @@ from minigpt_jax.train import (
     make_train_chunk,
     train_and_evaluate,
 )
+from minigpt_jax.train.checkpoint import load_params
+from minigpt_jax.train.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")

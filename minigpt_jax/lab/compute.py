@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.attention import attention_weights, causal_mask, mix_values
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.embeddings import Embeddings
 from minigpt_jax.lab.text import message
-from minigpt_jax.positions import sinusoidal_positions
+from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.embeddings import Embeddings
+from minigpt_jax.model.positions import sinusoidal_positions
 
 # ----------------------------------------------------------------------------- the article's table
 

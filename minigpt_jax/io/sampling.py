@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.embeddings import check_token_ids
-from minigpt_jax.model import Params, forward_with_cache, init_cache
-from minigpt_jax.positions import POSITION_ENCODINGS
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.embeddings import check_token_ids
+from minigpt_jax.model.gpt import Params, forward_with_cache, init_cache
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 

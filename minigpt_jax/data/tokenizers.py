@@ -2,7 +2,7 @@
 
 Every tokenizer maps a str to a 1-D int32 array of ids in [0, vocab_size) and back. A tokenizer
 built with `eot=True` also holds an end-of-text token, the last id (GPT-2's <|endoftext|> is
-50256 of 50257): the sharded corpora of minigpt_jax.shards put it after every document.
+50256 of 50257): the sharded corpora of minigpt_jax.data.shards put it after every document.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.model import Params, next_token_losses
-from minigpt_jax.pretrained import load_model
-from minigpt_jax.tokenizers import Tokenizer
+from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.io.pretrained import load_model
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.gpt import Params, next_token_losses
 
 
 @dataclasses.dataclass(frozen=True)

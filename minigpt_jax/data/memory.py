@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from minigpt_jax.corpus import Source, read_documents, text_files
+from minigpt_jax.data.corpus import Source, read_documents, text_files
+from minigpt_jax.data.tokenizers import MAX_UINT16_VOCAB, Tokenizer, load_tokenizer, make_tokenizer
 from minigpt_jax.digests import sha256_file
 from minigpt_jax.run_dir import TOKENIZER_FILENAME as TOKENIZER_FILENAME  # re-exported
 from minigpt_jax.run_dir import TOKENS_FILENAME as TOKENS_FILENAME  # re-exported
 from minigpt_jax.run_dir import RunDir, fingerprint_path
-from minigpt_jax.tokenizers import MAX_UINT16_VOCAB, Tokenizer, load_tokenizer, make_tokenizer
 
 _log = logging.getLogger(__name__)
 

@@ -33,10 +33,14 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from minigpt_jax.corpus import Piece, Source, read_pieces
-from minigpt_jax.data import Dataset, _check_reused_tokenizer, check_split_length, find_sources
-from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
-from minigpt_jax.tokenizers import (
+from minigpt_jax.data.corpus import Piece, Source, read_pieces
+from minigpt_jax.data.memory import (
+    Dataset,
+    _check_reused_tokenizer,
+    check_split_length,
+    find_sources,
+)
+from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
     TOKENIZER_KINDS,
     BPETokenizer,
@@ -45,8 +49,9 @@ from minigpt_jax.tokenizers import (
     _codepoints,
     load_tokenizer,
 )
+from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
 
-FORMAT = "minigpt_jax.shards/1"
+FORMAT = "minigpt_jax.data.shards/1"
 MANIFEST_FILENAME = "manifest.json"
 PROGRESS_FILENAME = "progress.json"
 _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core

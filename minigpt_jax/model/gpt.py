@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from minigpt_jax.attention import KVCache, MultiHeadAttention
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.embeddings import Embeddings, check_token_ids, read_out
-from minigpt_jax.layers import NORM_EPS, NORMS, activation_fn
-from minigpt_jax.losses import CROSS_ENTROPY, term_name, term_values
+from minigpt_jax.model.attention import KVCache, MultiHeadAttention
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
+from minigpt_jax.model.layers import NORM_EPS, NORMS, activation_fn
+from minigpt_jax.model.losses import CROSS_ENTROPY, term_name, term_values
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`

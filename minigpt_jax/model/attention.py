@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.attention_fns import (
+from minigpt_jax.model.attention_fns import (
     ATTENTION_MASKS,
     attention_weights,
     causal_mask,
@@ -21,9 +21,9 @@ from minigpt_jax.attention_fns import (
     fused_attention,
     mix_values,
 )
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.positions import POSITION_ENCODINGS
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 

@@ -15,8 +15,8 @@ import chex
 import flax.linen as nn
 import jax
 
-from minigpt_jax import backend
-from minigpt_jax.config import GPTConfig
+from minigpt_jax.model import backend
+from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 

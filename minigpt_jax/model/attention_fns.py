@@ -18,7 +18,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax import backend
+from minigpt_jax.model import backend
 from minigpt_jax.registry import Registry
 
 Array = chex.Array

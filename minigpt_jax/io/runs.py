@@ -12,11 +12,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.model import Params
-from minigpt_jax.pretrained import load_model, load_run
-from minigpt_jax.sampling import generate
-from minigpt_jax.tokenizers import Tokenizer
+from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.io.pretrained import load_model, load_run
+from minigpt_jax.io.sampling import generate
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.gpt import Params
 
 
 def sample_from_workdir(

@@ -7,9 +7,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.dense import INIT_STDDEV
-from minigpt_jax.positions import POSITION_ENCODINGS
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.dense import INIT_STDDEV
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 

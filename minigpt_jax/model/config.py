@@ -11,9 +11,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from minigpt_jax.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
-from minigpt_jax.layers import ACTIVATIONS, NORMS
-from minigpt_jax.positions import POSITION_ENCODINGS
+from minigpt_jax.model.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
+from minigpt_jax.model.layers import ACTIVATIONS, NORMS
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.settings import MODEL, SPEED, check_values, setting
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -103,9 +103,9 @@ class GPTConfig:
     gelu_approximate: bool = setting(
         False, "with activation gelu: True is GPT-2's tanh form, False the exact erf", MODEL
     )
-    # "direct" is minigpt_jax.dense's hand-written VJP, faster on XLA:CPU (measured there only:
-    # benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere, when the model is
-    # traced (minigpt_jax.backend), so a run's config stays portable.
+    # "direct" is minigpt_jax.model.dense's hand-written VJP, faster on XLA:CPU (measured there
+    # only: benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere, when the model
+    # is traced (minigpt_jax.model.backend), so a run's config stays portable.
     dense_grad: str = setting(
         "auto",
         "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",

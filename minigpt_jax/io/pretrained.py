@@ -27,18 +27,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.checkpoint import load_params
-from minigpt_jax.config import GPTConfig
-from minigpt_jax.model import LAYERNORM_EPS, Params
-from minigpt_jax.run_dir import RunDir
-from minigpt_jax.settings import SPEED, declarations
-from minigpt_jax.tokenizers import (
+from minigpt_jax.data.tokenizers import (
     BPETokenizer,
     Tokenizer,
     has_gpt2_tokenizer_files,
     load_gpt2_tokenizer,
     load_tokenizer,
 )
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.gpt import LAYERNORM_EPS, Params
+from minigpt_jax.run_dir import RunDir
+from minigpt_jax.settings import SPEED, declarations
+from minigpt_jax.train.checkpoint import load_params
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

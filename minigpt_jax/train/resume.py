@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minigpt_jax.config import GPTConfig
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.run_config import declaration
 from minigpt_jax.settings import SPEED, TRAJECTORY, declarations
 
