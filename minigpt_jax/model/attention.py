@@ -23,6 +23,7 @@ from minigpt_jax.model.attention_fns import (
 )
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
@@ -108,6 +109,8 @@ class MultiHeadAttention(nn.Module):
             **dense_options(cfg),
         )(x_BxTxD)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+        if cfg.qk_norm:
+            q_BxTxHxK, k_BxTxHxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxHxK)
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)

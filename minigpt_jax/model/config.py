@@ -83,6 +83,14 @@ class GPTConfig:
         choices=ATTENTION_MASKS,
         gpt2="causal",
     )
+    # QK-norm (Henry et al. 2020; Dehghani et al. 2023; the NanoGPT speedrun): queries and keys
+    # RMS-normalised per head, before rotary positions, so the scores cannot blow up.
+    qk_norm: bool = setting(
+        False,
+        "RMS-normalise each head's queries and keys before their dot product",
+        MODEL,
+        gpt2=False,
+    )
     use_bias: bool = setting(True, "biases in Dense layers and LayerNorms, as GPT-2", MODEL)
     norm: str = setting(
         "layernorm",
@@ -92,6 +100,15 @@ class GPTConfig:
         gpt2="layernorm",
     )
     mlp_ratio: int = setting(4, "F = mlp_ratio * D", MODEL, low=1)
+    # The NanoGPT speedrun zero-initialises every projection into the residual stream (and its
+    # untied head): each block starts as the identity, and the first steps shape the readout.
+    zero_init_proj: bool = setting(
+        False, "zero-init the attention/MLP output projections and an untied head", MODEL
+    )
+    # Gemma 2 (Team et al. 2024) and the NanoGPT speedrun: logits = cap * tanh(logits / cap).
+    logit_softcap: float = setting(
+        0.0, "soft cap of the logits, cap * tanh(logits / cap); 0: none", MODEL, low=0.0, gpt2=0.0
+    )
     activation: str = setting(
         "gelu",
         "the MLP's: gelu | gelu_tanh | relu | relu2, a key of layers.ACTIVATIONS or module:attr",

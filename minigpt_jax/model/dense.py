@@ -91,5 +91,7 @@ def dense_options(cfg: GPTConfig) -> dict:
 
 def residual_init(cfg: GPTConfig):
     """Init of the projections into the residual stream: GPT-2 scales N(0, 0.02²) by
-    1/sqrt(2N), two per block."""
+    1/sqrt(2N), two per block; zeros with cfg.zero_init_proj (the NanoGPT speedrun)."""
+    if cfg.zero_init_proj:
+        return nn.initializers.zeros_init()
     return nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)

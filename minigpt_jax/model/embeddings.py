@@ -45,12 +45,16 @@ def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
 
     The matmul runs in the compute dtype and accumulates in float32 (bf16 tensor cores on an
     accelerator, float32 logits out); the loss and sampling keep the first vocab_size columns.
+    With cfg.logit_softcap = c > 0 the logits are c · tanh(logits / c) (Gemma 2).
     """
     spec = "...d,yd->...y" if cfg.tie_embeddings else "...d,dy->...y"
     compute = cfg.compute_dtype
-    return jnp.einsum(
+    logits_xY = jnp.einsum(
         spec, h_xD.astype(compute), weight.astype(compute), preferred_element_type=jnp.float32
     )
+    if cfg.logit_softcap:
+        logits_xY = cfg.logit_softcap * jnp.tanh(logits_xY / cfg.logit_softcap)
+    return logits_xY
 
 
 class Embeddings(nn.Module):

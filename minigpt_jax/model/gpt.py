@@ -116,7 +116,12 @@ class _HeadKernel(nn.Module):
     def __call__(self) -> Array:
         cfg = self.cfg
         shape = (cfg.n_embd, cfg.padded_vocab_size)
-        init = nn.with_partitioning(nn.initializers.normal(INIT_STDDEV), (None, "tensor"))
+        base = (
+            nn.initializers.zeros_init()
+            if cfg.zero_init_proj
+            else nn.initializers.normal(INIT_STDDEV)
+        )
+        init = nn.with_partitioning(base, (None, "tensor"))
         return self.param("kernel", init, shape, cfg.weight_dtype)  # tensor splits the vocab
 
 

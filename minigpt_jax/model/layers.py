@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from minigpt_jax.registry import Registry
@@ -39,6 +40,12 @@ def rms_norm(cfg: GPTConfig, name: str) -> nn.Module:
     return nn.RMSNorm(
         epsilon=NORM_EPS, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, name=name
     )
+
+
+def rms_normalize(x, eps: float = 1e-6):
+    """x / sqrt(mean(x²) + eps) over the last axis, in float32, without a scale (QK-norm)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + eps)).astype(x.dtype)
 
 
 def _callable(what: str) -> Callable[[Any], Any]:

@@ -51,8 +51,53 @@ def _callable_entry(what: str) -> Callable[[Any], Any]:
     return coerce
 
 
+def muon_dimension_numbers(params: Params) -> Params:
+    """Which leaves Muon orthogonalises, and how each is read as matrices (reduction -> output
+    axes; the others are batch axes): the blocks' attention and MLP kernels. Every other leaf
+    (embeddings, an untied head, biases, norm scales) is None: AdamW's, as in the speedrun."""
+    dims = optax.contrib.MuonDimensionNumbers
+    rules = {
+        ("attn", "qkv"): dims(reduction_axis=0, output_axis=(2, 3)),  # (D, 3, H, K): q, k, v
+        ("attn", "proj"): dims(reduction_axis=(0, 1), output_axis=2),  # (H, K, D)
+        ("mlp", "fc"): dims(reduction_axis=0, output_axis=1),  # (D, F)
+        ("mlp", "proj"): dims(reduction_axis=0, output_axis=1),  # (F, D)
+    }
+
+    def rule(path, _):
+        names = tuple(getattr(k, "key", str(k)) for k in path)
+        if names[-1] != "kernel" or not names[0].startswith("block_"):
+            return None
+        return rules.get(names[-3:-1])
+
+    return jax.tree_util.tree_map_with_path(rule, params)
+
+
+def muon(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+    """Muon (Jordan et al. 2024) on the blocks' matrices, AdamW on the rest: optax.contrib.muon.
+
+    The matrices' learning rate is optim.muon_lr on the same schedule shape as optim.lr's (the
+    embeddings, head, biases and norms keep AdamW at optim.lr); Nesterov momentum
+    optim.muon_momentum; decoupled decay optim.weight_decay on `decay_mask`'s leaves.
+    """
+    ratio = optim.muon_lr / optim.lr if optim.lr else 0.0
+    return optax.contrib.muon(
+        lambda step: learning_rate(step) * ratio,
+        beta=optim.muon_momentum,
+        weight_decay=optim.weight_decay,
+        weight_decay_mask=decay_mask,
+        adam_b1=optim.b1,
+        adam_b2=optim.b2,
+        adam_weight_decay=optim.weight_decay,
+        adam_learning_rate=learning_rate,
+        muon_weight_dimension_numbers=muon_dimension_numbers,
+    )
+
+
 OPTIMIZERS: Registry[OptimizerFn] = Registry(
-    "optimizer", "optim.name", {"adamw": adamw}, coerce=_callable_entry("optimizer")
+    "optimizer",
+    "optim.name",
+    {"adamw": adamw, "muon": muon},
+    coerce=_callable_entry("optimizer"),
 )
 
 
@@ -73,10 +118,27 @@ def warmup_constant(optim: Any, num_steps: int) -> optax.Schedule:
     return optax.linear_schedule(0.0, optim.lr, max(optim.warmup_steps, 1))
 
 
+def warmup_stable_decay(optim: Any, num_steps: int) -> optax.Schedule:
+    """Warmup-stable-decay ("trapezoidal"; Hägele et al. 2024, the NanoGPT speedrun): linear
+    warmup to optim.lr, constant, then linear decay to optim.min_lr over the last
+    optim.decay_fraction of num_steps."""
+    warmup = optim.warmup_steps
+    decay = max(int(round(optim.decay_fraction * num_steps)), 1)
+    stable_end = max(num_steps - decay, warmup)
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, optim.lr, max(warmup, 1)),
+            optax.constant_schedule(optim.lr),
+            optax.linear_schedule(optim.lr, optim.min_lr, decay),
+        ],
+        [warmup, stable_end],
+    )
+
+
 SCHEDULES: Registry[ScheduleFn] = Registry(
     "schedule",
     "optim.schedule",
-    {"cosine": warmup_cosine, "constant": warmup_constant},
+    {"cosine": warmup_cosine, "constant": warmup_constant, "wsd": warmup_stable_decay},
     coerce=_callable_entry("schedule"),
 )
 

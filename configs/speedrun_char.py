@@ -1,0 +1,41 @@
+"""The speedrun on the course's CPU track: reach the PyTorch twin's val loss as fast as possible.
+
+Rules (as in the NanoGPT speedrun): the same data and split as configs/shakespeare_char.py
+(Tiny Shakespeare, the char tokenizer, the first 90% of the tokens for training, the last 10%
+for validation), context 64, CPU only, one process; any architecture and optimizer. The clock
+runs from process start (imports, data and compilation count) and stops during evaluation,
+which scores every position of the whole validation split (benchmarks/time_to_loss.py).
+Run:      python -m benchmarks.time_to_loss      (beside the twin and the course config)
+          minigpt-jax train --config configs/speedrun_char.py --workdir runs/speedrun
+"""
+
+import ml_collections
+
+from configs import shakespeare_char
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    config = shakespeare_char.get_config(arg)
+    config.num_steps = 600
+    config.batch_size = 12
+    config.steps_per_call = 10
+    config.eval_every = 100
+    config.checkpoint_every = 100
+    config.model.pos_encoding = "rope"
+    config.model.norm = "rmsnorm"
+    config.model.activation = "relu2"
+    config.model.qk_norm = True
+    config.model.zero_init_proj = True
+    config.model.logit_softcap = 15.0
+    config.model.use_bias = False
+    config.model.tie_embeddings = False
+    config.optim.name = "muon"
+    config.optim.schedule = "wsd"
+    config.optim.lr = 0.008  # AdamW's: embeddings, head, norm scales
+    config.optim.muon_lr = 0.04  # the blocks' matrices
+    config.optim.min_lr = 0.0
+    config.optim.warmup_steps = 0
+    config.optim.decay_fraction = 0.4
+    config.optim.b1, config.optim.b2 = 0.8, 0.95
+    config.optim.weight_decay = 0.0
+    return config
