@@ -15,7 +15,7 @@ from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
 from minigpt_jax.registry import Registry, RegistryError
-from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
 
 
 def test_names_and_user_attributes_resolve():
@@ -137,3 +137,107 @@ def test_cosine_schedule_is_optax_warmup_cosine():
         rtol=0,
         atol=0,
     )
+
+
+# ----------------------------------------------------------------------------- speedrun entries
+
+SMALL = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+SPEEDRUN = SMALL.replace(
+    qk_norm=True,
+    zero_init_proj=True,
+    logit_softcap=5.0,
+    norm="rmsnorm",
+    activation="relu2",
+    pos_encoding="rope",
+)
+
+
+def _tokens_1xT():
+    return jnp.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+
+def test_qk_norm_makes_scores_invariant_to_the_scale_of_queries_and_keys():
+    """RMS-normalised q and k: scaling the q/k columns of the qkv kernel changes nothing."""
+    cfg = SMALL.replace(qk_norm=True)
+    params = init_params(cfg, jax.random.key(0))
+    scaled = jax.tree.map(lambda x: x, params)
+    kernel = params["block_0"]["attn"]["qkv"]["kernel"]  # (D, 3, H, K)
+    scaled["block_0"]["attn"]["qkv"]["kernel"] = kernel.at[:, :2].multiply(7.0)
+    scaled["block_0"]["attn"]["qkv"]["bias"] = params["block_0"]["attn"]["qkv"]["bias"] * 7.0
+    np.testing.assert_allclose(
+        forward(scaled, _tokens_1xT(), cfg), forward(params, _tokens_1xT(), cfg), atol=2e-5
+    )
+    plain = SMALL
+    assert not np.allclose(
+        forward(scaled, _tokens_1xT(), plain), forward(params, _tokens_1xT(), plain)
+    )
+
+
+def test_zero_init_projections_start_every_block_as_the_identity():
+    cfg = SMALL.replace(zero_init_proj=True, tie_embeddings=False)
+    params = init_params(cfg, jax.random.key(0))
+    for i in range(cfg.n_layer):
+        assert not params[f"block_{i}"]["attn"]["proj"]["kernel"].any()
+        assert not params[f"block_{i}"]["mlp"]["proj"]["kernel"].any()
+    assert not params["lm_head"]["kernel"].any()  # an untied head reads out zeros: loss log V
+    assert params["embed"]["tok"]["embedding"].std() > 0.01
+    np.testing.assert_array_equal(forward(params, _tokens_1xT(), cfg), 0.0)
+
+
+def test_logit_softcap_is_cap_tanh_of_the_tied_readout():
+    """With the cap the head is still tied: logits = c·tanh(LN_f(h) @ W_Eᵀ / c); no lm_head."""
+    from minigpt_jax.model.gpt import GPT
+
+    cfg = SMALL.replace(logit_softcap=2.0)
+    params = init_params(cfg.replace(logit_softcap=0.0), jax.random.key(0))
+    params = jax.tree.map(lambda x: x * 30.0 if x.ndim == 2 else x, params)  # big logits
+    assert "lm_head" not in params
+    h_1xTxD, _ = GPT(cfg).apply({"params": params}, _tokens_1xT(), method=GPT.hidden)
+    plain_1xTxV = h_1xTxD @ params["embed"]["tok"]["embedding"].T
+    capped_1xTxV = forward(params, _tokens_1xT(), cfg)
+    np.testing.assert_allclose(
+        capped_1xTxV, 2.0 * jnp.tanh(plain_1xTxV / 2.0), rtol=1e-5, atol=1e-5
+    )
+    assert np.abs(capped_1xTxV).max() < 2.0 < np.abs(plain_1xTxV).max()
+
+
+def test_speedrun_model_stays_causal():
+    """Editing token t leaves the logits before t unchanged, all speedrun entries on."""
+    params = init_params(SPEEDRUN.replace(zero_init_proj=False), jax.random.key(0))
+    tokens_1xT = _tokens_1xT()
+    edited = tokens_1xT.at[0, 5].set(0)
+    before, after = forward(params, tokens_1xT, SPEEDRUN), forward(params, edited, SPEEDRUN)
+    np.testing.assert_array_equal(before[:, :5], after[:, :5])
+    assert not np.allclose(before[:, 5:], after[:, 5:])
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_linearly():
+    optim = default.get_config().optim
+    optim.warmup_steps, optim.decay_fraction, optim.min_lr = 10, 0.25, 0.0
+    schedule = SCHEDULES["wsd"](optim, 100)
+    values = [float(schedule(s)) for s in (0, 5, 10, 50, 75, 87.5, 100)]
+    np.testing.assert_allclose(values, [0, 5e-4, 1e-3, 1e-3, 1e-3, 5e-4, 0], atol=1e-9)
+
+
+def test_muon_orthogonalises_the_blocks_matrices_and_adamw_the_rest():
+    """Muon's first update of a block kernel has (nearly) equal singular values (Newton-Schulz
+    orthogonalisation); the embedding's first update is Adam's, -lr·sign(g), elementwise."""
+    config = default.get_config()
+    config.optim.name, config.optim.warmup_steps, config.optim.weight_decay = "muon", 0, 0.0
+    tx, _ = make_optimizer(config.optim, 100)
+    params = init_params(SMALL, jax.random.key(0))
+    grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(1), p.shape), params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    singular = np.linalg.svd(
+        np.asarray(updates["block_0"]["mlp"]["fc"]["kernel"]), compute_uv=False
+    )
+    assert singular.max() / singular.min() < 2.0  # a raw Gaussian matrix's is far larger
+    raw = np.linalg.svd(np.asarray(grads["block_0"]["mlp"]["fc"]["kernel"]), compute_uv=False)
+    assert raw.max() / raw.min() > 3.0
+    qkv = np.asarray(updates["block_0"]["attn"]["qkv"]["kernel"])  # (D, 3, H, K): q, k, v apart
+    for i in range(3):
+        s = np.linalg.svd(qkv[:, i].reshape(32, -1), compute_uv=False)
+        assert s.max() / s.min() < 2.0
+    embed_update = np.asarray(updates["embed"]["tok"]["embedding"])
+    embed_grad = np.asarray(grads["embed"]["tok"]["embedding"])
+    np.testing.assert_array_equal(np.sign(embed_update), -np.sign(embed_grad))
