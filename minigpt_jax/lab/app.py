@@ -1159,6 +1159,7 @@ def _build_part(part: Part, components: dict, start: LabState, lang: str) -> Non
                 title=words[key],
                 x_title=words["step_axis"],
                 y_title=" ",
+                color_title=" ",
                 x_axis_format="d",
                 height=280,
                 elem_id=_dashed(key),
