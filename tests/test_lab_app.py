@@ -58,6 +58,24 @@ def test_stored_tables_are_checked_before_they_are_restored():
         assert app.from_storage(broken) is None, broken
 
 
+def test_an_error_in_a_handler_becomes_the_parts_message_and_changes_nothing():
+    """No handler raises to the page: bad input and unexpected errors write only the message."""
+    components = {"state": object(), "lookup_message": object(), "table": object()}
+    page = app.Page(components, "en")
+
+    def broken(state, fields, lang):
+        raise RuntimeError("boom")
+
+    def refused(state, fields, lang):
+        compute.parse_number("1e39", field="step_lr")
+
+    start = {components["state"]: app.initial_state()}
+    for action, needle in ((broken, "Unexpected error (RuntimeError: boom)"), (refused, "float32")):
+        (out,) = page.handler(app.PARTS[0], app.Event("lookup_button", action))(start)
+        assert list(out) == [components["lookup_message"]], out
+        assert needle in out[components["lookup_message"]]
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """lang -> URL: one lab server per language, started on first use, stopped at the end."""
