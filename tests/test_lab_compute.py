@@ -120,7 +120,8 @@ class ParseTest(chex.TestCase):
         np.testing.assert_array_equal(
             compute.parse_permutation("[5, 3, 0, 1, 2, 4]", 6), [5, 3, 0, 1, 2, 4]
         )
-        self.assertEqual(compute.parse_number(" 0.4 ", field="learning_rate"), 0.4)
+        # Rounded to the float32 that the table holds.
+        self.assertEqual(compute.parse_number(" 0.4 ", field="learning_rate"), np.float32(0.4))
 
     @parameterized.named_parameters(
         (
@@ -191,3 +192,86 @@ class ParseTest(chex.TestCase):
         self.assertIn(
             "tasa de aprendizaje", message("es", "not_a_number", field="learning_rate", text="x")
         )
+
+
+class LabTwoTest(chex.TestCase):
+    """The functions behind the second version of the lab: limits, runs of steps, the token map."""
+
+    def test_numbers_are_checked_in_float32_with_a_decimal_comma_in_spanish(self):
+        comma = compute.parse_number("0,4", field="step_lr", decimal_comma=True)
+        self.assertEqual(comma, float(np.float32(0.4)))
+        with self.assertRaises(LabInputError) as caught:
+            compute.parse_number("0,4", field="step_lr")
+        self.assertEqual(caught.exception.key, "not_a_number_comma")
+        for text in ("1e39", "-3.5e38"):  # finite in float64, not in float32
+            with self.assertRaises(LabInputError) as caught:
+                compute.parse_number(text, field="step_lr")
+            self.assertEqual(caught.exception.key, "not_finite")
+        with self.assertRaises(LabInputError) as caught:
+            compute.parse_number("20", field="step_lr", low=-10, high=10)
+        self.assertIn("use -10 to 10", str(caught.exception))
+
+    def test_limits_name_themselves(self):
+        cases = (
+            (lambda: compute.parse_ids(f"[{2**70}]", 6), "id_out_of_range"),
+            (lambda: compute.parse_ids(", ".join(["1"] * 65), 6), "too_many_ids"),
+            (lambda: compute.parse_ids(" ".join(["0"] * 100_000), 6), "too_long"),
+            (
+                lambda: compute.parse_sentence(" ".join(["oto"] * 33), compute.VOCAB),
+                "too_many_words",
+            ),
+            (lambda: compute.parse_int("9" * 5000, field="row", low=0, high=5), "too_long"),
+            (lambda: compute.parse_int("9" * 50, field="row", low=0, high=5), "out_of_bounds"),
+        )
+        for parse, key in cases:
+            with self.assertRaises(LabInputError) as caught:
+                parse()
+            self.assertEqual(caught.exception.key, key)
+            self.assertLess(len(str(caught.exception)), 200)  # the input is quoted short
+        np.testing.assert_array_equal(compute.parse_ids(", ".join(["1"] * 64), 6), [1] * 64)
+
+    def test_a_run_of_steps_is_the_single_step_repeated(self):
+        run = compute.train_steps(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4, 3)
+        table_VxD = compute.TABLE_VxD
+        for k in range(3):
+            step = compute.sgd_step(table_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4)
+            self.assertAlmostEqual(run.p_N1[k], step.p_before, places=6)
+            self.assertAlmostEqual(run.loss_N1[k + 1], step.loss_after, places=6)
+            table_VxD = step.table_VxD
+        np.testing.assert_allclose(run.table_VxD, table_VxD, atol=1e-7)
+        self.assertEqual(f"{100 * run.p_N1[1]:.1f}%", "61.0%")
+        stats = compute.step_stats(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
+        self.assertEqual((f"{stats.p:.3f}", f"{stats.loss:.3f}"), ("0.470", "0.755"))
+        self.assertAlmostEqual(stats.gap, -0.12, places=5)
+        grad_VxD = compute.step_gradient(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
+        self.assertEqual(np.flatnonzero(np.abs(grad_VxD).max(1)).tolist(), [KAMIENNY])
+
+    def test_a_run_that_leaves_float32_is_refused(self):
+        huge_VxD = compute.set_coordinate(compute.TABLE_VxD, KAMIENNY, 0, -3e38)
+        with self.assertRaises(LabInputError) as caught:
+            compute.train_steps(huge_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 1e38, 2)
+        self.assertEqual(caught.exception.key, "table_not_finite")
+        with self.assertRaises(LabInputError):
+            compute.check_finite(np.array([[np.inf]]))
+
+    def test_the_token_map_has_fixed_axes_and_cosines(self):
+        start = compute.token_map(compute.TABLE_VxD)
+        self.assertEqual(start.points_Vx2.shape, (6, 2))
+        np.testing.assert_allclose(start.points_Vx2.mean(0), 0.0, atol=1e-6)  # centred
+        np.testing.assert_allclose(np.diagonal(start.cosine_VxV), 1.0, atol=1e-6)
+        np.testing.assert_allclose(start.cosine_VxV, start.cosine_VxV.T, atol=1e-7)
+        unit_VxD = compute.TABLE_VxD / np.linalg.norm(compute.TABLE_VxD, axis=1, keepdims=True)
+        np.testing.assert_allclose(start.cosine_VxV, unit_VxD @ unit_VxD.T, atol=1e-6)
+        # Editing one row moves only that row's point (the axes stay the article's).
+        edited = compute.token_map(compute.set_coordinate(compute.TABLE_VxD, KAMIENNY, 0, 2.0))
+        moved = np.abs(edited.points_Vx2 - start.points_Vx2).max(1)
+        self.assertEqual(np.flatnonzero(moved > 1e-6).tolist(), [KAMIENNY])
+        zero = compute.token_map(np.zeros((6, 6), np.float32))
+        self.assertTrue(np.isfinite(zero.cosine_VxV).all())
+
+    def test_the_one_hot_matrix_picks_the_rows(self):
+        ids_T = np.array([2, 0, 2], np.int32)
+        one_hot_TxV = compute.one_hot(ids_T, 6)
+        np.testing.assert_array_equal(one_hot_TxV.sum(1), 1.0)
+        np.testing.assert_array_equal(one_hot_TxV.argmax(1), ids_T)
+        np.testing.assert_array_equal(one_hot_TxV @ compute.TABLE_VxD, compute.TABLE_VxD[ids_T])

@@ -7,6 +7,7 @@ Parsers turn the page's text fields into checked values and raise `LabInputError
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -68,37 +69,66 @@ class LabInputError(ValueError):
 # ----------------------------------------------------------------------------- parsing the fields
 
 _INTEGER = re.compile(r"[+-]?\d+")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+# Limits that keep every part of the page responsive (each named in its message).
+MAX_CHARS = 1_000  # characters in one text field
+MAX_IDS = 64  # ids in one lookup
+MAX_WORDS = 32  # words in one sentence of the context part (its weights are words × words)
+MAX_POSITIONS = 512  # positions shown, and the largest width D, of the positions part
+MAX_STEPS = 500  # training steps in one run
+MAX_LEARNING_RATE = 10.0  # |learning rate|
+MAX_VALUE = 100.0  # |a coordinate| typed into the table
 
 
-def parse_ids(text: str, vocab_size: int, *, field: str = "ids") -> np.ndarray:
-    """'[0, 1, 0]' (brackets optional; commas or spaces) -> ids (T,) int32 in [0, vocab_size)."""
-    body = text.strip()
+def _short(text: str, limit: int = 24) -> str:
+    """A field's text as a message quotes it: at most `limit` characters."""
+    text = str(text).strip()
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _check_length(text: str, field: str) -> str:
+    text = str(text)
+    if len(text) > MAX_CHARS:
+        raise LabInputError("too_long", field=field, limit=MAX_CHARS, got=len(text))
+    return text
+
+
+def parse_ids(
+    text: str, vocab_size: int, *, field: str = "ids", limit: int = MAX_IDS
+) -> np.ndarray:
+    """'[0, 1, 0]' (brackets optional; commas or spaces) -> ids (T,) int32 in [0, vocab_size),
+    at most `limit` of them."""
+    body = _check_length(text, field).strip()
     if body.startswith("[") or body.endswith("]"):
         if (
             not (body.startswith("[") and body.endswith("]"))
             or "[" in body[1:-1]
             or "]" in body[1:-1]
         ):
-            raise LabInputError("malformed_list", field=field, text=text.strip())
+            raise LabInputError("malformed_list", field=field, text=_short(text))
         body = body[1:-1]
     items = [item for item in re.split(r"[,\s]+", body.strip()) if item]
     if not items:
         raise LabInputError("empty_list", field=field)
     if re.search(r",\s*,|^\s*,|,\s*$", body):
-        raise LabInputError("malformed_list", field=field, text=text.strip())
+        raise LabInputError("malformed_list", field=field, text=_short(text))
+    if len(items) > limit:
+        raise LabInputError("too_many_ids", field=field, limit=limit, got=len(items))
     for item in items:
         if not _INTEGER.fullmatch(item):
-            raise LabInputError("not_an_id", field=field, item=item, high=vocab_size - 1)
-    ids = np.array([int(item) for item in items], dtype=np.int64)
-    for i in ids:
-        if not 0 <= i < vocab_size:
-            raise LabInputError("id_out_of_range", field=field, id=int(i), high=vocab_size - 1)
-    return ids.astype(np.int32)
+            raise LabInputError("not_an_id", field=field, item=_short(item), high=vocab_size - 1)
+    for item in items:  # compared as Python ints: an id beyond 64 bits is out of range, too
+        if len(item) > 12 or not 0 <= int(item) < vocab_size:
+            raise LabInputError(
+                "id_out_of_range", field=field, id=_short(item), high=vocab_size - 1
+            )
+    return np.array([int(item) for item in items], dtype=np.int32)
 
 
 def parse_permutation(text: str, size: int) -> np.ndarray:
     """A permutation of 0..size-1 written as a list: perm_V[i] is the new id of id i."""
-    perm_V = parse_ids(text, size, field="permutation")
+    perm_V = parse_ids(text, size, field="permutation", limit=size + 1)
     if len(perm_V) != size:
         raise LabInputError("permutation_length", size=size, got=len(perm_V), high=size - 1)
     counts = np.bincount(perm_V, minlength=size)
@@ -109,39 +139,65 @@ def parse_permutation(text: str, size: int) -> np.ndarray:
     return perm_V
 
 
-def parse_number(text: str, *, field: str) -> float:
-    """A finite float from a text field."""
+def parse_number(
+    text,
+    *,
+    field: str,
+    low: float = -_FLOAT32_MAX,
+    high: float = _FLOAT32_MAX,
+    decimal_comma: bool = False,
+) -> float:
+    """A number in [low, high] from a text field, rounded to the float32 the table holds.
+
+    Checked after the rounding, so a value that is finite in float64 but not in float32 (1e39) is
+    refused. `decimal_comma` also reads 0,4 as 0.4 (the Spanish page)."""
+    raw = _check_length(text, field).strip()
+    spelled = raw.replace(",", ".") if decimal_comma and raw.count(",") == 1 else raw
     try:
-        value = float(str(text).strip())
+        value = float(spelled)
     except ValueError:
-        raise LabInputError("not_a_number", field=field, text=str(text).strip()) from None
-    if not math.isfinite(value):
-        raise LabInputError("not_finite", field=field, text=str(text).strip())
-    return value
+        key = "not_a_number_comma" if "," in raw and not decimal_comma else "not_a_number"
+        raise LabInputError(key, field=field, text=_short(raw)) from None
+    with np.errstate(over="ignore"):
+        rounded = float(np.float32(value))
+    if not math.isfinite(value) or not math.isfinite(rounded):
+        raise LabInputError("not_finite", field=field, text=_short(raw))
+    if not low <= value <= high:
+        raise LabInputError(
+            "number_out_of_bounds", field=field, text=_short(raw), low=low, high=high
+        )
+    return rounded
 
 
-def parse_int(text: str, *, field: str, low: int, high: int) -> int:
+def parse_int(text, *, field: str, low: int, high: int) -> int:
     """An integer in [low, high] from a text field (or a number widget's value)."""
-    raw = str(text).strip()
+    raw = _check_length(text, field).strip()
     if raw.endswith(".0"):  # number widgets send 3.0 for 3
         raw = raw[:-2]
     if not _INTEGER.fullmatch(raw):
-        raise LabInputError("not_an_integer", field=field, text=raw, low=low, high=high)
-    value = int(raw)
-    if not low <= value <= high:
-        raise LabInputError("out_of_bounds", field=field, value=value, low=low, high=high)
-    return value
+        raise LabInputError("not_an_integer", field=field, text=_short(raw), low=low, high=high)
+    if len(raw) > 12 or not low <= int(raw) <= high:
+        raise LabInputError("out_of_bounds", field=field, value=_short(raw), low=low, high=high)
+    return int(raw)
 
 
-def parse_sentence(text: str, vocab: tuple[str, ...]) -> np.ndarray:
-    """Words of `vocab` separated by spaces -> ids (T,) int32."""
-    words = text.split()
+def parse_sentence(text: str, vocab: tuple[str, ...], *, limit: int = MAX_WORDS) -> np.ndarray:
+    """Words of `vocab` separated by spaces -> ids (T,) int32, at most `limit` words."""
+    words = _check_length(text, "sentence").split()
     if not words:
         raise LabInputError("empty_sentence", vocab=", ".join(vocab))
+    if len(words) > limit:
+        raise LabInputError("too_many_words", limit=limit, got=len(words))
     for word in words:
         if word not in vocab:
-            raise LabInputError("unknown_word", word=word, vocab=", ".join(vocab))
+            raise LabInputError("unknown_word", word=_short(word), vocab=", ".join(vocab))
     return np.array([vocab.index(word) for word in words], dtype=np.int32)
+
+
+def check_finite(table_VxD) -> None:
+    """Refuse a table with nan or ±inf (no part could show it)."""
+    if not np.isfinite(np.asarray(table_VxD)).all():
+        raise LabInputError("table_not_finite")
 
 
 def format_ids(ids) -> str:
@@ -162,6 +218,11 @@ def one_hot_lookup(table_VxD, tokens_BxT):
     """x_BxTxD = one_hot(ids) · W_E, at full float32 precision (no TF32 on GPUs)."""
     one_hot_BxTxV = jax.nn.one_hot(tokens_BxT, table_VxD.shape[0], dtype=table_VxD.dtype)
     return jnp.einsum("btv,vd->btd", one_hot_BxTxV, table_VxD, precision=jax.lax.Precision.HIGHEST)
+
+
+def one_hot(ids_T, vocab_size: int) -> np.ndarray:
+    """The (T, V) one-hot matrix of the ids: row t has a single 1, in column ids_T[t]."""
+    return np.asarray(jax.nn.one_hot(jnp.asarray(ids_T), vocab_size, dtype=jnp.float32))
 
 
 def rename_rows(table_VxD: np.ndarray, perm_V: np.ndarray) -> np.ndarray:
@@ -266,6 +327,93 @@ def sgd_step(table_VxD, output_2xD, input_id: int, learning_rate: float) -> Step
         if not np.array_equal(new_table_VxD[i], np.asarray(table_VxD)[i])
     ]
     return Step(new_table_VxD, np.asarray(grad_VxD), p0, p1, loss0, loss1, gap0, gap1, changed)
+
+
+class Stats(NamedTuple):
+    """p(target), the loss and the logit gap target - rival at one table."""
+
+    p: float
+    loss: float
+    gap: float
+
+
+def step_stats(table_VxD, output_2xD, input_id: int) -> Stats:
+    logits_2 = two_logits(jnp.asarray(table_VxD), jnp.asarray(output_2xD), input_id)
+    loss = -jax.nn.log_softmax(logits_2)[0]
+    return Stats(float(jnp.exp(-loss)), float(loss), float(logits_2[0] - logits_2[1]))
+
+
+def step_gradient(table_VxD, output_2xD, input_id: int) -> np.ndarray:
+    """dloss/dW_E at the table: non-zero only in the input row."""
+    table = jnp.asarray(table_VxD, jnp.float32)
+    return np.asarray(jax.grad(step_loss)(table, jnp.asarray(output_2xD), input_id))
+
+
+@functools.partial(jax.jit, static_argnames="input_id")
+def _jitted_step(table_VxD, output_2xD, input_id: int, learning_rate):
+    loss, grad_VxD = jax.value_and_grad(step_loss)(table_VxD, output_2xD, input_id)
+    return table_VxD - learning_rate * grad_VxD, loss
+
+
+class Run(NamedTuple):
+    """n SGD steps: the table after them, p(target) and the loss before each step and after the
+    last (n + 1 values each)."""
+
+    table_VxD: np.ndarray
+    p_N1: np.ndarray
+    loss_N1: np.ndarray
+
+
+def train_steps(table_VxD, output_2xD, input_id: int, learning_rate: float, n: int) -> Run:
+    """`n` steps of `sgd_step`'s update (one jitted step, reused). Raises LabInputError, leaving the
+    caller's table alone, if a step would leave float32's range."""
+    table = jnp.asarray(table_VxD, jnp.float32)
+    output = jnp.asarray(output_2xD, jnp.float32)
+    lr = jnp.float32(learning_rate)
+    losses = []
+    for _ in range(n):
+        table, loss = _jitted_step(table, output, input_id, lr)
+        losses.append(loss)
+    final = jnp.asarray(step_loss(table, output, input_id))
+    loss_N1 = np.asarray(jnp.stack([*losses, final]), np.float64)
+    new_table_VxD = np.asarray(table)
+    check_finite(new_table_VxD)
+    if not np.isfinite(loss_N1).all():
+        raise LabInputError("table_not_finite")
+    return Run(new_table_VxD, np.exp(-loss_N1), loss_N1)
+
+
+# ----------------------------------------------------------------------------- the token map
+
+
+def _article_axes():
+    """The two principal directions of the article's table (rows centred), each with its largest
+    loading positive: fixed axes, so the map's points move when the table changes."""
+    table = jnp.asarray(TABLE_VxD)
+    centre_D = table.mean(0)
+    _, _, vt_DxD = jnp.linalg.svd(table - centre_D[None], full_matrices=False)
+    axes_2xD = vt_DxD[:2]
+    signs_2 = jnp.sign(axes_2xD[jnp.arange(2), jnp.abs(axes_2xD).argmax(1)])
+    return centre_D, axes_2xD * signs_2[:, None]
+
+
+class TokenMap(NamedTuple):
+    """Each row projected on the article table's two principal axes, and every pair's cosine."""
+
+    points_Vx2: np.ndarray
+    cosine_VxV: np.ndarray
+
+
+def token_map(table_VxD) -> TokenMap:
+    table = jnp.asarray(table_VxD, jnp.float32)
+    centre_D, axes_2xD = _article_axes()
+    points_Vx2 = jnp.einsum(
+        "vd,kd->vk", table - centre_D[None], axes_2xD, precision=jax.lax.Precision.HIGHEST
+    )
+    norms_V = jnp.linalg.norm(table, axis=1)
+    unit_VxD = table / jnp.maximum(norms_V, 1e-30)[:, None]  # a zero row has cosine 0
+    cosine_VxV = jnp.einsum("vd,wd->vw", unit_VxD, unit_VxD, precision=jax.lax.Precision.HIGHEST)
+    return TokenMap(np.asarray(points_Vx2), np.asarray(jnp.clip(cosine_VxV, -1.0, 1.0)))
 
 
 # ----------------------------------------------------------------------------- 5: context

@@ -17,11 +17,21 @@ TEXT: dict[str, dict[str, str]] = {
         "table_heading": "The shared table W_E (rows: token ids, columns: coordinates)",
         "error_prefix": "Input error",
         "kept_state": "nothing was changed.",
+        "unexpected_error": "Unexpected error ({error}); nothing was changed. Please report it.",
+        "storage_fresh": "This is the article's table. Your changes are kept in this browser: a reload brings them back.",
+        "storage_restored": "Your table was restored from this browser's storage ({n} steps taken). “Reset the table” starts over.",
         # ---- 1. lookup
         "lookup_heading": "1. Lookup: a token id reads one row of the table",
         "lookup_ids": "Token ids (a list, e.g. [0, 1, 0])",
         "lookup_button": "Look up",
-        "lookup_rows": "Rows read (highlighted)",
+        "lookup_explain": (
+            "**What it shows:** a lookup is a one-hot matrix times the table: row t of one_hot(ids) "
+            "has a single 1, in column id_t, so it picks row id_t of W_E. **Try:** repeat an id, "
+            "e.g. [2, 2, 2], and change the table below (slider, step); the result follows it. "
+            "**Why:** no arithmetic happens on the token itself; its id only says which row to read."
+        ),
+        "lookup_one_hot_matrix": "one_hot(ids): (T, 6)",
+        "lookup_rows": "W_E (rows read highlighted)",
         "lookup_result": "The result x, shape ({t}, {d}): row t is W_E[id_t]",
         "lookup_one_hot": "max |x − one_hot(ids) · W_E| = {diff:g}: the lookup equals the one-hot product.",
         "lookup_repeat": "Id {id} ({word}) repeats at positions {positions}: identical vectors (max difference {diff:g}).",
@@ -35,46 +45,93 @@ TEXT: dict[str, dict[str, str]] = {
         "mode_ids": "only the ids",
         "mode_rows": "only the rows",
         "rename_button": "Rename",
+        "rename_explain": (
+            "**What it shows:** the same lookup before and after renaming by a permutation π. "
+            "**Try:** “only the ids” or “only the rows” (a what-if), then both together, which is "
+            "applied to the shared table; press Rename again to undo it. **Why:** an id has no "
+            "meaning of its own; only the pairing of id and row matters."
+        ),
+        "rename_preview": "Preview on the current table:",
+        "rename_table_after": "W_E after the renaming",
+        "rename_will_apply": "Pressing Rename applies this to the shared table.",
+        "rename_what_if": "A what-if: pressing Rename leaves the shared table alone.",
         "rename_before": "Before: ids {ids}",
         "rename_after": "After: ids {ids}",
         "rename_same": "max |x_after − x_before| = {diff:g}: the result is unchanged.",
         "rename_changed": "max |x_after − x_before| = {diff:g}: the result changed, because only one side was renamed.",
-        "rename_applied": "The shared table and its vocabulary now use the new ids.",
+        "rename_applied": "Applied (max |x_after − x_before| = {diff:g}): the shared table and its vocabulary now use the new ids, “{word}” is id {id}. The fields now hold π's inverse and the renamed ids: press Rename again to undo.",
         "rename_not_applied": "This was a what-if: the shared table is unchanged.",
         # ---- 3. edit
         "edit_heading": "3. Edit a coordinate: every occurrence of that token changes, nothing else",
+        "edit_explain": (
+            "**What it shows:** one number of the table and a lookup that reads it. **Try:** pick a "
+            "row and a coordinate, then drag the slider (or type a value and press Set): the "
+            "highlighted positions, the occurrences of that id, change live, and so do the other "
+            "parts. **Why:** every occurrence of a token reads the same row, so they cannot differ "
+            "before attention."
+        ),
         "edit_ids": "Token ids to look up",
         "edit_row": "Row (token id)",
-        "edit_dim": "Coordinate (0–5)",
-        "edit_value": "New value",
-        "edit_button": "Set the coordinate",
+        "edit_dim": "Coordinate",
+        "edit_slider": "W_E[{row}, {dim}] ({word}): drag to change",
+        "edit_value": "Or type a value (|value| ≤ 100)",
+        "edit_button": "Set",
+        "edit_lookup": "Lookup of {ids} (the occurrences of id {row} highlighted)",
+        "edit_occurs": "Id {row} ({word}) occurs at positions {positions}: those rows are W_E[{row}] and move together.",
+        "edit_absent": "Id {row} ({word}) does not occur in these ids: editing its row changes none of them.",
+        "edit_same": "W_E[{row}, {dim}] already holds {value:+.3f}: nothing changed (id {row} occurs at positions {positions}).",
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Positions whose vector changed: {positions} (the occurrences of id {row}); every other position: max change {other:g}.",
         "edit_nothing": "Id {row} does not occur in the ids, so no looked-up vector changed.",
         # ---- 4. step
         "step_heading": "4. One training step: input “{input}”, target “{target}” (not “{rival}”)",
         "step_explain": (
-            "Two frozen output vectors turn the input row into two logits; one plain SGD step "
-            "(gradient from jax.grad) updates the table."
+            "**What it shows:** two frozen output vectors turn the input row into two logits; a "
+            "plain SGD step subtracts lr × the gradient (from jax.grad). **Try:** one step (47.0% "
+            "→ 61.0%), then 50 and watch the chart; a negative learning rate; an edit between runs. "
+            "**Why:** only the row that was read has a gradient, and it points along "
+            "w_zamek − w_klucz, so p(zamek) rises and the other rows stay bit-identical."
         ),
-        "step_lr": "Learning rate",
+        "step_lr": "Learning rate (|lr| ≤ 10)",
         "step_button": "Take a training step",
+        "step_n": "N steps (1–500)",
+        "steps_button": "Take N steps",
         "reset_button": "Reset the table",
         "step_p": "p({target})",
         "step_loss": "loss",
         "step_gap": "gap g = logit_{target} − logit_{rival}",
-        "step_before": "before",
-        "step_after": "after",
+        "step_before": "before the step",
+        "steps_before": "before the {n} steps",
+        "step_now": "now",
+        "step_none": "No step since the table last changed otherwise: take one to compare.",
+        "steps_running": "Training: {done} of {n} steps…",
+        "steps_done": "Done: {n} of {n} steps.",
+        "step_chart": "p(zamek) and loss per step",
+        "step_axis": "steps taken",
         "step_count": "Steps taken on this table: {n}.",
-        "step_grad": "The gradient dloss/dW_E (only the rows that were read are non-zero)",
+        "step_grad": "The gradient dloss/dW_E at the current table (only the row read is non-zero)",
         "step_rows": "Rows changed by the step: {rows}; the other rows are bit-identical.",
         "step_outputs": "Frozen output vectors",
         "reset_done": "The table is the article's again (ids, rows and steps reset).",
+        # ---- 5. token map
+        "map_heading": "5. The token map: the six vectors, moving as the table changes",
+        "map_explain": (
+            "**What it shows:** each row as a point on the two main directions of the article's "
+            "table (PCA; fixed axes, so points move rather than the axes), and the cosine of every "
+            "pair of rows. **Try:** take 50 steps and watch kamienny move; drag a coordinate. "
+            "**Why:** training moves the rows that were read; the geometry is all a model sees."
+        ),
+        "map_axis": "axis {k}",
+        "map_points": "Each row on the article table's two principal axes",
+        "map_cosine": "Cosine similarity of the rows",
         # ---- 5. context
-        "context_heading": "5. Context: the same token at the same position, different after attention",
+        "context_heading": "6. Context: the same token at the same position, different after attention",
         "context_explain": (
-            "Input x = embedding + sinusoidal position; one causal attention head with identity "
-            "Q, K and V projections."
+            "**What it shows:** input x = embedding + sinusoidal position, through one causal "
+            "attention head with identity Q, K and V. **Try:** change the middle word, make the "
+            "sentences equal, or a last word that differs. **Why:** the inputs at “zamek” are "
+            "identical (same row, same position); only attention to the earlier words tells them "
+            "apart."
         ),
         "context_a": "Sentence A",
         "context_b": "Sentence B",
@@ -84,19 +141,26 @@ TEXT: dict[str, dict[str, str]] = {
         "context_outputs": "The attention outputs there differ by max {diff:g}",
         "context_same_input": "identical inputs",
         "context_different_output": "different outputs: the head mixed in the context",
-        "context_same_output": "identical outputs: the sentences are the same",
-        "context_lengths": "The sentences have different lengths, so only the inputs and outputs at each last word are compared.",
+        "context_same_output": "identical outputs: the contexts are the same",
+        "context_inputs_other": "The last words differ: “{a}” (position {pos_a}) and “{b}” (position {pos_b}); their inputs differ by max {diff:g}",
+        "context_inputs_differ": "the inputs already differ, so this does not isolate the context; end both sentences with the same word at the same position",
         "context_weights": "Attention weights, “{sentence}” (row: query, column: key)",
-        "context_vectors": "At “{word}”",
+        "context_vectors": "At each sentence's last word",
         "context_input_row": "input x ({sentence})",
         "context_output_row": "output ({sentence})",
         # ---- 6. positions
-        "positions_heading": "6. Positions: each pair of dimensions oscillates at its own rate, like the hands of a clock",
+        "positions_heading": "7. Positions: each pair of dimensions oscillates at its own rate, like the hands of a clock",
         "positions_dim": "Width D (even)",
         "positions_pos": "Position",
         "positions_pair": "Pair i",
         "positions_length": "Positions shown",
         "positions_button": "Show",
+        "positions_explain": (
+            "**What it shows:** the sinusoidal position table (it does not read W_E). **Try:** "
+            "position 5, pair 1 gives PE(5, 2) = sin(5·ω₁); a wider D; a far position. **Why:** "
+            "each pair turns at its own rate, so every position gets a distinct pattern and the "
+            "dot product of two positions depends only on their offset."
+        ),
         "positions_values": (
             "ω_{pair} = 1/10000^(2·{pair}/{dim}) = {omega:.4g} rad per position (one turn every "
             "{period:.4g} positions). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
@@ -117,7 +181,13 @@ TEXT: dict[str, dict[str, str]] = {
         "permutation_length": "permutation: it must list each id 0 to {high} once ({size} numbers), got {got}.",
         "permutation_repeat": "permutation: id {id} appears twice and {missing} is missing; list each id once.",
         "not_a_number": "{field}: “{text}” is not a number; write e.g. 0.4.",
-        "not_finite": "{field}: {text} is not a finite number; write e.g. 0.4.",
+        "not_a_number_comma": "{field}: “{text}” is not a number; write the decimal point as a point, e.g. 0.4.",
+        "number_out_of_bounds": "{field}: {text} is out of range; use {low:g} to {high:g}.",
+        "too_long": "{field}: the text is {got} characters long; the limit is {limit}.",
+        "too_many_ids": "{field}: {got} ids; the limit is {limit} per lookup.",
+        "too_many_words": "sentence: {got} words; the limit is {limit} per sentence.",
+        "table_not_finite": "the result would leave float32's range (nan or ±inf in W_E); use a smaller learning rate or value.",
+        "not_finite": "{field}: {text} is not a finite number in float32; write e.g. 0.4.",
         "not_an_integer": "{field}: “{text}” is not a whole number; use {low} to {high}.",
         "out_of_bounds": "{field}: {value} is out of range; use {low} to {high}.",
         "odd_width": "width D: {value} is odd; the sinusoids come in (sin, cos) pairs, so use an even width such as {even}.",
@@ -134,6 +204,10 @@ TEXT: dict[str, dict[str, str]] = {
         "field_position": "position",
         "field_pair": "pair i",
         "field_length": "positions shown",
+        "field_steps": "N steps",
+        "field_sentence": "sentence",
+        "field_edit_value": "value",
+        "field_step_lr": "learning rate",
     },
     "es": {
         # ---- página
@@ -147,11 +221,22 @@ TEXT: dict[str, dict[str, str]] = {
         "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas)",
         "error_prefix": "Error en la entrada",
         "kept_state": "no se ha cambiado nada.",
+        "unexpected_error": "Error inesperado ({error}); no se ha cambiado nada. Por favor, infórmanos.",
+        "storage_fresh": "Esta es la tabla del artículo. Tus cambios se guardan en este navegador: al recargar vuelven.",
+        "storage_restored": "Tu tabla se ha recuperado del almacenamiento de este navegador ({n} pasos dados). «Restablecer la tabla» empieza de nuevo.",
         # ---- 1. búsqueda
         "lookup_heading": "1. Búsqueda: un id de token lee una fila de la tabla",
         "lookup_ids": "Ids de token (una lista, p. ej. [0, 1, 0])",
         "lookup_button": "Buscar",
-        "lookup_rows": "Filas leídas (resaltadas)",
+        "lookup_explain": (
+            "**Qué muestra:** una búsqueda es una matriz one-hot por la tabla: la fila t de "
+            "one_hot(ids) tiene un solo 1, en la columna id_t, así que elige la fila id_t de W_E. "
+            "**Prueba:** repite un id, p. ej. [2, 2, 2], y cambia la tabla más abajo (deslizador, "
+            "paso); el resultado la sigue. **Por qué:** no se calcula nada con el token; su id solo "
+            "dice qué fila leer."
+        ),
+        "lookup_one_hot_matrix": "one_hot(ids): (T, 6)",
+        "lookup_rows": "W_E (filas leídas resaltadas)",
         "lookup_result": "El resultado x, forma ({t}, {d}): la fila t es W_E[id_t]",
         "lookup_one_hot": "max |x − one_hot(ids) · W_E| = {diff:g}: la búsqueda es igual al producto one-hot.",
         "lookup_repeat": "El id {id} ({word}) se repite en las posiciones {positions}: vectores idénticos (diferencia máxima {diff:g}).",
@@ -165,46 +250,94 @@ TEXT: dict[str, dict[str, str]] = {
         "mode_ids": "solo los ids",
         "mode_rows": "solo las filas",
         "rename_button": "Renombrar",
+        "rename_explain": (
+            "**Qué muestra:** la misma búsqueda antes y después de renombrar con una permutación π. "
+            "**Prueba:** «solo los ids» o «solo las filas» (un supuesto) y luego ambos a la vez, "
+            "que se aplica a la tabla compartida; pulsa Renombrar otra vez para deshacerlo. "
+            "**Por qué:** un id no significa nada por sí mismo; solo importa qué fila le toca."
+        ),
+        "rename_preview": "Vista previa sobre la tabla actual:",
+        "rename_table_after": "W_E tras renombrar",
+        "rename_will_apply": "Al pulsar Renombrar se aplica a la tabla compartida.",
+        "rename_what_if": "Un supuesto: pulsar Renombrar no cambia la tabla compartida.",
         "rename_before": "Antes: ids {ids}",
         "rename_after": "Después: ids {ids}",
         "rename_same": "max |x_después − x_antes| = {diff:g}: el resultado no cambia.",
         "rename_changed": "max |x_después − x_antes| = {diff:g}: el resultado cambia, porque solo se renombró un lado.",
-        "rename_applied": "La tabla compartida y su vocabulario usan ahora los ids nuevos.",
+        "rename_applied": "Aplicado (max |x_después − x_antes| = {diff:g}): la tabla compartida y su vocabulario usan ahora los ids nuevos, «{word}» es el id {id}. Los campos tienen ahora la inversa de π y los ids renombrados: pulsa Renombrar otra vez para deshacerlo.",
         "rename_not_applied": "Esto era un supuesto: la tabla compartida no cambia.",
         # ---- 3. editar
         "edit_heading": "3. Editar una coordenada: cambia cada aparición de ese token, nada más",
+        "edit_explain": (
+            "**Qué muestra:** un número de la tabla y una búsqueda que lo lee. **Prueba:** elige "
+            "una fila y una coordenada y arrastra el deslizador (o escribe un valor y pulsa "
+            "Fijar): las posiciones resaltadas, las apariciones de ese id, cambian en directo, y "
+            "también las demás partes. **Por qué:** cada aparición de un token lee la misma fila, "
+            "así que no pueden diferir antes de la atención."
+        ),
         "edit_ids": "Ids de token que buscar",
         "edit_row": "Fila (id de token)",
-        "edit_dim": "Coordenada (0–5)",
-        "edit_value": "Valor nuevo",
-        "edit_button": "Fijar la coordenada",
+        "edit_dim": "Coordenada",
+        "edit_slider": "W_E[{row}, {dim}] ({word}): arrastra para cambiarlo",
+        "edit_value": "O escribe un valor (|valor| ≤ 100; 0,9 vale)",
+        "edit_button": "Fijar",
+        "edit_lookup": "Búsqueda de {ids} (las apariciones del id {row} resaltadas)",
+        "edit_occurs": "El id {row} ({word}) aparece en las posiciones {positions}: esas filas son W_E[{row}] y se mueven juntas.",
+        "edit_absent": "El id {row} ({word}) no aparece en estos ids: editar su fila no cambia ninguno.",
+        "edit_same": "W_E[{row}, {dim}] ya vale {value:+.3f}: no ha cambiado nada (el id {row} aparece en las posiciones {positions}).",
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Posiciones cuyo vector cambió: {positions} (las apariciones del id {row}); el resto de posiciones: cambio máximo {other:g}.",
         "edit_nothing": "El id {row} no aparece en los ids, así que ningún vector buscado cambió.",
         # ---- 4. paso
         "step_heading": "4. Un paso de entrenamiento: entrada «{input}», objetivo «{target}» (no «{rival}»)",
         "step_explain": (
-            "Dos vectores de salida congelados convierten la fila de entrada en dos logits; un paso "
-            "de SGD simple (gradiente de jax.grad) actualiza la tabla."
+            "**Qué muestra:** dos vectores de salida congelados convierten la fila de entrada en "
+            "dos logits; un paso de SGD simple resta tasa × gradiente (de jax.grad). **Prueba:** un "
+            "paso (47,0 % → 61,0 %), luego 50 mirando la gráfica; una tasa negativa; una edición "
+            "entre tandas. **Por qué:** solo la fila leída tiene gradiente, y apunta según "
+            "w_zamek − w_klucz, así que p(zamek) sube y las demás filas quedan idénticas bit a bit."
         ),
-        "step_lr": "Tasa de aprendizaje",
+        "step_lr": "Tasa de aprendizaje (|tasa| ≤ 10; 0,4 vale)",
         "step_button": "Dar un paso de entrenamiento",
+        "step_n": "N pasos (1–500)",
+        "steps_button": "Dar N pasos",
         "reset_button": "Restablecer la tabla",
         "step_p": "p({target})",
         "step_loss": "pérdida",
         "step_gap": "brecha g = logit_{target} − logit_{rival}",
-        "step_before": "antes",
-        "step_after": "después",
+        "step_before": "antes del paso",
+        "steps_before": "antes de los {n} pasos",
+        "step_now": "ahora",
+        "step_none": "Ningún paso desde el último cambio de la tabla: da uno para comparar.",
+        "steps_running": "Entrenando: {done} de {n} pasos…",
+        "steps_done": "Hecho: {n} de {n} pasos.",
+        "step_chart": "p(zamek) y pérdida por paso",
+        "step_axis": "pasos dados",
         "step_count": "Pasos dados sobre esta tabla: {n}.",
-        "step_grad": "El gradiente dpérdida/dW_E (solo las filas leídas son distintas de cero)",
+        "step_grad": "El gradiente dpérdida/dW_E en la tabla actual (solo la fila leída es distinta de cero)",
         "step_rows": "Filas que cambió el paso: {rows}; las demás filas son idénticas bit a bit.",
         "step_outputs": "Vectores de salida congelados",
         "reset_done": "La tabla vuelve a ser la del artículo (ids, filas y pasos restablecidos).",
+        # ---- 5. mapa de tokens
+        "map_heading": "5. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
+        "map_explain": (
+            "**Qué muestra:** cada fila como un punto sobre las dos direcciones principales de la "
+            "tabla del artículo (PCA; ejes fijos, así que se mueven los puntos y no los ejes), y el "
+            "coseno de cada par de filas. **Prueba:** da 50 pasos y mira cómo se mueve kamienny; "
+            "arrastra una coordenada. **Por qué:** entrenar mueve las filas leídas; la geometría es "
+            "todo lo que ve un modelo."
+        ),
+        "map_axis": "eje {k}",
+        "map_points": "Cada fila sobre los dos ejes principales de la tabla del artículo",
+        "map_cosine": "Similitud coseno de las filas",
         # ---- 5. contexto
-        "context_heading": "5. Contexto: el mismo token en la misma posición, distinto tras la atención",
+        "context_heading": "6. Contexto: el mismo token en la misma posición, distinto tras la atención",
         "context_explain": (
-            "Entrada x = embedding + posición sinusoidal; una cabeza de atención causal con "
-            "proyecciones Q, K y V identidad."
+            "**Qué muestra:** entrada x = embedding + posición sinusoidal, por una cabeza de "
+            "atención causal con Q, K y V identidad. **Prueba:** cambia la palabra del medio, "
+            "iguala las frases o termina con otra palabra. **Por qué:** las entradas en «zamek» son "
+            "idénticas (misma fila, misma posición); solo la atención a las palabras anteriores "
+            "las distingue."
         ),
         "context_a": "Frase A",
         "context_b": "Frase B",
@@ -214,19 +347,26 @@ TEXT: dict[str, dict[str, str]] = {
         "context_outputs": "Las salidas de la atención ahí difieren como máximo {diff:g}",
         "context_same_input": "entradas idénticas",
         "context_different_output": "salidas distintas: la cabeza mezcló el contexto",
-        "context_same_output": "salidas idénticas: las frases son iguales",
-        "context_lengths": "Las frases tienen longitudes distintas, así que solo se comparan las entradas y salidas en cada última palabra.",
+        "context_same_output": "salidas idénticas: los contextos son iguales",
+        "context_inputs_other": "Las últimas palabras difieren: «{a}» (posición {pos_a}) y «{b}» (posición {pos_b}); sus entradas difieren como máximo {diff:g}",
+        "context_inputs_differ": "las entradas ya difieren, así que esto no aísla el contexto; termina ambas frases con la misma palabra en la misma posición",
         "context_weights": "Pesos de atención, «{sentence}» (fila: consulta, columna: clave)",
-        "context_vectors": "En «{word}»",
+        "context_vectors": "En la última palabra de cada frase",
         "context_input_row": "entrada x ({sentence})",
         "context_output_row": "salida ({sentence})",
         # ---- 6. posiciones
-        "positions_heading": "6. Posiciones: cada par de dimensiones oscila a su propio ritmo, como las agujas de un reloj",
+        "positions_heading": "7. Posiciones: cada par de dimensiones oscila a su propio ritmo, como las agujas de un reloj",
         "positions_dim": "Anchura D (par)",
         "positions_pos": "Posición",
         "positions_pair": "Par i",
         "positions_length": "Posiciones mostradas",
         "positions_button": "Mostrar",
+        "positions_explain": (
+            "**Qué muestra:** la tabla sinusoidal de posiciones (no lee W_E). **Prueba:** la "
+            "posición 5 y el par 1 dan PE(5, 2) = sin(5·ω₁); una D más ancha; una posición lejana. "
+            "**Por qué:** cada par gira a su propio ritmo, así que cada posición tiene un patrón "
+            "distinto y el producto escalar de dos posiciones solo depende de su distancia."
+        ),
         "positions_values": (
             "ω_{pair} = 1/10000^(2·{pair}/{dim}) = {omega:.4g} rad por posición (una vuelta cada "
             "{period:.4g} posiciones). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
@@ -246,8 +386,14 @@ TEXT: dict[str, dict[str, str]] = {
         "id_out_of_range": "{field}: el id {id} está fuera de rango; la tabla tiene las filas 0 a {high}.",
         "permutation_length": "permutación: debe listar cada id de 0 a {high} una vez ({size} números), y tiene {got}.",
         "permutation_repeat": "permutación: el id {id} aparece dos veces y falta el {missing}; lista cada id una vez.",
-        "not_a_number": "{field}: «{text}» no es un número; escribe p. ej. 0.4.",
-        "not_finite": "{field}: {text} no es un número finito; escribe p. ej. 0.4.",
+        "not_a_number": "{field}: «{text}» no es un número; escribe p. ej. 0,4.",
+        "not_a_number_comma": "{field}: «{text}» no es un número; escribe p. ej. 0,4.",
+        "number_out_of_bounds": "{field}: {text} está fuera de rango; usa de {low:g} a {high:g}.",
+        "too_long": "{field}: el texto tiene {got} caracteres; el límite es {limit}.",
+        "too_many_ids": "{field}: {got} ids; el límite es {limit} por búsqueda.",
+        "too_many_words": "frase: {got} palabras; el límite es {limit} por frase.",
+        "table_not_finite": "el resultado saldría del rango de float32 (nan o ±inf en W_E); usa una tasa o un valor menor.",
+        "not_finite": "{field}: {text} no es un número finito en float32; escribe p. ej. 0,4.",
         "not_an_integer": "{field}: «{text}» no es un número entero; usa de {low} a {high}.",
         "out_of_bounds": "{field}: {value} está fuera de rango; usa de {low} a {high}.",
         "odd_width": "anchura D: {value} es impar; las sinusoides van en pares (sin, cos), así que usa una anchura par como {even}.",
@@ -264,6 +410,10 @@ TEXT: dict[str, dict[str, str]] = {
         "field_position": "posición",
         "field_pair": "par i",
         "field_length": "posiciones mostradas",
+        "field_steps": "N pasos",
+        "field_sentence": "frase",
+        "field_edit_value": "valor",
+        "field_step_lr": "tasa de aprendizaje",
     },
 }
 
