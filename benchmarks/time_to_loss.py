@@ -96,17 +96,24 @@ class _Paused:
         self.clock.paused += time.perf_counter() - self.start
 
 
-def _load(name: str, data_dir: str):
+def _load(name: str, data_dir: str, overrides: dict | None = None):
     from minigpt_jax.run_config import check_experiment_config, dataset_from, load_config_file
 
-    config = check_experiment_config(load_config_file(str(REPO / CONFIGS[name])))
+    config = load_config_file(str(REPO / CONFIGS[name]))
+    for dotted, value in (overrides or {}).items():
+        group, _, key = dotted.rpartition(".")
+        (config[group] if group else config)[key] = value
+    config = check_experiment_config(config)
     config.data.path = str(Path(data_dir) / "tinyshakespeare.txt")
     workdir = Path(tempfile.mkdtemp(prefix=f"ttl_{name}_"))
     return config, dataset_from(config, workdir)
 
 
-def run_jax(name: str, data_dir: str, eval_every: int) -> list[dict]:
-    """Trains config `name` with the project's compiled chunks; evaluates every eval_every."""
+def run_jax(
+    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None
+) -> list[dict]:
+    """Trains config `name` (with `overrides`, {dotted key: value}) with the project's compiled
+    chunks; evaluates every eval_every steps; stops early once val loss <= stop_below."""
     import jax
     import numpy as np
 
@@ -117,7 +124,7 @@ def run_jax(name: str, data_dir: str, eval_every: int) -> list[dict]:
     from minigpt_jax.train.step import init_state, make_train_chunk
 
     clock = Clock()
-    config, dataset = _load(name, data_dir)
+    config, dataset = _load(name, data_dir, overrides)
     cfg = gpt_config_from(config, dataset.tokenizer.vocab_size)
     tx, schedule = make_optimizer(config.optim, config.num_steps)
     chunk = config.steps_per_call
@@ -152,6 +159,8 @@ def run_jax(name: str, data_dir: str, eval_every: int) -> list[dict]:
             with clock.pause():
                 loss = val_loss(state.params)
             records.append(_record(step, config, seconds, loss, float(metrics["loss"][-1])))
+            if stop_below is not None and loss <= stop_below:
+                break
     return records
 
 
@@ -302,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=CONTESTANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--stop_below", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--data_dir",
         default=os.environ.get("MINIGPT_JAX_DATA", str(REPO.parent / "shared" / "data")),
@@ -314,8 +325,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None, help="also write every record here")
     args = parser.parse_args(argv)
     if args.worker:
-        run = run_twin if args.worker == "twin" else run_jax
-        records = run(args.worker, args.data_dir, args.eval_every)
+        if args.worker == "twin":
+            records = run_twin(args.worker, args.data_dir, args.eval_every)
+        else:
+            overrides = json.loads(args.overrides)
+            records = run_jax(
+                args.worker, args.data_dir, args.eval_every, overrides, args.stop_below
+            )
         Path(args.out).write_text(json.dumps(records))
         return
     names = args.only or list(CONTESTANTS)

@@ -1,0 +1,138 @@
+"""What each trick of configs/speedrun_char.py is worth on the course's CPU track: the speedrun
+with each trick removed in turn, and the course config with each added in turn.
+
+    python -m experiments.speedrun_ablation [--target 1.88] [--out results/ablation]
+
+Every variant trains in a fresh process and is evaluated on the whole validation split every
+--eval_every steps with the clock paused (benchmarks/time_to_loss.py's worker and function),
+and stops at its first evaluation at or below --target (default: 1.88, about the PyTorch
+twin's final val loss on nanoGPT's recipe; benchmarks/time_to_loss.py measures it). The table
+gives the wall seconds (process start, compile included) and steps to the target; a variant
+that does not reach it within its config's num_steps says so. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from benchmarks.time_to_loss import REPO, first_at_or_below, run_contestant
+
+# Each trick: its name, the settings that undo it in the speedrun, and the settings that add
+# it to the course config.
+TRICKS: list[tuple[str, dict, dict]] = [
+    (
+        "Muon (blocks' matrices)",
+        {"optim.name": "adamw"},
+        {"optim.name": "muon", "optim.muon_lr": 0.04},
+    ),
+    (
+        "WSD schedule",
+        {"optim.schedule": "cosine", "optim.min_lr": 0.0008},
+        {"optim.schedule": "wsd", "optim.decay_fraction": 0.4},
+    ),
+    ("QK-norm", {"model.qk_norm": False}, {"model.qk_norm": True}),
+    ("RMSNorm", {"model.norm": "layernorm"}, {"model.norm": "rmsnorm"}),
+    ("ReLU²", {"model.activation": "gelu"}, {"model.activation": "relu2"}),
+    ("zero-init projections", {"model.zero_init_proj": False}, {"model.zero_init_proj": True}),
+    ("logit soft-cap", {"model.logit_softcap": 0.0}, {"model.logit_softcap": 15.0}),
+    ("RoPE", {"model.pos_encoding": "learned"}, {"model.pos_encoding": "rope"}),
+    ("untied head", {"model.tie_embeddings": True}, {"model.tie_embeddings": False}),
+    ("no biases", {"model.use_bias": True}, {"model.use_bias": False}),
+]
+
+
+def run(name: str, overrides: dict, args) -> dict:
+    records = run_contestant(name, args.data_dir, args.eval_every, overrides, args.target)
+    hit = first_at_or_below(records, args.target)
+    return {
+        "config": name,
+        "overrides": overrides,
+        "seconds": hit["seconds"] if hit else None,
+        "steps": hit["step"] if hit else None,
+        "last_step": records[-1]["step"],
+        "last_val_loss": records[-1]["val_loss"],
+        "records": records,
+    }
+
+
+def table(rows: list[tuple[str, dict]], reference: dict) -> list[str]:
+    lines = [
+        "| variant | s to target | steps | x reference s |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, result in rows:
+        if result["seconds"] is None:
+            lines.append(
+                f"| {label} | not reached ({result['last_val_loss']:.3f} at step "
+                f"{result['last_step']}) | | |"
+            )
+            continue
+        ratio = result["seconds"] / reference["seconds"] if reference["seconds"] else float("nan")
+        lines.append(f"| {label} | {result['seconds']:.1f} | {result['steps']} | {ratio:.2f} |")
+    return lines
+
+
+def figure(removed, added, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=False)
+    for axis, rows, title in (
+        (axes[0], removed, "speedrun minus one trick"),
+        (axes[1], added, "course config plus one trick"),
+    ):
+        labels = [label for label, _ in rows]
+        seconds = [r["seconds"] if r["seconds"] is not None else 0 for _, r in rows]
+        colors = ["tab:red" if r["seconds"] is None else "tab:blue" for _, r in rows]
+        axis.barh(range(len(rows)), seconds, color=colors)
+        axis.set_yticks(range(len(rows)), labels, fontsize=8)
+        axis.invert_yaxis()
+        axis.set(xlabel="seconds to target (red: not reached)", title=title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data_dir",
+        default=os.environ.get("MINIGPT_JAX_DATA", str(REPO.parent / "shared" / "data")),
+    )
+    parser.add_argument("--target", type=float, default=1.88)
+    parser.add_argument("--eval_every", type=int, default=50)
+    parser.add_argument("--out", default="results/ablation")
+    parser.add_argument("--skip_added", action="store_true", help="only remove tricks")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    speedrun = run("speedrun", {}, args)
+    removed = [("speedrun (all tricks)", speedrun)]
+    for label, undo, _ in TRICKS:
+        removed.append((f"− {label}", run("speedrun", undo, args)))
+        print(removed[-1][0], removed[-1][1]["seconds"], removed[-1][1]["steps"], flush=True)
+    lines = ["Removing one trick from the speedrun:", *table(removed, speedrun)]
+    added = []
+    if not args.skip_added:
+        course = run("course", {}, args)
+        added = [("course config", course)]
+        for label, _, add in TRICKS:
+            added.append((f"+ {label}", run("course", add, args)))
+            print(added[-1][0], added[-1][1]["seconds"], added[-1][1]["steps"], flush=True)
+        lines += ["", "Adding one trick to the course config:", *table(added, course)]
+    for line in lines:
+        print(line)
+    (out / "ablation.md").write_text("\n".join(lines) + "\n")
+    (out / "ablation.json").write_text(json.dumps({"removed": removed, "added": added}))
+    figure(removed, added or [("course config", speedrun)], out / "ablation.png")
+    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.png'}")
+
+
+if __name__ == "__main__":
+    main()
