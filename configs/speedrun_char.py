@@ -7,6 +7,13 @@ runs from process start (imports, data and compilation count) and stops during e
 which scores every position of the whole validation split (benchmarks/time_to_loss.py).
 Run:      python -m benchmarks.time_to_loss      (beside the twin and the course config)
           minigpt-jax train --config configs/speedrun_char.py --workdir runs/speedrun
+Swept:    with experiments/sweep.py (val loss on 60 fixed val batches, target 1.88), on the
+          shared 2-core Xeon: muon_lr 0.02/0.04/0.08 x AdamW lr 0.004/0.008/0.016 at 400 steps
+          (best 0.02 and 0.016: 1.816; 0.08 misses 1.88); batch 12/24 x 200/300 steps x muon_lr
+          0.01/0.02 at lr 0.016 (12 x 300, 0.01: 1.854; 12 x 200: 1.900, misses; 24 x 200:
+          1.808 with twice the tokens per step); batch 24 x 150 steps: 1.889, misses. Kept: 12 x
+          300, muon_lr 0.01, lr 0.016 (the fewest tokens that reach the target).
+Ablation: experiments/speedrun_ablation.py removes each trick in turn (experiments/README.md).
 """
 
 import ml_collections
@@ -16,8 +23,8 @@ from configs import shakespeare_char
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = shakespeare_char.get_config(arg)
-    config.num_steps = 600
-    config.batch_size = 12
+    config.num_steps = 300
+    config.batch_size = 12  # as the recipe: 12 x 64 tokens per step
     config.steps_per_call = 10
     config.eval_every = 100
     config.checkpoint_every = 100
@@ -31,8 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.tie_embeddings = False
     config.optim.name = "muon"
     config.optim.schedule = "wsd"
-    config.optim.lr = 0.008  # AdamW's: embeddings, head, norm scales
-    config.optim.muon_lr = 0.04  # the blocks' matrices
+    config.optim.lr = 0.016  # AdamW's: embeddings, head, norm scales
+    config.optim.muon_lr = 0.01  # the blocks' matrices
     config.optim.min_lr = 0.0
     config.optim.warmup_steps = 0
     config.optim.decay_fraction = 0.4

@@ -70,6 +70,11 @@ def run_trial(config_path: str, base: dict, values: dict, workdir: Path, target)
 
     config = apply(apply(load_config_file(config_path), base), values)
     summary = train_and_evaluate(config, workdir, progress=False)
+    if summary.interrupted_by:  # saved, not finished: the rerun resumes it, nothing recorded
+        raise SystemExit(
+            f"{summary.interrupted_by}: trial {trial_name(values)} stopped at step "
+            f"{summary.step} with a checkpoint; rerun the same command to resume the sweep."
+        )
     evals = [(r["step"], r["val_loss"]) for r in read_metrics(workdir) if "val_loss" in r]
     hit = next((step for step, loss in evals if target is not None and loss <= target), None)
     return {
