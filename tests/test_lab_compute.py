@@ -235,11 +235,11 @@ class LabTwoTest(chex.TestCase):
         table_VxD = compute.TABLE_VxD
         for k in range(3):
             step = compute.sgd_step(table_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4)
-            self.assertAlmostEqual(run.p_N1[k], step.p_before, places=6)
-            self.assertAlmostEqual(run.loss_N1[k + 1], step.loss_after, places=6)
+            self.assertAlmostEqual(run.p_Q1[k], step.p_before, places=6)
+            self.assertAlmostEqual(run.loss_Q1[k + 1], step.loss_after, places=6)
             table_VxD = step.table_VxD
         np.testing.assert_allclose(run.table_VxD, table_VxD, atol=1e-7)
-        self.assertEqual(f"{100 * run.p_N1[1]:.1f}%", "61.0%")
+        self.assertEqual(f"{100 * run.p_Q1[1]:.1f}%", "61.0%")
         stats = compute.step_stats(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
         self.assertEqual((f"{stats.p:.3f}", f"{stats.loss:.3f}"), ("0.470", "0.755"))
         self.assertAlmostEqual(stats.gap, -0.12, places=5)

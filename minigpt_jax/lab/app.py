@@ -776,10 +776,10 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str) -> Iterator:
             state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate, size
         )
         if not history or history[-1][0] != state.steps:
-            history.append((state.steps, float(run.p_N1[0]), float(run.loss_N1[0])))
+            history.append((state.steps, float(run.p_Q1[0]), float(run.loss_Q1[0])))
         history += [
             (state.steps + k + 1, float(p), float(loss))
-            for k, (p, loss) in enumerate(zip(run.p_N1[1:], run.loss_N1[1:], strict=True))
+            for k, (p, loss) in enumerate(zip(run.p_Q1[1:], run.loss_Q1[1:], strict=True))
         ]
         done += size
         rows = [

@@ -360,8 +360,8 @@ class Run(NamedTuple):
     last (n + 1 values each)."""
 
     table_VxD: np.ndarray
-    p_N1: np.ndarray
-    loss_N1: np.ndarray
+    p_Q1: np.ndarray
+    loss_Q1: np.ndarray
 
 
 def train_steps(table_VxD, output_2xD, input_id: int, learning_rate: float, n: int) -> Run:
@@ -375,12 +375,12 @@ def train_steps(table_VxD, output_2xD, input_id: int, learning_rate: float, n: i
         table, loss = _jitted_step(table, output, input_id, lr)
         losses.append(loss)
     final = jnp.asarray(step_loss(table, output, input_id))
-    loss_N1 = np.asarray(jnp.stack([*losses, final]), np.float64)
+    loss_Q1 = np.asarray(jnp.stack([*losses, final]), np.float64)
     new_table_VxD = np.asarray(table)
     check_finite(new_table_VxD)
-    if not np.isfinite(loss_N1).all():
+    if not np.isfinite(loss_Q1).all():
         raise LabInputError("table_not_finite")
-    return Run(new_table_VxD, np.exp(-loss_N1), loss_N1)
+    return Run(new_table_VxD, np.exp(-loss_Q1), loss_Q1)
 
 
 # ----------------------------------------------------------------------------- the token map

@@ -11,6 +11,7 @@ thing everywhere:
   A  micro-batches per step (grad_accum_steps)             U  rows of a micro-batch (B / A)
   Y  padded vocabulary (V rounded up to vocab_multiple)    E  tokens per loss chunk
   J  loss chunks (M / E)       Z  per-token loss values (the cross-entropy, then each term)
+  Q  steps of one lab run      Q1 Q + 1: before each step and after the last
 
 References: Vaswani et al. 2017 (arXiv:1706.03762); Radford et al. 2019, GPT-2;
 Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's model.py.
