@@ -8,6 +8,7 @@ and each kind of damage in a copy of one uninterrupted run and check its error o
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -358,21 +359,75 @@ def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_
     assert summary.resumed_from == 40 and summary.step == 44
 
 
+def _snapshot(directory: Path) -> dict:
+    """Every path under `directory` with its size, mtime and contents (None: not there)."""
+    if not directory.exists():
+        return None
+    return {
+        str(p.relative_to(directory)): (
+            p.stat().st_mtime_ns,
+            p.read_bytes() if p.is_file() else b"",
+        )
+        for p in sorted(directory.rglob("*"))
+    }
+
+
 @pytest.mark.parametrize(
-    "key, value, message",
+    "overrides, message",
     [
-        ("optim.lr", -1e-3, "config.optim.lr=-0.001 is out of range"),
-        ("optim.warmup_steps", -5, "config.optim.warmup_steps=-5 is out of range"),
-        ("optim.grad_clip", -1.0, "config.optim.grad_clip=-1.0 is out of range"),
-        ("model.n_head", 3, "n_embd=32 is not divisible by n_head=3"),
-        ("mesh.data", 3, "needs 3 devices but 1 are present"),
+        ({"optim.lr": -1e-3}, "config.optim.lr=-0.001 is out of range"),
+        ({"optim.warmup_steps": -5}, "config.optim.warmup_steps=-5 is out of range"),
+        ({"optim.warmup_steps": 10**12}, "config.optim.warmup_steps=1000000000000 is out of "),
+        ({"optim.grad_clip": -1.0}, "config.optim.grad_clip=-1.0 is out of range"),
+        ({"optim.min_lr": 0.1}, "config.optim.min_lr=0.1 is above optim.lr=0.003"),
+        ({"num_steps": 10**12}, "config.num_steps must be a positive integer below 2**31"),
+        ({"seed": -1}, "config.seed=-1 is out of range"),
+        ({"model.n_head": 3}, "n_embd=32 is not divisible by n_head=3"),
+        ({"model.embed_scale": float("inf")}, "embed_scale must be a positive number"),
+        ({"mesh.data": 3}, "needs 3 devices but 1 are present"),
+        ({"data.val_fraction": 0.0}, "config.data.val_fraction=0.0 is out of range"),
+        ({"data.tokenizer": "word"}, "config.data.tokenizer='word' is unknown"),
+        ({"data.corpus": "books"}, "config.data.corpus='books' is unknown"),
+        ({"data.path": "/nonexistent/corpus.txt"}, "/nonexistent/corpus.txt does not exist"),
+        ({"data.tokenizer": "bpe", "data.vocab_size": 1}, "BPE vocab_size must be at least 256"),
+        ({"data.format": "shards", "data.shard_tokens": 0}, "data.shard_tokens must be a positive"),
+        ({"init_from": "/nonexistent/gpt2"}, "/nonexistent/gpt2 does not exist"),
+        ({"model.block_size": 30000}, "the 'val' split has 4000 tokens but one training window"),
+        ({"model.block_size": 30000, "data.format": "shards"}, "'val' split would have at most"),
     ],
 )
-def test_config_errors_come_before_any_file_is_written(corpus_file, tmp_path, key, value, message):
+def test_refused_configs_create_nothing(corpus_file, tmp_path, overrides, message):
+    """Every check that can refuse a config runs before the first file is written (issue: the
+    error came after run.lock, tokenizer.json and tokens.npy, so the corrected command failed
+    on them)."""
     workdir = tmp_path / "run"
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        train_and_evaluate(_config(corpus_file, **{key: value}), workdir, progress=False)
+    with pytest.raises((ValueError, OSError), match=re.escape(message)):
+        train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
     assert not workdir.exists()
+    workdir.mkdir()  # an empty directory stays empty
+    with pytest.raises((ValueError, OSError), match=re.escape(message)):
+        train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
+    assert list(workdir.iterdir()) == []
+
+
+def test_refused_resumes_change_nothing(reference, copy_of, corpus_file, tmp_path):
+    """A resume refused for its settings, its model, its data or its step budget leaves the run
+    directory byte for byte and mtime for mtime as it was (issue: a changed corpus rewrote
+    tokens.npy before the refusal)."""
+    other_corpus = tmp_path / "other.txt"
+    other_corpus.write_text(corpus_file.read_text()[::-1])
+    before = _snapshot(copy_of)
+    for overrides, message in [
+        ({"seed": 7, "num_steps": 44}, "config.seed: 0 -> 7"),
+        ({"model.n_embd": 64}, "n_embd: 32 -> 64"),
+        ({"data.path": str(other_corpus)}, "config.data.path: "),
+        ({"num_steps": 20}, "is past num_steps=20, so there is nothing to train"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _resume(copy_of, corpus_file, **overrides)
+        assert _snapshot(copy_of) == before, overrides
+    summary = _resume(copy_of, corpus_file)  # the same command still works
+    assert summary.resumed_from == 40 and summary.step == 40
 
 
 def test_settings_newer_than_the_checkpoint_are_not_differences():

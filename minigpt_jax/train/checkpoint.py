@@ -146,6 +146,8 @@ class Checkpointer:
     """Saves and restores a run's checkpoints under `workdir`.
 
     write_digests: whether this process writes the digests (process 0 of a multi-host run).
+    It only reads until `start_writing()` (a run whose config is still being checked creates,
+    cleans and changes nothing).
     """
 
     def __init__(self, workdir: str | Path, keep: int = 3, *, write_digests: bool = True):
@@ -153,24 +155,38 @@ class Checkpointer:
         self.run_dir = RunDir(self.workdir)
         self._write = write_digests
         self._keep = keep
-        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
-        self._best = _manager(self.run_dir.best, ("params", "meta"))
+        self._writing = False
+        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"), read_only=True)
+        self._best = _manager(self.run_dir.best, ("params", "meta"), read_only=True)
         self._last_saved: int | None = None
+        self._newest_intact: tuple[int | None] | None = None  # found once: hashing is not free
+
+    def start_writing(self) -> None:
+        """Creates checkpoints/ and best/ and removes what an interrupted save left there."""
+        if not self._writing:
+            self.close()
+            self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
+            self._best = _manager(self.run_dir.best, ("params", "meta"))
+            self._writing = True
 
     def latest_step(self) -> int | None:
         """The newest intact checkpoint (skipping damaged ones with a warning)."""
         if self._last_saved is not None:
             return self._last_saved
-        return newest_intact_step(self._latest)
+        if self._newest_intact is None:
+            self._newest_intact = (newest_intact_step(self._latest),)
+        return self._newest_intact[0]
 
     def save(self, state: Any, meta: dict) -> None:
         """Saves the train state (a pytree with a `step`) and JSON metadata."""
+        self.start_writing()
         step = int(state.step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         _save(self._latest, step, args, self._write, self._keep)
         self._last_saved = step
 
     def save_best(self, step: int, params: Any, meta: dict) -> None:
+        self.start_writing()
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
         )
