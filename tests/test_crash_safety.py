@@ -179,6 +179,103 @@ def test_lock_refuses_a_second_holder_in_the_same_process(tmp_path):
         pass
 
 
+# ----------------------------------------------------------------------------- signals
+
+# The CLI with a signal sent to itself at a chosen moment: while the eval step's `at`-th batch
+# is computed (the handler runs when it returns, as for a signal from outside), or while XLA
+# compiles the train chunk.
+_SIGNALLER = """
+import os, signal, sys
+import jax
+from minigpt_jax.train import loop
+
+SIG, AT, COUNT, WHERE = signal.{sig}, {at}, {count}, {where!r}
+if WHERE == "evaluation":
+    evaluate, calls = loop.evaluate, [0]
+
+    def signalled_evaluate(eval_fn, *args, **kwargs):
+        def fn(params, batch):
+            calls[0] += 1
+            if calls[0] == AT:
+                for _ in range(COUNT):
+                    os.kill(os.getpid(), SIG)
+            return eval_fn(params, batch)
+        return evaluate(fn, *args, **kwargs)
+
+    loop.evaluate = signalled_evaluate
+else:
+    compile_ = jax.stages.Lowered.compile
+
+    def signalled_compile(self, *args, **kwargs):
+        for _ in range(COUNT):
+            os.kill(os.getpid(), SIG)
+        return compile_(self, *args, **kwargs)
+
+    jax.stages.Lowered.compile = signalled_compile
+from minigpt_jax.cli import main
+sys.argv = ["minigpt-jax", *sys.argv[1:]]
+main()
+"""
+
+# An evaluation at step 6, where no checkpoint is due (checkpoints at 4, 8, ...).
+SIGNAL_SETTINGS = ("--config.eval_every=6", "--config.eval_batches=4")
+
+
+def _signalled(args, sig, where, at=1, count=1):
+    script = _SIGNALLER.format(sig=sig, at=at, count=count, where=where)
+    return _run([sys.executable, "-c", script, *args[3:]])
+
+
+@pytest.mark.parametrize(
+    "sig, count", [("SIGTERM", 1), pytest.param("SIGINT", 2, marks=pytest.mark.slow)]
+)
+def test_signal_during_evaluation_saves_what_it_says(corpus_file, tmp_path, sig, count):
+    """A signal during the step-6 evaluation (issue: "checkpoint saved at step 10" with none
+    saved; a double SIGINT said 40, the rerun resumed from 30): the evaluation stops between
+    batches, step 6 is saved, the message says so, and the rerun does the evaluation first and
+    ends with the metrics of an uninterrupted run."""
+    workdir = tmp_path / "run"
+    args = _train_command(workdir, corpus_file) + list(SIGNAL_SETTINGS)
+    result = _signalled(args, sig, "evaluation", at=2, count=count)  # the 2nd val batch
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == (
+        f"{sig} received: checkpoint saved at step 6 (its evaluation was stopped; it runs "
+        "first when the run resumes); rerun the same command to resume."
+    )
+    assert lines[1].startswith("step 6: train loss n/a") and lines[1].endswith(f"by {sig}")
+    assert _steps(workdir / "checkpoints") == [4, 6] and _steps(workdir / "best") == []
+    assert "Traceback" not in result.stderr
+    rerun = _run(args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.splitlines()[0].startswith("step 6: train loss")  # the evaluation
+    assert "resumed from step 6" in rerun.stdout.splitlines()[-1]
+    uninterrupted = tmp_path / "uninterrupted"
+    assert _run(_train_command(uninterrupted, corpus_file) + list(SIGNAL_SETTINGS)).returncode == 0
+    assert _trajectory(workdir) == _trajectory(uninterrupted)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
+def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file, sig):
+    """A signal while XLA compiles (issue: SIGTERM died with rc -15 and no message, SIGINT
+    printed a 26-line KeyboardInterrupt traceback): one line saying where the run stood, rc 0,
+    nothing changed, and the rerun resumes. Here in a resumed run (from step 40 of 44)."""
+    args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
+    before = _snapshot(copy_of / "checkpoints")
+    result = _signalled(args, sig, "compile")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        f"{sig} received while compiling, before training step 41: nothing new to save; "
+        "rerun the same command to resume."
+    )
+    assert result.stderr == ""
+    assert _snapshot(copy_of / "checkpoints") == before
+    rerun = _run(args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.splitlines()[-1].startswith("step 44:")
+    assert "resumed from step 40" in rerun.stdout
+
+
 # ----------------------------------------------------------------------------- crash windows
 
 

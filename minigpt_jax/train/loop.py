@@ -62,7 +62,8 @@ class _StopRequest:
 
     def __init__(self):
         self.signal_name: str | None = None
-        self.phase: str | None = "starting"
+        self.phase: str | None = None  # set by setup_phase until the loop starts
+        self.step = 0  # where a run stopped during its setup stands
         self._previous = {}
 
     def __enter__(self):
@@ -78,6 +79,13 @@ class _StopRequest:
         self.signal_name = signal.Signals(signum).name
         if self.phase is not None:
             raise StopBeforeTraining(self.signal_name, self.phase)
+
+    def setup_phase(self, phase: str, step: int) -> None:
+        """Notes the setup step a run has reached and the training step it stands at (a
+        signal that came before the first step is answered now)."""
+        self.phase, self.step = phase, step
+        if self.signal_name is not None:
+            raise StopBeforeTraining(self.signal_name, phase)
 
     def requested(self) -> bool:
         return self.signal_name is not None
@@ -115,14 +123,15 @@ class Trainer:
         progress: bool = False,
         allow_resume_changes: bool = False,
         before_writing: Callable[[], None] = lambda: None,
-        on_phase: Callable[[str], None] = lambda phase: None,
+        on_phase: Callable[[str, int], None] = lambda phase, step: None,
     ):
         """config: a complete, checked run config (`run_config.check_experiment_config`).
 
         Every check that can refuse the config runs before anything is written: the data is
         checked before it is cached, a resumed run's settings before its data changes, and
         before_writing() (taking the run lock) is called before the first write.
-        on_phase(what) names each setup step as it starts ("reading the data", ...).
+        on_phase(what, step) names each setup step as it starts ("reading the data", ...) and
+        the step the run stands at (0 until a checkpoint is restored).
         """
         self.config, self.workdir = config, workdir
         self.allow_resume_changes = allow_resume_changes
@@ -135,7 +144,7 @@ class Trainer:
             self._before_writing()
             self.checkpointer.start_writing()
             self.state, self.resumed_from, self.best_val = self._restore_or_init()
-            self._on_phase("compiling")
+            self._on_phase("compiling", self.step)
             self._compile()
         except BaseException:
             self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
@@ -145,7 +154,7 @@ class Trainer:
         """The dataset, the model config, the optimizer, the loss terms and the mesh."""
         config = self.config
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
-        self._on_phase("reading config.init_from")
+        self._on_phase("reading config.init_from", 0)
         self.pretrained = load_model(config.init_from) if config.init_from else None
         self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
         self.terms = parse_terms(config.loss.terms)
@@ -153,14 +162,14 @@ class Trainer:
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
         self.micro_batch_size = config.batch_size // config.grad_accum_steps
         sharding.check_batch_size(self.micro_batch_size, self.mesh)
-        self._on_phase("checking the checkpoints")
+        self._on_phase("checking the checkpoints", 0)
         latest = self.checkpointer.latest_step()
         if latest is not None:
             # The settings first, so a refused resume changes no data file.
             saved = self.checkpointer.read_meta(latest)
             vocab_size = saved.get("gpt_config", {}).get("vocab_size", 1)
             self._check_resume(latest, saved, gpt_config_from(config, vocab_size))
-        self._on_phase("reading the data")
+        self._on_phase("reading the data", 0)
         self.dataset = dataset_from(
             config,
             self.workdir,
@@ -227,14 +236,14 @@ class Trainer:
         latest = self.checkpointer.latest_step()
         self.pending_evaluation = False
         if latest is None:
-            self._on_phase("initializing the model")
+            self._on_phase("initializing the model", 0)
             if self.pretrained is not None:
                 # AdamW's moments start at zero whatever the params, so only the params change.
                 # Host arrays, the same on every process, which device_put places on any mesh.
                 params = jax.tree_util.tree_map(np.asarray, params_for(self.pretrained, self.cfg))
                 state = state.replace(params=jax.device_put(params, self.shardings.params))
             return state, None, math.inf
-        self._on_phase(f"restoring checkpoint {latest}")
+        self._on_phase(f"restoring checkpoint {latest}", 0)
         changes = self._check_resume(latest, self.checkpointer.read_meta(latest), self.cfg)
         if changes:
             _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
@@ -446,7 +455,8 @@ def train_and_evaluate(
     workdir = Path(workdir)
     stop = _StopRequest()
     # Nothing is created until every check has passed (RunLock.create, called by the Trainer).
-    with stop, RunLock(workdir, jax.process_index(), create=False) as lock:
+    lock = RunLock(workdir, jax.process_index(), create=False)
+    with stop, lock:
         trainer = log = None
         try:
             trainer = Trainer(
@@ -455,14 +465,14 @@ def train_and_evaluate(
                 progress=progress,
                 allow_resume_changes=allow_resume_changes,
                 before_writing=lock.create,
-                on_phase=lambda phase: setattr(stop, "phase", phase),
+                on_phase=stop.setup_phase,
             )
             log = RunLogger(config, workdir, trainer, progress=progress)
             stop.phase = None  # from here on a signal is a request the loop answers
         except StopBeforeTraining as stopped:
             if trainer is not None:
                 trainer.checkpointer.close()
-            return _stopped_before_training(stopped, wall_start)
+            return _stopped_before_training(stopped, stop.step, wall_start)
         try:
             if trainer.pending_evaluation:
                 if _evaluate(trainer, log, trainer.step, stop):
@@ -531,15 +541,17 @@ def _evaluate(trainer: Trainer, log: RunLogger, step: int, stop: _StopRequest) -
     return True
 
 
-def _stopped_before_training(stopped: StopBeforeTraining, wall_start: float) -> RunSummary:
+def _stopped_before_training(
+    stopped: StopBeforeTraining, step: int, wall_start: float
+) -> RunSummary:
     """The summary (and the one line saying so) of a run stopped during its setup."""
     print(
-        f"{stopped.signal_name} received while {stopped.phase}, before any training step: "
-        "nothing to save; rerun the same command to resume.",
+        f"{stopped.signal_name} received while {stopped.phase}, before training step "
+        f"{step + 1}: nothing new to save; rerun the same command to resume.",
         flush=True,
     )
     return RunSummary(
-        step=0,
+        step=step,
         train_loss=None,
         val_loss=None,
         eval_train_loss=None,
@@ -547,7 +559,7 @@ def _stopped_before_training(stopped: StopBeforeTraining, wall_start: float) -> 
         wall_time_s=time.perf_counter() - wall_start,
         compile_time_s=0.0,
         median_step_ms=None,
-        resumed_from=None,
+        resumed_from=step or None,
         interrupted_by=stopped.signal_name,
     )
 
