@@ -276,6 +276,49 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
     assert "resumed from step 40" in rerun.stdout
 
 
+# ----------------------------------------------------------------------------- readers
+
+
+@pytest.mark.slow
+def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
+    """load_params (latest and best), perplexity (`minigpt-jax eval`) and sampling in a loop
+    while a trainer saves, and rotates away, a checkpoint every step (issue: 26 of 352 reads
+    failed with "written by a different version", eval with [Errno 2]): every read succeeds,
+    with no warning."""
+    from minigpt_jax.io.evaluate import perplexity_of
+    from minigpt_jax.io.runs import sample_from_workdir
+
+    workdir = tmp_path / "run"
+    args = _train_args(workdir, corpus_file, "--config.num_steps=200", "--config.eval_every=2")
+    args += ["--config.checkpoint_every=1", "--config.keep_checkpoints=1"]
+    trainer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reads = {"latest": 0, "best": 0, "eval": 0, "sample": 0}
+    try:
+        while not all(
+            (workdir / name).is_dir() and _steps(workdir / name) for name in ("best", "checkpoints")
+        ):
+            assert trainer.poll() is None, trainer.communicate()
+            time.sleep(0.01)
+        with caplog.at_level(logging.WARNING):
+            while trainer.poll() is None:
+                for which in ("latest", "best"):
+                    params, meta = load_params(workdir, which)
+                    assert jax.tree.leaves(params) and meta["gpt_config"]
+                    reads[which] += 1
+                perplexity_of(workdir, corpus_file)
+                reads["eval"] += 1
+                sample_from_workdir(workdir, "The", max_new_tokens=4)
+                reads["sample"] += 1
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        _, stderr = trainer.communicate()
+    assert trainer.returncode == 0, stderr
+    assert min(reads.values()) >= 5, reads
+    ours = [r for r in caplog.records if r.name.startswith("minigpt_jax")]
+    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
+
+
 # ----------------------------------------------------------------------------- crash windows
 
 
