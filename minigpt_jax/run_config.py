@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,13 @@ def _check_schedule(config: Any) -> None:
                 f"config.{name}={value!r} must be a positive multiple of "
                 f"steps_per_call={k}: steps run in chunks of {k}."
             )
+    optim = config.optim
+    if optim.schedule == "cosine" and optim.min_lr > optim.lr:
+        raise ValueError(
+            f"config.optim.min_lr={optim.min_lr!r} is above optim.lr={optim.lr!r}: the cosine "
+            "schedule decays from lr to min_lr, so it would rise instead; set min_lr <= lr "
+            "(e.g. lr / 10, or 0 with lr 0)."
+        )
     if config.batch_size % config.grad_accum_steps:
         raise ValueError(
             f"config.batch_size={config.batch_size} (sequences per optimizer step) does not split "
@@ -163,11 +171,13 @@ def dataset_from(
     tokenizer: Tokenizer | None = None,
     *,
     progress: bool = False,
+    before_writing: Callable[[], None] | None = None,
 ) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
     `workdir` (a resumed or re-read run finds its own tokenizer and tokens there): held in RAM
     (data.format "memory"), or memory-mapped from shards prepared on first use ("shards"). A
-    given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size."""
+    given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size.
+    before_writing() is called once the data checks have passed, before the first write."""
     if config.data.format == "shards":
         if workdir is None:
             raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
@@ -177,6 +187,7 @@ def dataset_from(
             config.model.block_size,
             workdir,
             tokenizer=tokenizer,
+            before_writing=before_writing,
         )
         if jax.process_count() > 1:
             # One process prepares the shards in the shared folder while the others wait;
@@ -195,6 +206,7 @@ def dataset_from(
         config.data.val_fraction,
         tokenizer=tokenizer,
         text_field=config.data.text_field,
+        before_writing=before_writing,
     )
 
 

@@ -28,6 +28,10 @@ MODEL, SPEED, TRAJECTORY, BOOKKEEPING = "model", "speed", "trajectory", "bookkee
 KINDS = (MODEL, SPEED, TRAJECTORY, BOOKKEEPING)
 
 _NO_VALUE = object()
+# Steps are counted in int32 on the device (TrainState.step, the schedule): step counts, and
+# sizes multiplied into them, stay below it.
+STEP_LIMIT = 2**31
+_STEPS = f"a positive integer below 2**31 = {STEP_LIMIT} (the step counter is int32)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,32 +148,72 @@ class Loop:
         0, "one key, split into init, data and dropout keys", TRAJECTORY, low=0, high=2**31
     )
     batch_size: int = setting(
-        16, "sequences per optimizer step (all micro-batches, all devices)", TRAJECTORY, low=1
+        16,
+        "sequences per optimizer step (all micro-batches, all devices)",
+        TRAJECTORY,
+        low=1,
+        high=STEP_LIMIT,
     )
     grad_accum_steps: int = setting(
-        1, "micro-batches of batch_size / grad_accum_steps per step", SPEED, low=1
+        1,
+        "micro-batches of batch_size / grad_accum_steps per step",
+        SPEED,
+        low=1,
+        high=STEP_LIMIT,
     )
-    num_steps: int = setting(1500, "optimizer steps in the whole run", BOOKKEEPING, low=1)
+    num_steps: int = setting(
+        1500,
+        "optimizer steps in the whole run",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
+        requirement=_STEPS,
+    )
     steps_per_call: int = setting(
         10,
         "optimizer steps per compiled call (a lax.scan over batches; metrics stay per step)",
         SPEED,
         low=1,
+        high=STEP_LIMIT,
+        requirement=_STEPS,
     )
     eval_every: int = setting(
-        250, "steps between validation passes (a multiple of steps_per_call)", BOOKKEEPING, low=1
+        250,
+        "steps between validation passes (a multiple of steps_per_call)",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
+        requirement=_STEPS,
     )
     eval_batches: int = setting(
-        20, "validation batches (of one micro-batch each) per pass, fixed", BOOKKEEPING, low=1
+        20,
+        "validation batches (of one micro-batch each) per pass, fixed",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
     )
     log_every: int = setting(
-        10, "steps between progress-bar and TensorBoard updates", BOOKKEEPING, low=1
+        10,
+        "steps between progress-bar and TensorBoard updates",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
+        requirement=_STEPS,
     )
     checkpoint_every: int = setting(
-        250, "steps between checkpoints (a multiple of steps_per_call)", BOOKKEEPING, low=1
+        250,
+        "steps between checkpoints (a multiple of steps_per_call)",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
+        requirement=_STEPS,
     )
     keep_checkpoints: int = setting(
-        3, "latest checkpoints kept; the best by val loss is kept apart", BOOKKEEPING, low=1
+        3,
+        "latest checkpoints kept; the best by val loss is kept apart",
+        BOOKKEEPING,
+        low=1,
+        high=STEP_LIMIT,
     )
     init_from: str = setting(
         "",
@@ -190,7 +234,13 @@ class Optim:
         1e-3, "peak learning rate after warmup (0: a run that only evaluates)", TRAJECTORY, low=0.0
     )
     min_lr: float = setting(1e-4, "the schedule's end, reached at num_steps", TRAJECTORY, low=0.0)
-    warmup_steps: int = setting(100, "linear warmup from 0", TRAJECTORY, low=0)
+    warmup_steps: int = setting(
+        100,
+        "linear warmup from 0",
+        TRAJECTORY,
+        low=0,
+        high=STEP_LIMIT,
+    )
     b1: float = setting(0.9, "Adam's first-moment decay", TRAJECTORY, low=0.0, high=1.0)
     b2: float = setting(0.99, "Adam's second-moment decay", TRAJECTORY, low=0.0, high=1.0)
     eps: float = setting(1e-8, "Adam's epsilon", TRAJECTORY, low=0.0, low_open=True)

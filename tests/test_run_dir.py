@@ -66,6 +66,8 @@ def test_the_writers_of_a_run_directory_use_its_paths(tmp_path):
     assert writer.path == run.metrics and run.metrics.is_file() and run.tensorboard.is_dir()
     assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 1.5}]
     checkpointer = Checkpointer(tmp_path)
+    assert not run.checkpoints.exists()  # it only reads until it starts writing
+    checkpointer.start_writing()
     checkpointer.close()
     assert run.checkpoints.is_dir() and run.best.is_dir()
     (tmp_path / "a.txt").write_text("abcdefghij" * 10, encoding="utf-8")

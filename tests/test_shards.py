@@ -279,3 +279,111 @@ def test_prepare_command_writes_the_shards(corpus_dir, tmp_path):
     manifest = json.loads((tmp_path / "run" / "shards" / "manifest.json").read_text())
     assert manifest["inputs"]["files"] == 4 and manifest["documents"] == 4
     assert f"{manifest['tokens']:,} tokens" in result.stdout
+
+
+# ----------------------------------------------------------------------------- damage, two writers
+
+
+def _flip(path: Path, start: int, new: bytes) -> None:
+    """Overwrites bytes of `path` from `start`, keeping its size and mtime."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[start : start + len(new)] = new
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        ("flipped", "does not match its sha256 in manifest.json"),
+        ("valid ids", "does not match its sha256 in manifest.json"),
+        ("out of range", "does not match its sha256 in manifest.json"),
+        ("out of range, no digest", "holds id 65535, outside the tokenizer's"),
+    ],
+)
+def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, damage, problem):
+    """A shard with flipped bytes, or overwritten with other valid ids or with ids beyond the
+    vocabulary (same size, same mtime), is found when a run starts and prepared again (issue:
+    trained on silently, or NaN with "lower optim.lr")."""
+    config, workdir = _data_config(corpus_dir), tmp_path / "run"
+    good = np.asarray(shards.sharded_dataset(config, 16, workdir, progress=False).train)
+    vocab_size = load_tokenizer(workdir / "tokenizer.json").vocab_size
+    directory = workdir / "shards"
+    manifest = json.loads((directory / shards.MANIFEST_FILENAME).read_text())
+    shard = directory / manifest["shards"][1]["file"]
+    original = shard.read_bytes()
+    rng = np.random.default_rng(0)
+    if damage == "flipped":
+        _flip(shard, 100, bytes(b ^ 0xFF for b in original[100:164]))
+    elif damage == "valid ids":
+        ids = rng.integers(0, vocab_size, len(original) // 2).astype("<u2")
+        _flip(shard, 0, ids.tobytes())
+    else:
+        _flip(shard, 200, np.full(8, 65535, "<u2").tobytes())
+        if damage.endswith("no digest"):  # a manifest of an older version
+            for entry in manifest["shards"]:
+                del entry["sha256"]
+            (directory / shards.MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    with caplog.at_level("WARNING"):
+        again = shards.sharded_dataset(config, 16, workdir, progress=False)
+    assert problem in caplog.text and "preparing the shards of" in caplog.text
+    assert shard.read_bytes() == original
+    np.testing.assert_array_equal(np.asarray(again.train), good)
+
+
+_SLOW_PREPARE = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from minigpt_jax.data import shards
+from tests.test_shards import _data_config
+shards._BATCH_CHARS = 2500
+flush = shards._EncodingPass.flush
+def slow_flush(self):
+    flush(self)
+    time.sleep(0.05)
+shards._EncodingPass.flush = slow_flush
+shards.prepare_shards({out!r}, _data_config({corpus!r}), progress=False)
+print("prepared")
+"""
+
+
+def test_second_prepare_of_a_directory_is_refused(corpus_dir, tmp_path):
+    """Two prepares in one shards directory (issue: a manifest over shards of the wrong sizes):
+    the second, here `minigpt-jax prepare` while the first is mid-way, is refused naming the
+    first; the first finishes, and its shards equal those of a prepare on its own."""
+    directory = tmp_path / "run" / "shards"
+    script = _SLOW_PREPARE.format(repo=str(REPO), out=str(directory), corpus=str(corpus_dir))
+    first = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        while not (directory / shards.PROGRESS_FILENAME).exists():
+            assert first.poll() is None, first.communicate()
+        first.send_signal(signal.SIGSTOP)  # mid-way, holding the lock
+        second = subprocess.run(
+            [sys.executable, "-m", "minigpt_jax", "prepare", "--progress=false"]
+            + ["--config", str(REPO / "configs/tiny.py"), f"--workdir={tmp_path / 'run'}"]
+            + ["--config.data.corpus=text", f"--config.data.path={corpus_dir}"]
+            + ["--config.data.format=shards", "--config.data.text_field=body"]
+            + ["--config.data.vocab_size=300", "--config.data.shard_tokens=5000"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0 and stdout.strip() == "prepared", stderr[-2000:]
+    assert second.returncode == 1
+    assert second.stderr.strip().splitlines() == [
+        f"minigpt-jax prepare: error: {directory} is being prepared by another process (PID "
+        f"{first.pid} on host {os.uname().nodename}, holding {directory / 'prepare.lock'}); "
+        "wait for it to finish, then rerun: shards are prepared once and shared."
+    ]
+    fresh = shards.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir), progress=False)
+    for entry in fresh["shards"]:
+        name = entry["file"]
+        assert (directory / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+    rerun = shards.prepare_shards(directory, _data_config(corpus_dir), progress=False)
+    assert rerun["shards"] == fresh["shards"]

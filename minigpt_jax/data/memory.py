@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,29 +189,46 @@ def encode_cached(
     """
     if cache_path is None:
         return _encode_uint16(text, tokenizer)
+    tokens = read_cached_tokens(text, tokenizer, cache_path)
+    if tokens is None:
+        tokens = _encode_uint16(text, tokenizer)
+        write_cached_tokens(text, tokenizer, tokens, cache_path)
+    return tokens
+
+
+def read_cached_tokens(
+    text: str, tokenizer: Tokenizer, cache_path: str | os.PathLike
+) -> np.ndarray | None:
+    """The tokens cached at cache_path for (text, tokenizer), None if the cache is missing,
+    stale, unreadable, altered or holds an id outside the vocabulary (warning when it was
+    there but wrong). Reads only."""
     cache_path = Path(cache_path)
-    sidecar_path = fingerprint_path(cache_path)
-    fingerprint = _fingerprint(text, tokenizer)
     try:
-        saved = sidecar_path.read_text(encoding="ascii").split()
-        if saved[:1] == [fingerprint]:
+        saved = fingerprint_path(cache_path).read_text(encoding="ascii").split()
+        if saved[:1] == [_fingerprint(text, tokenizer)]:
             tokens = np.load(cache_path, allow_pickle=False)
             problem = _tokens_problem(tokens, saved[1:], tokenizer.vocab_size)
             if problem is None:
                 return tokens
             _log.warning("%s %s; encoding the corpus again.", cache_path, problem)
     except (OSError, ValueError, EOFError):
-        pass  # missing or corrupt cache: rebuild below
+        pass  # missing or corrupt cache: rebuilt by the caller
+    return None
 
-    tokens = _encode_uint16(text, tokenizer)
+
+def write_cached_tokens(
+    text: str, tokenizer: Tokenizer, tokens: np.ndarray, cache_path: str | os.PathLike
+) -> None:
+    """Writes `tokens` (tokenizer.encode(text) as uint16) and its sidecar to cache_path."""
+    cache_path = Path(cache_path)
+    sidecar_path = fingerprint_path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     # Invalidate first so a crash between the two writes can never pair new tokens with an
     # old fingerprint.
     sidecar_path.unlink(missing_ok=True)
     _atomic_write(cache_path, lambda file: np.save(file, tokens, allow_pickle=False))
-    sidecar = f"{fingerprint}\n{hashlib.sha256(tokens.tobytes()).hexdigest()}\n"
+    sidecar = f"{_fingerprint(text, tokenizer)}\n{hashlib.sha256(tokens.tobytes()).hexdigest()}\n"
     _atomic_write(sidecar_path, lambda file: file.write(sidecar.encode("ascii")))
-    return tokens
 
 
 def _tokens_problem(tokens: np.ndarray, saved_digest: list[str], vocab_size: int) -> str | None:
@@ -326,6 +344,8 @@ def prepare_dataset(
     val_fraction: float = 0.1,
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
+    *,
+    before_writing: Callable[[], None] | None = None,
 ) -> Dataset:
     """Loads, tokenises and splits a corpus; checks each split holds one window.
 
@@ -333,11 +353,15 @@ def prepare_dataset(
     vocabulary), else the new tokenizer is saved there; tokens are cached in
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
     replaces tokenizer_kind and vocab_size. text_field: the field of a .jsonl line's text.
+    Everything that can fail happens in memory first: nothing is written (and before_writing,
+    e.g. taking the run lock, is not called) unless the dataset is good.
     """
+    split_tokens(np.zeros(2, np.uint16), val_fraction)  # a bad fraction fails before reading
     text = load_text(corpus, path, text_field)
     run_dir = RunDir(workdir) if workdir is not None else None
     tokenizer_path = run_dir.tokenizer if run_dir is not None else None
-    if tokenizer_path is not None and tokenizer_path.exists():
+    new_tokenizer = tokenizer_path is None or not tokenizer_path.exists()
+    if not new_tokenizer:
         saved = load_tokenizer(tokenizer_path)
         if tokenizer is None:
             _check_reused_tokenizer(saved, tokenizer_path, tokenizer_kind, vocab_size)
@@ -349,13 +373,23 @@ def prepare_dataset(
         tokenizer = saved
     else:
         tokenizer = tokenizer or make_tokenizer(tokenizer_kind, text, vocab_size)
-        if tokenizer_path is not None:
-            tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
-            tokenizer.save(tokenizer_path)
     cache_path = run_dir.tokens if run_dir is not None else None
-    train, val = split_tokens(encode_cached(text, tokenizer, cache_path), val_fraction)
+    tokens = None
+    if cache_path is not None and not new_tokenizer:
+        tokens = read_cached_tokens(text, tokenizer, cache_path)
+    write_cache = cache_path is not None and tokens is None
+    if tokens is None:
+        tokens = _encode_uint16(text, tokenizer)
+    train, val = split_tokens(tokens, val_fraction)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
+    if before_writing is not None and (new_tokenizer or write_cache):
+        before_writing()
+    if tokenizer_path is not None and new_tokenizer:
+        tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(tokenizer_path)
+    if write_cache:
+        write_cached_tokens(text, tokenizer, tokens, cache_path)
     return Dataset(tokenizer=tokenizer, train=train, val=val)
 
 

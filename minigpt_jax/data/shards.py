@@ -11,21 +11,27 @@ rest the validation split, as for in-memory corpora (data.split_tokens).
 Layout of a shards directory:
   tokenizer.json          the tokenizer, with an end-of-text id
   tokens_000000.bin ...   the token stream, shard_tokens tokens per shard (the last fewer)
-  manifest.json           written last: inputs and tokenizer fingerprints, counts, split
+  manifest.json           written last: inputs and tokenizer fingerprints, counts, split, and
+                          each shard's sha256 and largest id
   progress.json           only while preparing: where to resume after an interruption
+  prepare.lock            an OS lock held while preparing: a second prepare is refused
 
 Shards are written as `.part` files and renamed when full; progress is recorded after every
 batch, so a killed prepare resumes where it stopped and writes the same shards as an
-uninterrupted one. `load_shards` maps them read-only (`TokenStream`); nothing is read into RAM.
+uninterrupted one. A run that finds its shards prepared checks every shard against the manifest
+(size, sha256, ids inside the vocabulary: one read of each) and prepares them again, with a
+warning, when one was damaged or edited. `load_shards` maps them read-only (`TokenStream`);
+nothing is read into RAM.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -50,10 +56,14 @@ from minigpt_jax.data.tokenizers import (
     load_tokenizer,
 )
 from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
+from minigpt_jax.train.run_lock import lock_file, write_holder
+
+_log = logging.getLogger(__name__)
 
 FORMAT = "minigpt_jax.data.shards/1"
 MANIFEST_FILENAME = "manifest.json"
 PROGRESS_FILENAME = "progress.json"
+LOCK_FILENAME = "prepare.lock"  # held by the one process preparing the directory
 _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core
 
 
@@ -255,11 +265,47 @@ def prepare_shards(
         )
     fingerprint = inputs_fingerprint(sources)
     wanted = {"format": FORMAT, "inputs_fingerprint": fingerprint, "settings": settings.as_dict()}
-    manifest = _read_json(directory / MANIFEST_FILENAME)
-    if manifest is not None and _matches(manifest, wanted, tokenizer, directory):
+    manifest = _prepared(directory, wanted, tokenizer)
+    if manifest is not None:
         return manifest
-
     directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
+    lock_file(
+        fd,
+        lambda pid, host: (
+            f"{directory} is being prepared by another process (PID {pid} on host {host}, "
+            f"holding {directory / LOCK_FILENAME}); wait for it to finish, then rerun: shards "
+            "are prepared once and shared."
+        ),
+    )
+    try:
+        write_holder(fd)
+        return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _prepared(directory: Path, wanted: dict, tokenizer: Tokenizer | None) -> dict | None:
+    """The manifest of `directory` if it describes these inputs and settings and every shard
+    matches it; None (with a warning for a damaged shard) if the shards need preparing."""
+    manifest = _read_json(directory / MANIFEST_FILENAME)
+    if manifest is None or not _matches(manifest, wanted, tokenizer):
+        return None
+    problem = _shards_problem(manifest, directory)
+    if problem is not None:
+        _log.warning("%s; preparing the shards of %s again.", problem, directory)
+        return None
+    return manifest
+
+
+def _prepare_locked(
+    directory: Path,
+    sources: list[Source],
+    settings: ShardSettings,
+    wanted: dict,
+    tokenizer: Tokenizer | None,
+    progress: bool,
+) -> dict:
     (directory / MANIFEST_FILENAME).unlink(missing_ok=True)  # never a manifest over new shards
     saved = _read_json(directory / PROGRESS_FILENAME)
     tokenizer_path = directory / TOKENIZER_FILENAME
@@ -298,20 +344,48 @@ def _save_tokenizer(tokenizer: Tokenizer, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _matches(manifest: dict, wanted: dict, tokenizer: Tokenizer | None, directory: Path) -> bool:
-    """Whether a manifest describes these inputs and settings and its shards are all there."""
+def _matches(manifest: dict, wanted: dict, tokenizer: Tokenizer | None) -> bool:
+    """Whether a manifest describes these inputs and settings (and `tokenizer`, if given)."""
     if any(manifest.get(k) != v for k, v in wanted.items()):
         return False
-    if tokenizer is not None and manifest["tokenizer"]["sha256"] != tokenizer_fingerprint(
-        tokenizer
-    ):
-        return False
-    itemsize = np.dtype(manifest["dtype"]).itemsize
-    return all(
-        (directory / shard["file"]).is_file()
-        and (directory / shard["file"]).stat().st_size == shard["tokens"] * itemsize
-        for shard in manifest["shards"]
-    )
+    return tokenizer is None or manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tokenizer)
+
+
+def _scan_shard(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """(sha256, largest id) of a shard file, in one read of 16 MiB blocks."""
+    digest, largest = hashlib.sha256(), -1
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 24), b""):
+            digest.update(block)
+            ids = np.frombuffer(block, dtype)
+            if ids.size:
+                largest = max(largest, int(ids.max()))
+    return digest.hexdigest(), largest
+
+
+def _shards_problem(manifest: dict, directory: Path) -> str | None:
+    """What is wrong with the shards a manifest lists, or None: a missing file, a size, a
+    sha256 (manifests of older versions have none: not checked) or an id outside the
+    tokenizer's vocabulary."""
+    dtype = np.dtype(manifest["dtype"])
+    vocab_size = manifest["tokenizer"]["vocab_size"]
+    for shard in manifest["shards"]:
+        path = directory / shard["file"]
+        if not path.is_file():
+            return f"shard {path} is missing"
+        if path.stat().st_size != shard["tokens"] * dtype.itemsize:
+            return (
+                f"shard {path} holds {path.stat().st_size} bytes, not the "
+                f"{shard['tokens'] * dtype.itemsize} of its {shard['tokens']} tokens"
+            )
+        sha256, largest = _scan_shard(path, dtype)
+        if shard.get("sha256", sha256) != sha256:
+            return (
+                f"shard {path} does not match its sha256 in {MANIFEST_FILENAME} (damaged or edited)"
+            )
+        if largest >= vocab_size:
+            return f"shard {path} holds id {largest}, outside the tokenizer's [0, {vocab_size})"
+    return None
 
 
 class _EncodingPass:
@@ -407,7 +481,7 @@ def _encode_all(
         shard_counts = writer.finish()
     finally:
         writer.close()
-    manifest = _manifest(sources, settings, tokenizer, saved, dtype, shard_counts)
+    manifest = _manifest(directory, sources, settings, tokenizer, saved, dtype, shard_counts)
     manifest.update(
         documents=encoding.documents, prepare_seconds=round(time.perf_counter() - start, 3)
     )
@@ -417,6 +491,7 @@ def _encode_all(
 
 
 def _manifest(
+    directory: Path,
     sources: list[Source],
     settings: ShardSettings,
     tokenizer: Tokenizer,
@@ -424,8 +499,8 @@ def _manifest(
     dtype: np.dtype,
     shard_counts: list[int],
 ) -> dict:
-    """The manifest of finished shards; the caller fills in "documents" and "prepare_seconds"
-    (None here, in their places)."""
+    """The manifest of the finished shards in `directory` (each with its sha256); the caller
+    fills in "documents" and "prepare_seconds" (None here, in their places)."""
     n_tokens = sum(shard_counts)
     n_train = int(n_tokens * (1.0 - settings.val_fraction))
     return {
@@ -448,7 +523,14 @@ def _manifest(
         "dtype": dtype.str,
         "tokens": n_tokens,
         "documents": None,
-        "shards": [{"file": shard_name(i), "tokens": n} for i, n in enumerate(shard_counts)],
+        "shards": [
+            {
+                "file": shard_name(i),
+                "tokens": n,
+                "sha256": _scan_shard(directory / shard_name(i), dtype)[0],
+            }
+            for i, n in enumerate(shard_counts)
+        ],
         "split": {
             "val_fraction": settings.val_fraction,
             "train_tokens": n_train,
@@ -527,6 +609,7 @@ def sharded_dataset(
     *,
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
+    before_writing: Callable[[], None] | None = None,
 ) -> Dataset:
     """The Dataset of config.data with format "shards": prepared (or brought up to date) in
     data.shards_dir, default workdir/shards, then memory-mapped.
@@ -534,9 +617,22 @@ def sharded_dataset(
     The run keeps a copy of the tokenizer as workdir/tokenizer.json; a resumed run's copy is
     the tokenizer the shards are (re)encoded with, so its vocabulary never changes. A given
     `tokenizer` (a pretrained model's) encodes a new run's shards instead of a trained one.
+    The settings, the inputs and the run's tokenizer are checked before anything is written
+    (before_writing, e.g. taking the run lock, is called then).
     """
     run_dir = RunDir(workdir)
     directory = Path(data_config.shards_dir or run_dir.shards)
+    ShardSettings.from_config(data_config)
+    sources = find_sources(data_config.corpus, data_config.path)
+    # At most one token per byte plus an end-of-text id per document (at most one per byte).
+    most_tokens = 2 * sum(source.size for source in sources)
+    most_val = most_tokens - int(most_tokens * (1.0 - data_config.val_fraction))
+    if most_val < block_size + 1:
+        raise ValueError(
+            f"the inputs of data.path hold {most_tokens // 2} bytes, so the 'val' split would "
+            f"have at most {most_val} tokens, but one training window needs block_size + 1 = "
+            f"{block_size + 1}; use a smaller block_size, a larger val_fraction or more text."
+        )
     run_tokenizer_path = run_dir.tokenizer
     saved = load_tokenizer(run_tokenizer_path) if run_tokenizer_path.exists() else None
     if saved is not None and tokenizer is None:
@@ -550,6 +646,8 @@ def sharded_dataset(
             f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
             f"or data.format='memory' as the run that created it."
         )
+    if before_writing is not None:
+        before_writing()
     prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
     _, tokenizer, train, val = load_shards(directory)
     if saved is None:

@@ -491,16 +491,21 @@ def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
     return diffs
 
 
-def params_for(loaded: LoadedModel, wanted: GPTConfig) -> Params:
-    """The loaded params shaped for `wanted`: the learned position table cropped to its
-    block_size (nanoGPT's crop_block_size). Raises ValueError when the shapes cannot match."""
-    diffs = shape_mismatch(loaded.cfg, wanted)
+def check_fits(loaded: GPTConfig, wanted: GPTConfig) -> None:
+    """Raises ValueError naming the fields when a checkpoint's model cannot become `wanted`."""
+    diffs = shape_mismatch(loaded, wanted)
     if diffs:
         raise ValueError(
             "the config's model does not match the checkpoint's: "
             + "; ".join(diffs)
             + ". Set those --config.model fields to the checkpoint's values."
         )
+
+
+def params_for(loaded: LoadedModel, wanted: GPTConfig) -> Params:
+    """The loaded params shaped for `wanted`: the learned position table cropped to its
+    block_size (nanoGPT's crop_block_size). Raises ValueError when the shapes cannot match."""
+    check_fits(loaded.cfg, wanted)
     params = loaded.params
     if "pos" in params["embed"]:
         pos = {"embedding": params["embed"]["pos"]["embedding"][: wanted.block_size]}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,10 @@ def write_digest(step_dir: Path) -> None:
 UNVERIFIED = "unverified: it has no sha256sums.txt"
 
 
+class CheckpointVanished(CheckpointError):
+    """The step was removed while it was read (a trainer rotating its checkpoints)."""
+
+
 def check_digest(step_dir: Path) -> str | None:
     """None if step_dir matches its sha256sums.txt, UNVERIFIED if it has none, else what is
     wrong with it."""
@@ -92,13 +97,34 @@ def check_digest(step_dir: Path) -> str | None:
     return None
 
 
-def newest_intact_step(manager) -> int | None:
+def newest_intact_step(manager, wait_for_digest_s: float = 0.0) -> int | None:
     """The newest step of `manager` whose files match their digest, warning about each newer
-    step it skips. Raises CheckpointError if steps exist but every one is damaged."""
-    skipped = []
-    for step in sorted(manager.all_steps(), reverse=True):
-        step_dir = Path(manager.directory) / str(step)
-        problem = check_digest(step_dir)
+    step it skips. Raises CheckpointError if steps exist but every one is damaged.
+
+    A step removed while it is checked (a trainer rotating its checkpoints) is passed over
+    silently. wait_for_digest_s: how long a reader beside a live trainer waits for the digest
+    of a step that was just renamed into place, when the run's other steps have digests.
+    """
+    skipped, vanished = [], False
+    steps = sorted(manager.all_steps(), reverse=True)
+    directory = Path(manager.directory)
+    for step in steps:
+        step_dir = directory / str(step)
+        problem = _digest_problem(step_dir)
+        if problem == UNVERIFIED and wait_for_digest_s > 0:
+            # Older steps are deleted only after this one's digest is written: checked first,
+            # they tell a step whose digest is on its way from one that never had one.
+            others = _others_have_digests(steps, step, directory)
+            problem = _digest_problem(step_dir)
+            deadline = time.monotonic() + wait_for_digest_s
+            while others and problem == UNVERIFIED and time.monotonic() < deadline:
+                time.sleep(0.02)
+                problem = _digest_problem(step_dir)
+        if not step_dir.is_dir():
+            vanished = True  # rotated away while it was checked
+            continue
+        if problem not in (None, UNVERIFIED) and _superseded(directory, step):
+            raise CheckpointVanished(f"{step_dir} was being removed while it was checked.")
         if problem == UNVERIFIED:
             # orbax renames a step into place only once its save is complete
             _log.warning(
@@ -117,6 +143,8 @@ def newest_intact_step(manager) -> int | None:
                 )
             return step
         skipped.append(f"{step_dir} ({problem})")
+    if vanished:
+        raise CheckpointVanished(f"the steps of {directory} were removed while they were read.")
     if any("(damaged" in s for s in skipped):
         raise CheckpointError(
             f"every checkpoint in {manager.directory} is damaged: "
@@ -124,6 +152,27 @@ def newest_intact_step(manager) -> int | None:
             "from step 0."
         )
     return None
+
+
+def _digest_problem(step_dir: Path) -> str | None:
+    """check_digest, with a step that vanished while it was read reported as missing."""
+    try:
+        return check_digest(step_dir)
+    except FileNotFoundError:
+        return "damaged: removed while it was checked"
+
+
+def _superseded(directory: Path, step: int) -> bool:
+    """Whether `step` is gone or a newer step exists now: a trainer beside a reader deletes a
+    step only once a newer one is complete, so a read that failed then is a race, not damage."""
+    step_dir = directory / str(step)
+    if not step_dir.is_dir():
+        return True
+    return any(p.name.isdigit() and int(p.name) > step for p in directory.iterdir())
+
+
+def _others_have_digests(steps: list[int], step: int, directory: Path) -> bool:
+    return any((directory / str(s) / DIGEST_FILENAME).is_file() for s in steps if s != step)
 
 
 def _save(manager, step: int, args, write: bool, keep: int) -> None:
@@ -146,6 +195,8 @@ class Checkpointer:
     """Saves and restores a run's checkpoints under `workdir`.
 
     write_digests: whether this process writes the digests (process 0 of a multi-host run).
+    It only reads until `start_writing()` (a run whose config is still being checked creates,
+    cleans and changes nothing).
     """
 
     def __init__(self, workdir: str | Path, keep: int = 3, *, write_digests: bool = True):
@@ -153,24 +204,38 @@ class Checkpointer:
         self.run_dir = RunDir(self.workdir)
         self._write = write_digests
         self._keep = keep
-        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
-        self._best = _manager(self.run_dir.best, ("params", "meta"))
+        self._writing = False
+        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"), read_only=True)
+        self._best = _manager(self.run_dir.best, ("params", "meta"), read_only=True)
         self._last_saved: int | None = None
+        self._newest_intact: tuple[int | None] | None = None  # found once: hashing is not free
+
+    def start_writing(self) -> None:
+        """Creates checkpoints/ and best/ and removes what an interrupted save left there."""
+        if not self._writing:
+            self.close()
+            self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
+            self._best = _manager(self.run_dir.best, ("params", "meta"))
+            self._writing = True
 
     def latest_step(self) -> int | None:
         """The newest intact checkpoint (skipping damaged ones with a warning)."""
         if self._last_saved is not None:
             return self._last_saved
-        return newest_intact_step(self._latest)
+        if self._newest_intact is None:
+            self._newest_intact = (newest_intact_step(self._latest),)
+        return self._newest_intact[0]
 
     def save(self, state: Any, meta: dict) -> None:
         """Saves the train state (a pytree with a `step`) and JSON metadata."""
+        self.start_writing()
         step = int(state.step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         _save(self._latest, step, args, self._write, self._keep)
         self._last_saved = step
 
     def save_best(self, step: int, params: Any, meta: dict) -> None:
+        self.start_writing()
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
         )
@@ -204,6 +269,11 @@ def _restore(manager, step: int, args) -> Any:
     try:
         return manager.restore(step, args=args)
     except Exception as error:  # orbax/tensorstore raise many types for unreadable files
+        if _superseded(step_dir.parent, step):
+            raise CheckpointVanished(
+                f"{step_dir} was removed while it was read (a trainer keeps only its newest "
+                "checkpoints); read again."
+            ) from error
         raise CheckpointError(
             f"checkpoint {step_dir} matches its sha256sums.txt but cannot be read "
             f"({type(error).__name__}: "
@@ -241,20 +311,54 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
             f"`minigpt-jax train --config configs/X.py --workdir {workdir}`."
         )
     item = "state" if which == "latest" else "params"
-    manager = _manager(directory, (item, "meta"), read_only=True)
-    step = newest_intact_step(manager)
-    if step is None:
-        raise CheckpointError(f"no complete checkpoint in {directory}.")
-    restored = _restore(
-        manager,
-        step,
-        ocp.args.Composite(
-            **{
-                item: ocp.args.StandardRestore(_on_one_device(manager, step, item)),
-                "meta": ocp.args.JsonRestore(),
-            }
-        ),
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    # orbax warns about each file a rotated-away step lacks; the retries below answer that.
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        return _load_newest(directory, item, which)
+    finally:
+        absl_logger.setLevel(level)
+
+
+def _load_newest(directory: Path, item: str, which: str) -> tuple[Any, dict]:
+    # A trainer beside this reader may delete the step it picked (keeping only its newest):
+    # then the next newest is read.
+    for attempt in range(_READ_ATTEMPTS):
+        manager = None
+        try:
+            manager = _manager(directory, (item, "meta"), read_only=True)
+            step = newest_intact_step(manager, wait_for_digest_s=_DIGEST_WAIT_S)
+            if step is None:
+                raise CheckpointError(f"no complete checkpoint in {directory}.")
+            try:
+                target = _on_one_device(manager, step, item)
+            except Exception:  # orbax raises many types for a vanished step
+                if not _superseded(directory, step):
+                    raise
+                continue
+            args = ocp.args.Composite(
+                **{item: ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
+            )
+            restored = _restore(manager, step, args)
+        except (CheckpointVanished, OSError):
+            # OSError: orbax lists and stats the steps, and one deleted meanwhile is missing.
+            if not directory.is_dir():
+                raise CheckpointError(f"{directory} was removed while it was read.") from None
+            if attempt == _READ_ATTEMPTS - 1:
+                raise
+            continue
+        finally:
+            if manager is not None:
+                manager.close()
+        params = restored[item]["params"] if which == "latest" else restored[item]
+        return params, restored["meta"]
+    raise CheckpointError(
+        f"the checkpoints in {directory} were removed {_READ_ATTEMPTS} times while they were "
+        "read: a trainer is replacing them faster than they load; read again, or raise its "
+        "checkpoint_every."
     )
-    manager.close()
-    params = restored[item]["params"] if which == "latest" else restored[item]
-    return params, restored["meta"]
+
+
+_READ_ATTEMPTS = 20
+_DIGEST_WAIT_S = 5.0  # hashing a large step's files takes a while

@@ -9,6 +9,7 @@ import math
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from tqdm.auto import tqdm
 
 from minigpt_jax import sharding
 from minigpt_jax.data import memory as data
-from minigpt_jax.io.pretrained import load_model, params_for
+from minigpt_jax.io.pretrained import check_fits, load_model, params_for
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
 from minigpt_jax.train.checkpoint import Checkpointer
@@ -44,11 +46,24 @@ _log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- loop
 
 
+class StopBeforeTraining(BaseException):
+    """SIGINT/SIGTERM arrived while a run was still being set up (reading its data, restoring,
+    compiling): a BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+    def __init__(self, signal_name: str, phase: str):
+        super().__init__(signal_name, phase)
+        self.signal_name, self.phase = signal_name, phase
+
+
 class _StopRequest:
-    """Turns SIGINT/SIGTERM into a flag the loop checks between compiled calls."""
+    """Turns SIGINT/SIGTERM into a flag the loop checks between compiled calls (and between
+    evaluation batches); while `phase` names a setup step, the signal raises
+    StopBeforeTraining at once instead (nothing is trained yet, so nothing needs saving)."""
 
     def __init__(self):
         self.signal_name: str | None = None
+        self.phase: str | None = None  # set by setup_phase until the loop starts
+        self.step = 0  # where a run stopped during its setup stands
         self._previous = {}
 
     def __enter__(self):
@@ -62,6 +77,18 @@ class _StopRequest:
     def _handle(self, signum, frame):
         del frame
         self.signal_name = signal.Signals(signum).name
+        if self.phase is not None:
+            raise StopBeforeTraining(self.signal_name, self.phase)
+
+    def setup_phase(self, phase: str, step: int) -> None:
+        """Notes the setup step a run has reached and the training step it stands at (a
+        signal that came before the first step is answered now)."""
+        self.phase, self.step = phase, step
+        if self.signal_name is not None:
+            raise StopBeforeTraining(self.signal_name, phase)
+
+    def requested(self) -> bool:
+        return self.signal_name is not None
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -95,16 +122,29 @@ class Trainer:
         *,
         progress: bool = False,
         allow_resume_changes: bool = False,
+        before_writing: Callable[[], None] = lambda: None,
+        on_phase: Callable[[str, int], None] = lambda phase, step: None,
     ):
-        """config: a complete, checked run config (`run_config.check_experiment_config`)."""
+        """config: a complete, checked run config (`run_config.check_experiment_config`).
+
+        Every check that can refuse the config runs before anything is written: the data is
+        checked before it is cached, a resumed run's settings before its data changes, and
+        before_writing() (taking the run lock) is called before the first write.
+        on_phase(what, step) names each setup step as it starts ("reading the data", ...) and
+        the step the run stands at (0 until a checkpoint is restored).
+        """
         self.config, self.workdir = config, workdir
         self.allow_resume_changes = allow_resume_changes
-        self._load_data_and_model(progress)
+        self._before_writing, self._on_phase = before_writing, on_phase
         self.checkpointer = Checkpointer(
             workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
         )
         try:
+            self._load_data_and_model(progress)
+            self._before_writing()
+            self.checkpointer.start_writing()
             self.state, self.resumed_from, self.best_val = self._restore_or_init()
+            self._on_phase("compiling", self.step)
             self._compile()
         except BaseException:
             self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
@@ -114,23 +154,53 @@ class Trainer:
         """The dataset, the model config, the optimizer, the loss terms and the mesh."""
         config = self.config
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
+        self._on_phase("reading config.init_from", 0)
         self.pretrained = load_model(config.init_from) if config.init_from else None
-        self.dataset = dataset_from(
-            config,
-            self.workdir,
-            self.pretrained.tokenizer if self.pretrained else None,
-            progress=progress,
-        )
-        vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
-        self.cfg = gpt_config_from(config, vocab_size)
         self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
         self.terms = parse_terms(config.loss.terms)
         self.mesh = sharding.make_mesh(config.mesh)
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
         self.micro_batch_size = config.batch_size // config.grad_accum_steps
         sharding.check_batch_size(self.micro_batch_size, self.mesh)
+        self._on_phase("checking the checkpoints", 0)
+        latest = self.checkpointer.latest_step()
+        if latest is not None:
+            # The settings first, so a refused resume changes no data file.
+            saved = self.checkpointer.read_meta(latest)
+            vocab_size = saved.get("gpt_config", {}).get("vocab_size", 1)
+            self._check_resume(latest, saved, gpt_config_from(config, vocab_size))
+        self._on_phase("reading the data", 0)
+        self.dataset = dataset_from(
+            config,
+            self.workdir,
+            self.pretrained.tokenizer if self.pretrained else None,
+            progress=progress,
+            before_writing=self._before_writing,
+        )
+        vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
+        self.cfg = gpt_config_from(config, vocab_size)
+        if self.pretrained is not None and latest is None:
+            check_fits(self.pretrained.cfg, self.cfg)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
         self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
+
+    def _check_resume(self, latest: int, saved_meta: dict, cfg: GPTConfig) -> list[str]:
+        """The accepted trajectory changes of resuming checkpoint `latest`; raises ValueError
+        for a refused one (resume.check_resume) or a step past config.num_steps."""
+        meta = {"gpt_config": dataclasses.asdict(cfg), "config": self.config.to_dict()}
+        changes = check_resume(
+            saved_meta,
+            meta,
+            self.checkpointer.run_dir.checkpoints / str(latest),
+            allow_changes=self.allow_resume_changes,
+        )
+        if latest > self.config.num_steps:
+            raise ValueError(
+                f"{self.checkpointer.run_dir.checkpoints / str(latest)} is past "
+                f"num_steps={self.config.num_steps}, so there is nothing to train; raise "
+                f"--config.num_steps above {latest} to continue it, or use a fresh --workdir."
+            )
+        return changes
 
     def _compile(self) -> None:
         """Compiles the train chunk ahead of the first call; times it with the eval step."""
@@ -164,22 +234,22 @@ class Trainer:
             jax.random.key(self.config.seed)
         )
         latest = self.checkpointer.latest_step()
+        self.pending_evaluation = False
         if latest is None:
+            self._on_phase("initializing the model", 0)
             if self.pretrained is not None:
                 # AdamW's moments start at zero whatever the params, so only the params change.
                 # Host arrays, the same on every process, which device_put places on any mesh.
                 params = jax.tree_util.tree_map(np.asarray, params_for(self.pretrained, self.cfg))
                 state = state.replace(params=jax.device_put(params, self.shardings.params))
             return state, None, math.inf
-        changes = check_resume(
-            self.checkpointer.read_meta(latest),
-            self.meta,
-            self.checkpointer.run_dir.checkpoints / str(latest),
-            allow_changes=self.allow_resume_changes,
-        )
+        self._on_phase(f"restoring checkpoint {latest}", 0)
+        changes = self._check_resume(latest, self.checkpointer.read_meta(latest), self.cfg)
         if changes:
             _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
         state, saved_meta = self.checkpointer.restore(state, latest)
+        # A signal stopped this step's evaluation: it runs first when the run resumes.
+        self.pending_evaluation = bool(saved_meta.get("pending_evaluation"))
         return state, int(state.step), saved_meta.get("best_val_loss") or math.inf
 
     def batches_from(self, first_step: int) -> jax.Array:
@@ -205,11 +275,15 @@ class Trainer:
         self.state, metrics = self._train_chunk(self.state, self.batches_from(first_step))
         return metrics
 
-    def evaluate_and_keep_best(self, step: int) -> tuple[dict[str, float], dict[str, float]]:
+    def evaluate_and_keep_best(
+        self, step: int, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[dict[str, float], dict[str, float]] | None:
         """(val, train) results on the fixed eval batches, each {"loss": ..., term: ...}; saves
-        the params to best/ when the val loss is the lowest yet."""
-        val, train = (
-            evaluate(
+        the params to best/ when the val loss is the lowest yet. None, with nothing recorded,
+        when should_stop() turned true between two batches."""
+        results = []
+        for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train")):
+            result = evaluate(
                 self._eval_fn,
                 self.state.params,
                 tokens,
@@ -219,9 +293,12 @@ class Trainer:
                 seed=self.config.seed,
                 split=split,
                 mesh=self.mesh,
+                should_stop=should_stop,
             )
-            for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train"))
-        )
+            if result is None:
+                return None
+            results.append(result)
+        val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
             raise non_finite_error(f"val loss {val_loss}", step, self.checkpointer)
@@ -237,12 +314,14 @@ class Trainer:
         if not bool(jax.device_get(_all_finite(self.state.params))):
             raise non_finite_error("parameters", step, self.checkpointer)
 
-    def save(self) -> None:
-        """Checkpoints the train state; refuses non-finite parameters (never saved as good)."""
+    def save(self, pending_evaluation: bool = False) -> None:
+        """Checkpoints the train state; refuses non-finite parameters (never saved as good).
+        pending_evaluation: this step's evaluation was stopped; a resumed run does it first."""
         self._check_params_finite(self.step)
-        self.checkpointer.save(
-            self.state, {**self.meta, "best_val_loss": _finite_or_none(self.best_val)}
-        )
+        meta = {**self.meta, "best_val_loss": _finite_or_none(self.best_val)}
+        if pending_evaluation:
+            meta["pending_evaluation"] = True
+        self.checkpointer.save(self.state, meta)
 
 
 class RunLogger:
@@ -374,41 +453,69 @@ def train_and_evaluate(
         )
     last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
     workdir = Path(workdir)
-    with RunLock(workdir, jax.process_index()):  # creates workdir
-        trainer = Trainer(
-            config, workdir, progress=progress, allow_resume_changes=allow_resume_changes
-        )
-        stop, log = _StopRequest(), None
+    stop = _StopRequest()
+    # Nothing is created until every check has passed (RunLock.create, called by the Trainer).
+    lock = RunLock(workdir, jax.process_index(), create=False)
+    with stop, lock:
+        trainer = log = None
         try:
+            trainer = Trainer(
+                config,
+                workdir,
+                progress=progress,
+                allow_resume_changes=allow_resume_changes,
+                before_writing=lock.create,
+                on_phase=stop.setup_phase,
+            )
             log = RunLogger(config, workdir, trainer, progress=progress)
-            with stop:
-                for first_step in range(trainer.step, last_step, chunk):
-                    dispatched_at = time.perf_counter()
-                    log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
-                    end = first_step + chunk
-                    evaluate_now = end % config.eval_every == 0 or end == config.num_steps
-                    save_now = (
-                        end % config.checkpoint_every == 0
-                        or end == last_step
-                        or stop.signal_name is not None
-                    )
-                    if not (evaluate_now or save_now):
-                        continue
-                    log.drain()
-                    if evaluate_now:
-                        log.evaluation(end, *trainer.evaluate_and_keep_best(end))
-                    if save_now:
-                        trainer.save()
+            stop.phase = None  # from here on a signal is a request the loop answers
+        except StopBeforeTraining as stopped:
+            if trainer is not None:
+                trainer.checkpointer.close()
+            return _stopped_before_training(stopped, stop.step, wall_start)
+        try:
+            if trainer.pending_evaluation:
+                if _evaluate(trainer, log, trainer.step, stop):
+                    trainer.save()  # the same step, its evaluation done
                     log.flush()
-                    if stop.signal_name is not None:
+                else:
+                    log.message(
+                        f"{stop.signal_name} received during the step-{trainer.step} "
+                        "evaluation: stopped; its checkpoint is unchanged; rerun the same "
+                        "command to resume."
+                    )
+            if trainer.step >= last_step and not stop.requested():
+                log.message(
+                    f"step {trainer.step} is already trained (num_steps={config.num_steps}); "
+                    "raise --config.num_steps to train further."
+                )
+            for first_step in range(trainer.step, last_step, chunk):
+                if stop.requested():
+                    break
+                dispatched_at = time.perf_counter()
+                log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+                end = first_step + chunk
+                evaluate_now = end % config.eval_every == 0 or end == config.num_steps
+                if not (evaluate_now or end % config.checkpoint_every == 0 or end == last_step):
+                    if not stop.requested():
+                        continue
+                log.drain()
+                evaluated = _evaluate(trainer, log, end, stop) if evaluate_now else True
+                # Decided after the evaluation: a signal during it is answered by this save.
+                if end % config.checkpoint_every == 0 or end == last_step or stop.requested():
+                    trainer.save(pending_evaluation=not evaluated)
+                    log.flush()
+                    if stop.requested():
                         log.message(
-                            f"{stop.signal_name} received: checkpoint saved at step {end}; "
-                            "rerun the same command to resume."
+                            f"{stop.signal_name} received: checkpoint saved at step {end}"
+                            + ("" if evaluated else " (its evaluation was stopped; it runs first")
+                            + ("" if evaluated else " when the run resumes)")
+                            + "; rerun the same command to resume."
                         )
                         break
+                log.flush()
         finally:
-            if log is not None:
-                log.close()
+            log.close()
             trainer.checkpointer.close()
 
     return RunSummary(
@@ -422,6 +529,38 @@ def train_and_evaluate(
         median_step_ms=log.median_step_ms(),
         resumed_from=trainer.resumed_from,
         interrupted_by=stop.signal_name,
+    )
+
+
+def _evaluate(trainer: Trainer, log: RunLogger, step: int, stop: _StopRequest) -> bool:
+    """Evaluates at `step` and records it; False if a signal stopped it between batches."""
+    results = trainer.evaluate_and_keep_best(step, should_stop=stop.requested)
+    if results is None:
+        return False
+    log.evaluation(step, *results)
+    return True
+
+
+def _stopped_before_training(
+    stopped: StopBeforeTraining, step: int, wall_start: float
+) -> RunSummary:
+    """The summary (and the one line saying so) of a run stopped during its setup."""
+    print(
+        f"{stopped.signal_name} received while {stopped.phase}, before training step "
+        f"{step + 1}: nothing new to save; rerun the same command to resume.",
+        flush=True,
+    )
+    return RunSummary(
+        step=step,
+        train_loss=None,
+        val_loss=None,
+        eval_train_loss=None,
+        best_val_loss=None,
+        wall_time_s=time.perf_counter() - wall_start,
+        compile_time_s=0.0,
+        median_step_ms=None,
+        resumed_from=step or None,
+        interrupted_by=stopped.signal_name,
     )
 
 

@@ -4,6 +4,7 @@ train and eval steps and their jit-compiled, sharded forms (`train.loop` drives 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import chex
@@ -238,11 +239,15 @@ def evaluate(
     seed: int,
     split: str,
     mesh: Mesh | None = None,
-) -> dict[str, float]:
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, float] | None:
     """{"loss": mean next-token loss, term name: its mean} over `num_batches` fixed batches of
-    a split (the same ones every time); eval_fn is `make_eval_step`'s."""
+    a split (the same ones every time); eval_fn is `make_eval_step`'s. None when should_stop()
+    turned true between two batches (a run asked to stop does not wait for a long pass)."""
     totals, count = {}, 0
     for i in range(num_batches):
+        if should_stop is not None and should_stop():
+            return None
         batch = data.get_batch(tokens, batch_size, block_size, seed=seed, step=i, split=split)
         if mesh is not None:
             batch = sharding.put_batch(batch, sharding.batch_sharding(mesh, 2))
