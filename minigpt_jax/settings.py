@@ -67,13 +67,13 @@ class Setting:
             return f"{where}={value!r} is unknown; allowed: {list(self.choices)}."
         if not _has_type(value, self.type):
             words = self.requirement or _type_words(self.type)
-            if self.type is int and self.low == 1 and self.high is None:
+            if self.type is int and self.low == 1:
                 words = "a positive integer"
             return f"{where} must be {words}, got {value!r}."
         if self.type in (int, float) and not self._in_range(value):
             if self.requirement:
                 return f"{where} must be {self.requirement}, got {value!r}."
-            if self.type is int and self.low == 1 and self.high is None:
+            if self.type is int and self.low == 1 and value < 1:
                 return f"{where} must be a positive integer, got {value!r}."
             return f"{where}={value!r} is out of range: it must be {self._range_words()}."
         return None
