@@ -67,16 +67,19 @@ class Setting:
             return f"{where}={value!r} is unknown; allowed: {list(self.choices)}."
         if not _has_type(value, self.type):
             words = self.requirement or _type_words(self.type)
-            if self.type is int and self.low == 1 and self.high is None:
-                words = "a positive integer"
+            if self.type is int and self.low == 1 and not self.requirement:
+                words = self._positive_words()
             return f"{where} must be {words}, got {value!r}."
         if self.type in (int, float) and not self._in_range(value):
             if self.requirement:
                 return f"{where} must be {self.requirement}, got {value!r}."
-            if self.type is int and self.low == 1 and self.high is None:
-                return f"{where} must be a positive integer, got {value!r}."
+            if self.type is int and self.low == 1:
+                return f"{where} must be {self._positive_words()}, got {value!r}."
             return f"{where}={value!r} is out of range: it must be {self._range_words()}."
         return None
+
+    def _positive_words(self) -> str:
+        return "a positive integer" + ("" if self.high is None else f" below {self.high}")
 
     def _in_range(self, value: float) -> bool:
         if not math.isfinite(value):
