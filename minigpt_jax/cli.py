@@ -20,6 +20,8 @@ Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) 
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sys
 
@@ -88,11 +90,18 @@ def _train() -> None:
 
 def _prepare() -> None:
     from minigpt_jax.data.shards import sharded_dataset
-    from minigpt_jax.run_config import complete
+    from minigpt_jax.run_config import check_experiment_config
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
-    config = complete(_CONFIG.value)
+    config = check_experiment_config(_CONFIG.value)
+    if config.data.format != "shards":
+        # Shards that `train` would not read (it encodes a memory corpus itself) are only cost.
+        raise ValueError(
+            f"prepare writes token shards, which only data.format='shards' reads, but this "
+            f"config's data.format is {config.data.format!r}; add --config.data.format=shards "
+            "here and to `train`, or just run `train` (it encodes a memory corpus itself)."
+        )
     dataset = sharded_dataset(
         config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
     )
@@ -100,7 +109,6 @@ def _prepare() -> None:
         f"{len(dataset.train) + len(dataset.val):,} tokens ({len(dataset.train):,} train, "
         f"{len(dataset.val):,} val), {dataset.tokenizer.kind} tokenizer with "
         f"{dataset.tokenizer.vocab_size:,} ids (end-of-text {dataset.tokenizer.eot_id})"
-        + ("" if config.data.format == "shards" else "; train on them with data.format=shards")
     )
 
 
@@ -176,6 +184,8 @@ def _run(argv: list[str]) -> None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
     elif _WORKDIR.value is None and command not in ("lab", "settings"):
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
+    if _WORKDIR.value is not None and not _WORKDIR.value.strip():
+        raise app.UsageError("--workdir is empty: name a run directory, e.g. --workdir runs/x.")
     run = {
         "train": _train,
         "prepare": _prepare,
@@ -191,6 +201,17 @@ def _run(argv: list[str]) -> None:
         # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            if "rerun" not in str(error):
+                where = f" ({error.filename})" if error.filename else ""
+                error = (
+                    f"no space left on the device{where}; free some space, then rerun the same "
+                    "command (a run resumes from its last checkpoint)"
+                )
+            # orbax's writer threads, left with nowhere to write, print tracebacks at exit.
+            print(f"minigpt-jax {command}: error: {error}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
@@ -198,9 +219,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys."""
     config_path = _config_path(argv)
     if config_path:
-        from minigpt_jax.run_config import add_config_root_to_path
+        from minigpt_jax.run_config import add_config_root_to_path, config_file_problem
 
         add_config_root_to_path(config_path.split(":")[0])
+        problem = config_file_problem(config_path)
+        if problem:
+            sys.exit(f"minigpt-jax: error: {problem}")
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:

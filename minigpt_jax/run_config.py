@@ -226,3 +226,32 @@ def load_config_file(spec: str) -> Any:
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.get_config(arg or None)
+
+
+def config_file_problem(spec: str) -> str | None:
+    """None if the config file `path[:arg]` loads and its get_config(arg) returns a ConfigDict;
+    else one line saying what is wrong (a syntax error, no get_config, get_config raising or
+    returning something else), for the command line to print instead of a traceback."""
+    path, _, arg = spec.partition(":")
+    if not Path(path).is_file():
+        return f"--config {path}: no such file; give a config file such as configs/default.py."
+    try:
+        config = load_config_file(spec)
+    except SyntaxError as error:
+        return f"{path}, line {error.lineno}: {error.msg}; fix the config file's syntax."
+    except AttributeError as error:
+        if "get_config" not in str(error):
+            return f"{path} failed to load ({type(error).__name__}: {error})."
+        return (
+            f"{path} defines no get_config(); a config file defines get_config(arg=None) "
+            "returning an ml_collections.ConfigDict (see configs/tiny.py)."
+        )
+    except Exception as error:  # the config file's own code
+        line = str(error).splitlines()[0] if str(error) else "no detail"
+        return f"{path}: get_config({arg or None!r}) raised {type(error).__name__}: {line}; fix it."
+    if not isinstance(config, ml_collections.ConfigDict):
+        return (
+            f"{path}: get_config() returned {type(config).__name__}, not an "
+            "ml_collections.ConfigDict; return the config (see configs/tiny.py)."
+        )
+    return None

@@ -67,16 +67,19 @@ class Setting:
             return f"{where}={value!r} is unknown; allowed: {list(self.choices)}."
         if not _has_type(value, self.type):
             words = self.requirement or _type_words(self.type)
-            if self.type is int and self.low == 1:
-                words = "a positive integer"
+            if self.type is int and self.low == 1 and not self.requirement:
+                words = self._positive_words()
             return f"{where} must be {words}, got {value!r}."
         if self.type in (int, float) and not self._in_range(value):
             if self.requirement:
                 return f"{where} must be {self.requirement}, got {value!r}."
-            if self.type is int and self.low == 1 and value < 1:
-                return f"{where} must be a positive integer, got {value!r}."
+            if self.type is int and self.low == 1:
+                return f"{where} must be {self._positive_words()}, got {value!r}."
             return f"{where}={value!r} is out of range: it must be {self._range_words()}."
         return None
+
+    def _positive_words(self) -> str:
+        return "a positive integer" + ("" if self.high is None else f" below {self.high}")
 
     def _in_range(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -261,26 +264,9 @@ class Optim:
     )
     schedule: str = setting(
         "cosine",
-        "the learning-rate schedule: cosine | constant | wsd, a key of optimizers.SCHEDULES, "
-        "or module:attr",
+        "the learning-rate schedule: a key of optimizers.SCHEDULES, or module:attr",
         TRAJECTORY,
         type=str,
-    )
-    decay_fraction: float = setting(
-        0.2,
-        "wsd: the last fraction of num_steps decays to min_lr",
-        TRAJECTORY,
-        low=0.0,
-        high=1.0,
-    )
-    muon_lr: float = setting(
-        0.02,
-        "muon: the learning rate of the blocks' matrices (AdamW's stays lr)",
-        TRAJECTORY,
-        low=0.0,
-    )
-    muon_momentum: float = setting(
-        0.95, "muon: Nesterov momentum of the blocks' matrices", TRAJECTORY, low=0.0, high=1.0
     )
 
 

@@ -219,3 +219,30 @@ def check_batch_size(batch_size: int, mesh: Mesh) -> None:
 def put_batch(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """Places a host batch that every process holds whole; each device takes its own rows."""
     return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+
+
+def host_memory_available() -> int | None:
+    """Bytes of RAM the host can still give (MemAvailable of /proc/meminfo), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_available(mesh: Mesh) -> int | None:
+    """Bytes the mesh's devices can hold in all: the sum of each accelerator's limit, or the
+    host's free RAM for CPU devices (which share it); None if unknown."""
+    devices = list(mesh.devices.flat)
+    if all(d.platform == "cpu" for d in devices):
+        return host_memory_available()
+    limits = []
+    for device in devices:
+        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+        if not stats or "bytes_limit" not in stats:
+            return None
+        limits.append(int(stats["bytes_limit"]))
+    return sum(limits)

@@ -200,6 +200,24 @@ def test_tokenizer_json_is_read_in_preference(hf_dir, tmp_path, loaded):
     assert again.encode(TEXT[:500]).tolist() == loaded.tokenizer.encode(TEXT[:500]).tolist()
 
 
+@pytest.mark.parametrize("files", [("vocab.json", "merges.txt"), ("tokenizer.json",)])
+def test_add_prefix_space_of_tokenizer_config_is_followed(hf_dir, tmp_path, loaded, files):
+    """tokenizer_config.json's add_prefix_space: true (issue: ignored, "Hello world" was
+    [15496, 995] in GPT-2's files where transformers gives [18435, 995])."""
+    if files == ("tokenizer.json",):
+        loaded.tokenizer.save_gpt2_files(tmp_path)
+        (tmp_path / "vocab.json").unlink()
+    else:
+        for name in files:
+            shutil.copy(hf_dir / name, tmp_path / name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_prefix_space": True}))
+    ours = load_gpt2_tokenizer(tmp_path)
+    theirs = transformers.GPT2TokenizerFast.from_pretrained(tmp_path)
+    for text in ("Hello world", TEXT[:500]):
+        assert ours.encode(text).tolist() == theirs(text)["input_ids"], text
+    assert ours.encode("Hello world").tolist() != loaded.tokenizer.encode("Hello world").tolist()
+
+
 # ----------------------------------------------------------------------------- errors
 
 

@@ -301,20 +301,39 @@ def has_gpt2_tokenizer_files(directory: str | Path) -> bool:
     )
 
 
+def _add_prefix_space(directory: Path) -> bool | None:
+    """tokenizer_config.json's add_prefix_space, None when it does not say."""
+    try:
+        value = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    setting = value.get("add_prefix_space") if isinstance(value, dict) else None
+    return setting if isinstance(setting, bool) else None
+
+
 def load_gpt2_tokenizer(directory: str | Path) -> BPETokenizer:
     """GPT-2's byte-level BPE from a Hugging Face directory: tokenizer.json if present, else
     vocab.json + merges.txt (the pre-tokenizer and decoder GPT-2 uses, <|endoftext|> special).
 
-    Encodes and decodes as `transformers.GPT2TokenizerFast` on the same files.
+    Encodes and decodes as `transformers.GPT2TokenizerFast` on the same files, whose
+    tokenizer_config.json may set add_prefix_space (a space before the text, as inside it).
     """
     directory = Path(directory)
+    prefix_space = _add_prefix_space(directory)
     if (directory / "tokenizer.json").is_file():
         try:
-            return BPETokenizer(HFTokenizer.from_file(str(directory / "tokenizer.json")))
+            hf = HFTokenizer.from_file(str(directory / "tokenizer.json"))
         except Exception as error:  # the Rust library raises a bare Exception
             raise ValueError(
                 f"{directory / 'tokenizer.json'} is not a Hugging Face tokenizer file ({error})."
             ) from error
+        if prefix_space is not None and hf.pre_tokenizer is not None:
+            # What transformers does: the config's add_prefix_space overrides the file's.
+            state = json.loads(hf.pre_tokenizer.__getstate__())
+            if state.get("add_prefix_space", prefix_space) != prefix_space:
+                kind = getattr(pre_tokenizers, state.pop("type"))
+                hf.pre_tokenizer = kind(**{**state, "add_prefix_space": prefix_space})
+        return BPETokenizer(hf)
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         raise FileNotFoundError(
@@ -327,7 +346,7 @@ def load_gpt2_tokenizer(directory: str | Path) -> BPETokenizer:
         raise ValueError(
             f"{vocab} and {merges} are not a GPT-2 BPE vocabulary ({error})."
         ) from error
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(prefix_space))
     hf.decoder = decoders.ByteLevel()
     if hf.token_to_id(GPT2_EOT) is not None:
         hf.add_special_tokens([AddedToken(GPT2_EOT, special=True)])

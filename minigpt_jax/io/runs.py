@@ -54,6 +54,16 @@ def sample_texts(
     `generate` call seeded by `seed`."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(prompt[error.start])
+        # The command line hands undecodable bytes over as lone surrogates U+DC80..U+DCFF.
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        raise ValueError(
+            f"the prompt is not valid UTF-8 text ({what} at character {error.start}); pass "
+            "UTF-8 (check the terminal's encoding, e.g. LANG=C.UTF-8)."
+        ) from None
     prompt_ids = tokenizer.encode(prompt)
     if prompt_ids.size == 0:
         raise ValueError("the prompt is empty: give at least one character, e.g. --prompt='\\n'.")

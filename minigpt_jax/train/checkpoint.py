@@ -15,6 +15,7 @@ the same command always resumes.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -123,7 +124,7 @@ def newest_intact_step(manager, wait_for_digest_s: float = 0.0) -> int | None:
         if not step_dir.is_dir():
             vanished = True  # rotated away while it was checked
             continue
-        if problem not in (None, UNVERIFIED) and _superseded(directory, step):
+        if problem not in (None, UNVERIFIED) and _superseded(directory, step, steps):
             raise CheckpointVanished(f"{step_dir} was being removed while it was checked.")
         if problem == UNVERIFIED:
             # orbax renames a step into place only once its save is complete
@@ -162,13 +163,17 @@ def _digest_problem(step_dir: Path) -> str | None:
         return "damaged: removed while it was checked"
 
 
-def _superseded(directory: Path, step: int) -> bool:
-    """Whether `step` is gone or a newer step exists now: a trainer beside a reader deletes a
-    step only once a newer one is complete, so a read that failed then is a race, not damage."""
-    step_dir = directory / str(step)
-    if not step_dir.is_dir():
+def _superseded(directory: Path, step: int, listed) -> bool:
+    """Whether `step` is gone, or a newer step than those `listed` before it was read exists
+    now: a trainer beside a reader deletes a step only once a newer one is complete, so a read
+    that failed then is a race, not damage."""
+    if not (directory / str(step)).is_dir():
         return True
-    return any(p.name.isdigit() and int(p.name) > step for p in directory.iterdir())
+    listed = set(listed)
+    return any(
+        p.name.isdigit() and int(p.name) > step and int(p.name) not in listed
+        for p in directory.iterdir()
+    )
 
 
 def _others_have_digests(steps: list[int], step: int, directory: Path) -> bool:
@@ -181,7 +186,22 @@ def _save(manager, step: int, args, write: bool, keep: int) -> None:
     leftovers of an interrupted or replaced trajectory.)"""
     if step in manager.all_steps():
         manager.delete(step)
-    manager.save(step, args=args, force=True)
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.CRITICAL)  # orbax logs each failed write with its traceback
+    try:
+        manager.save(step, args=args, force=True)
+    except Exception as error:
+        if not _disk_full(error):
+            raise
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on the device of {manager.directory} while saving step {step}; "
+            "the earlier checkpoints are kept. Free some space (or lower keep_checkpoints), "
+            "then rerun the same command to resume",
+        ) from None
+    finally:
+        absl_logger.setLevel(level)
     if write:
         write_digest(Path(manager.directory) / str(step))
     before = sorted(s for s in manager.all_steps() if s < step)
@@ -189,6 +209,17 @@ def _save(manager, step: int, args, write: bool, keep: int) -> None:
         s for s in manager.all_steps() if s > step
     ]:
         manager.delete(old)
+
+
+def _disk_full(error: BaseException) -> bool:
+    """Whether a save failed for want of space (tensorstore says RESOURCE_EXHAUSTED)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "RESOURCE_EXHAUSTED" in str(error) or "No space left" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class Checkpointer:
@@ -269,7 +300,7 @@ def _restore(manager, step: int, args) -> Any:
     try:
         return manager.restore(step, args=args)
     except Exception as error:  # orbax/tensorstore raise many types for unreadable files
-        if _superseded(step_dir.parent, step):
+        if _superseded(step_dir.parent, step, manager.all_steps()):
             raise CheckpointVanished(
                 f"{step_dir} was removed while it was read (a trainer keeps only its newest "
                 "checkpoints); read again."
@@ -334,7 +365,7 @@ def _load_newest(directory: Path, item: str, which: str) -> tuple[Any, dict]:
             try:
                 target = _on_one_device(manager, step, item)
             except Exception:  # orbax raises many types for a vanished step
-                if not _superseded(directory, step):
+                if not _superseded(directory, step, manager.all_steps()):
                     raise
                 continue
             args = ocp.args.Composite(

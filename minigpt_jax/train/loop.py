@@ -37,6 +37,7 @@ from minigpt_jax.train.step import (
     make_init_state,
     make_train_chunk,
     state_shardings,
+    train_bytes_lower_bound,
 )
 
 Array = chex.Array
@@ -162,6 +163,10 @@ class Trainer:
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
         self.micro_batch_size = config.batch_size // config.grad_accum_steps
         sharding.check_batch_size(self.micro_batch_size, self.mesh)
+        if self.pretrained is not None:
+            self._check_memory(self.pretrained.cfg.vocab_size)
+        else:  # a char vocabulary is known once the corpus is read: counted as 1 until then
+            self._check_memory(config.data.vocab_size if config.data.tokenizer == "bpe" else 1)
         self._on_phase("checking the checkpoints", 0)
         latest = self.checkpointer.latest_step()
         if latest is not None:
@@ -179,10 +184,30 @@ class Trainer:
         )
         vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
         self.cfg = gpt_config_from(config, vocab_size)
+        self._check_memory(vocab_size)
         if self.pretrained is not None and latest is None:
             check_fits(self.pretrained.cfg, self.cfg)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
         self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
+
+    def _check_memory(self, vocab_size: int) -> None:
+        """Refuses, before any array is allocated, a run whose state, batches, logits and
+        residual stream alone (train_bytes_lower_bound, from shapes) exceed the devices'
+        memory."""
+        config = self.config
+        available = sharding.memory_available(self.mesh)
+        if available is None:
+            return
+        batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
+        cfg = gpt_config_from(config, vocab_size)
+        needed = train_bytes_lower_bound(cfg, self.tx, self.micro_batch_size, batches)
+        if needed > available:
+            raise ValueError(
+                f"this run needs at least {needed / 2**30:.1f} GiB (train state, one call's "
+                f"batches, one micro-batch's logits; activations on top) but the devices have "
+                f"{available / 2**30:.1f} GiB available; use a smaller model (n_layer, n_embd), "
+                "a smaller batch_size or steps_per_call, or more grad_accum_steps."
+            )
 
     def _check_resume(self, latest: int, saved_meta: dict, cfg: GPTConfig) -> list[str]:
         """The accepted trajectory changes of resuming checkpoint `latest`; raises ValueError

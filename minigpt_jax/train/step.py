@@ -256,3 +256,20 @@ def evaluate(
             totals[key] = totals.get(key, 0.0) + float(value)
         count += int(n)
     return {key: total / count for key, total in totals.items()}
+
+
+def train_bytes_lower_bound(
+    cfg: GPTConfig, tx: optax.GradientTransformation, micro_batch_size: int, batches_shape
+) -> int:
+    """A lower bound on the bytes a run holds at once, from shapes only (nothing allocated):
+    the train state (params and optimizer moments, jax.eval_shape), the batches of one call
+    (batches_shape: (steps_per_call, batch_size, block_size + 1) int32), one micro-batch's
+    float32 logits with their gradient (a chunk of them with loss_chunk) and its residual
+    stream at every layer's input, which the backward pass keeps even with remat. Everything
+    else the activations take comes on top."""
+    state = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
+    state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state))
+    tokens = micro_batch_size * cfg.block_size
+    logits_bytes = 2 * 4 * min(tokens, cfg.loss_chunk or tokens) * cfg.padded_vocab_size
+    residual_bytes = cfg.n_layer * tokens * cfg.n_embd * jnp.dtype(cfg.dtype).itemsize
+    return state_bytes + 4 * int(np.prod(batches_shape)) + logits_bytes + residual_bytes
