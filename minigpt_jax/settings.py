@@ -264,9 +264,26 @@ class Optim:
     )
     schedule: str = setting(
         "cosine",
-        "the learning-rate schedule: a key of optimizers.SCHEDULES, or module:attr",
+        "the learning-rate schedule: cosine | constant | wsd, a key of optimizers.SCHEDULES, "
+        "or module:attr",
         TRAJECTORY,
         type=str,
+    )
+    decay_fraction: float = setting(
+        0.2,
+        "wsd: the last fraction of num_steps decays to min_lr",
+        TRAJECTORY,
+        low=0.0,
+        high=1.0,
+    )
+    muon_lr: float = setting(
+        0.02,
+        "muon: the learning rate of the blocks' matrices (AdamW's stays lr)",
+        TRAJECTORY,
+        low=0.0,
+    )
+    muon_momentum: float = setting(
+        0.95, "muon: Nesterov momentum of the blocks' matrices", TRAJECTORY, low=0.0, high=1.0
     )
 
 
