@@ -222,23 +222,20 @@ def _record(step, config, seconds, val_loss, train_loss) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
-def run_contestant(name: str, data_dir: str, eval_every: int) -> list[dict]:
-    """One contestant in a fresh process: its records (its clock starts with that process)."""
+def run_contestant(
+    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None
+) -> list[dict]:
+    """One contestant in a fresh process: its records (its clock starts with that process);
+    `overrides` ({dotted key: value}) and `stop_below` as for `run_jax`."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         path = out.name
     command = [
-        sys.executable,
-        "-m",
-        "benchmarks.time_to_loss",
-        "--worker",
-        name,
-        "--data_dir",
-        data_dir,
-        "--eval_every",
-        str(eval_every),
-        "--out",
-        path,
-    ]
+        sys.executable, "-m", "benchmarks.time_to_loss", "--worker", name,
+        "--data_dir", data_dir, "--eval_every", str(eval_every), "--out", path,
+        "--overrides", json.dumps(overrides or {}),
+    ]  # fmt: skip
+    if stop_below is not None:
+        command += ["--stop_below", str(stop_below)]
     subprocess.run(command, check=True, cwd=REPO)
     records = json.loads(Path(path).read_text())
     os.unlink(path)

@@ -75,24 +75,26 @@ def table(rows: list[tuple[str, dict]], reference: dict) -> list[str]:
     return lines
 
 
-def figure(removed, added, path: Path) -> None:
+def figure(panels: list[tuple[str, list]], target: float, path: Path) -> None:
+    """One panel per ablation: each variant's val loss at its last evaluation (where it reached
+    the target, or at the end of its budget), the target as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=False)
-    for axis, rows, title in (
-        (axes[0], removed, "speedrun minus one trick"),
-        (axes[1], added, "course config plus one trick"),
-    ):
-        labels = [label for label, _ in rows]
-        seconds = [r["seconds"] if r["seconds"] is not None else 0 for _, r in rows]
-        colors = ["tab:red" if r["seconds"] is None else "tab:blue" for _, r in rows]
-        axis.barh(range(len(rows)), seconds, color=colors)
-        axis.set_yticks(range(len(rows)), labels, fontsize=8)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for axis, (title, rows) in zip(axes[0], panels, strict=True):
+        losses = [r["last_val_loss"] for _, r in rows]
+        colors = ["tab:blue" if r["seconds"] is not None else "tab:red" for _, r in rows]
+        axis.barh(range(len(rows)), losses, color=colors)
+        axis.axvline(target, color="black", linestyle="--", linewidth=0.8)
+        axis.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
         axis.invert_yaxis()
-        axis.set(xlabel="seconds to target (red: not reached)", title=title)
+        axis.set_xlim(min(losses) - 0.05, max(losses) + 0.05)
+        axis.set(
+            xlabel=f"val loss at the last evaluation (blue: reached {target:.4f})", title=title
+        )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -130,7 +132,10 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     (out / "ablation.md").write_text("\n".join(lines) + "\n")
     (out / "ablation.json").write_text(json.dumps({"removed": removed, "added": added}))
-    figure(removed, added or [("course config", speedrun)], out / "ablation.png")
+    panels = [("speedrun minus one trick", removed)]
+    if added:
+        panels.append(("course config plus one trick", added))
+    figure(panels, args.target, out / "ablation.png")
     print(f"wrote {out / 'ablation.md'}, {out / 'ablation.png'}")
 
 
