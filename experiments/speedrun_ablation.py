@@ -110,16 +110,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval_every", type=int, default=50)
     parser.add_argument("--out", default="results/ablation")
     parser.add_argument("--skip_added", action="store_true", help="only remove tricks")
+    parser.add_argument("--skip_removed", action="store_true", help="only add tricks")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    speedrun = run("speedrun", {}, args)
-    removed = [("speedrun (all tricks)", speedrun)]
-    for label, undo, _ in TRICKS:
-        removed.append((f"− {label}", run("speedrun", undo, args)))
-        print(removed[-1][0], removed[-1][1]["seconds"], removed[-1][1]["steps"], flush=True)
-    lines = ["Removing one trick from the speedrun:", *table(removed, speedrun)]
+    removed, lines = [], []
+    if not args.skip_removed:
+        speedrun = run("speedrun", {}, args)
+        removed = [("speedrun (all tricks)", speedrun)]
+        for label, undo, _ in TRICKS:
+            removed.append((f"− {label}", run("speedrun", undo, args)))
+            print(removed[-1][0], removed[-1][1]["seconds"], removed[-1][1]["steps"], flush=True)
+        lines = ["Removing one trick from the speedrun:", *table(removed, speedrun)]
     added = []
     if not args.skip_added:
         course = run("course", {}, args)
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     (out / "ablation.md").write_text("\n".join(lines) + "\n")
     (out / "ablation.json").write_text(json.dumps({"removed": removed, "added": added}))
-    panels = [("speedrun minus one trick", removed)]
+    panels = [("speedrun minus one trick", removed)] if removed else []
     if added:
         panels.append(("course config plus one trick", added))
     figure(panels, args.target, out / "ablation.png")
