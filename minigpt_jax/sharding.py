@@ -246,3 +246,20 @@ def memory_available(mesh: Mesh) -> int | None:
             return None
         limits.append(int(stats["bytes_limit"]))
     return sum(limits)
+
+
+def memory_per_device(mesh: Mesh) -> tuple[int, int] | None:
+    """(bytes one device may hold, devices sharing that figure) for this process's devices of
+    the mesh: each accelerator's limit (the smallest), shared by 1; or the host's free RAM,
+    shared by every local CPU device. None if unknown."""
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    if all(d.platform == "cpu" for d in local):
+        free = host_memory_available()
+        return None if free is None else (free, len(local))
+    limits = []
+    for device in local:
+        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+        if not stats or "bytes_limit" not in stats:
+            return None
+        limits.append(int(stats["bytes_limit"]))
+    return min(limits), 1

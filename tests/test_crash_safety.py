@@ -280,11 +280,14 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
 
 
 @pytest.mark.slow
+# An unraisable error (orbax's unfinished sibling reads of a read that failed printed 84
+# "Exception ignored in: <coroutine ...>" reports here) fails the test.
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
     """load_params (latest and best), perplexity (`minigpt-jax eval`) and sampling in a loop
     while a trainer saves, and rotates away, a checkpoint every step (issue: 26 of 352 reads
     failed with "written by a different version", eval with [Errno 2]): every read succeeds,
-    with no warning."""
+    with no warning and no report on stderr."""
     from minigpt_jax.io.evaluate import perplexity_of
     from minigpt_jax.io.runs import sample_from_workdir
 
@@ -654,7 +657,7 @@ def test_empty_workdir_is_refused(corpus_file, tmp_path):
         ),
         (
             ["--config.model.n_layer=48", "--config.model.n_embd=8192", "--config.model.n_head=64"],
-            "GiB (train state, one call's batches, one micro-batch's logits; activations on top)",
+            "GiB (train state, one call's batches, one micro-batch's logits and what its backward",
         ),
     ],
 )
@@ -670,6 +673,37 @@ def test_what_cannot_fit_is_refused_before_the_work(corpus_file, tmp_path, extra
     line = _one_line_error(args)
     assert message in line and ("data.format=shards" in line or "grad_accum_steps" in line)
     assert not workdir.exists()
+
+
+def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, tmp_path):
+    """batch_size=1000000 on the tiny config (issue: XLA's 'Out of memory allocating
+    157952004292 bytes' traceback after compiling) is one line with the fix: from shapes
+    before anything is written where the lower bound already exceeds the RAM, else from XLA's
+    account of the compiled step before it runs. Half the RAM by the lower bound takes the
+    second path (the compiled step holds ~6x more), and the run directory then still trains
+    with a batch that fits."""
+    from configs import tiny
+    from minigpt_jax.run_config import check_experiment_config, gpt_config_from
+    from minigpt_jax.sharding import host_memory_available
+    from minigpt_jax.train.optimizers import make_optimizer
+    from minigpt_jax.train.step import train_bytes_lower_bound
+
+    line = _one_line_error(_train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
+    assert "GiB" in line and "a smaller batch_size" in line and "grad_accum_steps" in line
+    assert not (tmp_path / "a" / "checkpoints").exists() or not _steps(tmp_path / "a" / "checkpoints")
+
+    config = check_experiment_config(tiny.get_config())
+    cfg, tx = gpt_config_from(config, 65), make_optimizer(config.optim, config.num_steps)[0]
+    bound = lambda b: train_bytes_lower_bound(cfg, tx, b, (1, b, cfg.block_size + 1))  # noqa: E731
+    per_sequence = (bound(2000) - bound(1000)) / 1000
+    batch = int(0.5 * host_memory_available() / per_sequence)
+    workdir = tmp_path / "b"
+    line = _one_line_error(_train_args(workdir, corpus_file, f"--config.batch_size={batch}"))
+    assert line.startswith("minigpt-jax train: error: the compiled train step needs ")
+    assert "XLA's account" in line and "so nothing was trained; use a smaller batch_size" in line
+    assert not _steps(workdir / "checkpoints")
+    rerun = _run(_train_args(workdir, corpus_file, "--config.num_steps=4"))
+    assert rerun.returncode == 0 and rerun.stdout.splitlines()[-1].startswith("step 4:")
 
 
 def test_prepare_refuses_shards_that_train_would_not_read(corpus_file, tmp_path):
@@ -695,15 +729,57 @@ def test_disk_full_during_a_save_is_one_line(corpus_file, tmp_path):
         args = _train_args(workdir, corpus_file, "--config.num_steps=400")
         result = _run(args + ["--config.keep_checkpoints=100"])
         assert result.returncode == 1
-        # TODO(issue 22): tensorstore's callbacks of the failed writes sometimes still print
-        # "Event loop is closed" tracebacks from orbax's threads before this line.
-        assert "minigpt_jax" not in result.stderr.replace("minigpt-jax train: error", "")
-        line = result.stderr.strip().splitlines()[-1]
+        # Before, tensorstore's callbacks of the failed writes often printed "Event loop is
+        # closed" tracebacks (unraisable errors of orbax's closed asyncio loop) before it.
+        (line,) = result.stderr.strip().splitlines()
         assert line.startswith("minigpt-jax train: error: ") and "no space left on the" in line
         assert "then rerun the same command" in line
         assert load_params(workdir)[0]
     finally:
         subprocess.run(["umount", str(mount)])
+
+
+def test_only_orbax_leftovers_are_silenced():
+    """The unraisable-error filter drops orbax's two leftover reports and passes on the rest."""
+    import asyncio
+
+    from minigpt_jax.train import checkpoint
+
+    seen = []
+    previous, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        checkpoint._drop_orbax_leftover_reports()
+        loop = asyncio.new_event_loop()
+        loop.close()
+        try:
+            loop.call_soon_threadsafe(print)
+        except RuntimeError as error:
+            closed_loop = error
+        sys.unraisablehook(_Unraisable(closed_loop, closed_loop.__traceback__, None))
+        other = ValueError("Event loop is closed")
+        sys.unraisablehook(_Unraisable(other, None, None))
+        sys.unraisablehook(_Unraisable(RuntimeError("boom"), None, _coroutine_of("orbax")))
+        sys.unraisablehook(_Unraisable(RuntimeError("boom"), None, _coroutine_of("elsewhere")))
+    finally:
+        sys.unraisablehook = previous
+    assert [u.exc_value for u in seen][0] is other and len(seen) == 2
+    assert "elsewhere" in seen[1].object.cr_code.co_filename
+
+
+class _Unraisable:
+    def __init__(self, exc_value, exc_traceback, obj):
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc_value), exc_value, exc_traceback
+        self.object, self.err_msg = obj, None
+
+
+def _coroutine_of(package):
+    """A coroutine whose code object says it was defined in site-packages/<package>/x.py."""
+    namespace = {}
+    filename = os.path.join(os.sep, "site-packages", package, "x.py")
+    exec(compile("async def read():\n    pass\n", filename, "exec"), namespace)
+    coroutine = namespace["read"]()
+    coroutine.close()
+    return coroutine
 
 
 def test_prompt_that_is_not_utf8_is_one_line(reference):

@@ -290,3 +290,23 @@ class DenseGradTest(chex.TestCase):
         direct_loss, direct_grads = loss_and_grad(_params(cfg), direct, tokens)
         chex.assert_trees_all_close(direct_loss, loss, rtol=1e-6, atol=1e-6)
         chex.assert_trees_all_close(direct_grads, grads, rtol=1e-5, atol=1e-7)
+
+
+def test_cross_entropy_equals_optax_values_and_gradients():
+    """The read-out's cross-entropy is optax's softmax_cross_entropy_with_integer_labels
+    (values and gradients bit for bit), without its gather whose gradient XLA folds."""
+    import optax
+
+    from minigpt_jax.model.losses import cross_entropy
+
+    logits_ExV = 5 * jax.random.normal(jax.random.key(0), (300, 65))
+    targets_E = jax.random.randint(jax.random.key(1), (300,), 0, 65)
+    reference = optax.softmax_cross_entropy_with_integer_labels
+    np.testing.assert_array_equal(
+        cross_entropy(logits_ExV, targets_E), reference(logits_ExV, targets_E)
+    )
+    grads = [
+        jax.grad(lambda x, f=f: f(x, targets_E).mean())(logits_ExV)
+        for f in (cross_entropy, reference)
+    ]
+    np.testing.assert_array_equal(*grads)

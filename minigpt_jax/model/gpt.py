@@ -26,14 +26,13 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import NORM_EPS, NORMS, activation_fn
-from minigpt_jax.model.losses import CROSS_ENTROPY, term_name, term_values
+from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy, term_name, term_values
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -342,7 +341,7 @@ def chunked_cross_entropy(
         """values_ZxE: the cross-entropy, then each term (Z = 1 + terms)."""
         h_ExD, targets_E = args
         logits_ExV = read_out(h_ExD, weight, cfg)[:, : cfg.vocab_size]
-        losses_E = optax.softmax_cross_entropy_with_integer_labels(logits_ExV, targets_E)
+        losses_E = cross_entropy(logits_ExV, targets_E)
         return jnp.stack([losses_E, *term_values(terms, logits_ExV, targets_E)])
 
     if num_chunks == 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,38 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read, or does not fit this run."""
 
 
+def _drop_orbax_leftover_reports() -> None:
+    """Silences, for the rest of the process, two harmless reports of orbax's asyncio work that
+    Python prints as unraisable errors: tensorstore completing a write (a failed one on a full
+    disk, or one at shutdown) after orbax closed the loop that awaited it ("Event loop is
+    closed"), and the sibling reads of a read that failed (a step rotated away under a reader;
+    the failure itself is raised and handled) collected unfinished. Every other unraisable
+    error still reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_orbax_leftovers", False):
+        return
+
+    def hook(unraisable) -> None:
+        if not _is_orbax_leftover(unraisable):
+            previous(unraisable)
+
+    hook.drops_orbax_leftovers = True
+    sys.unraisablehook = hook
+
+
+def _is_orbax_leftover(unraisable) -> bool:
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        traceback = unraisable.exc_traceback
+        while traceback is not None and traceback.tb_next is not None:
+            traceback = traceback.tb_next
+        return traceback is not None and "asyncio" in traceback.tb_frame.f_code.co_filename
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine collected unfinished
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
 def _manager(directory: Path, items: tuple[str, ...], read_only=False):
+    _drop_orbax_leftover_reports()
     options = ocp.CheckpointManagerOptions(
         # Old steps are deleted by _save once the new one's digest is written, not by orbax
         # before that: a crash in between must leave an intact step to resume from.

@@ -32,6 +32,7 @@ from minigpt_jax.train.resume import check_resume
 from minigpt_jax.train.run_lock import RunLock
 from minigpt_jax.train.step import (
     TrainState,
+    compiled_bytes,
     evaluate,
     make_eval_step,
     make_init_state,
@@ -204,7 +205,8 @@ class Trainer:
         if needed > available:
             raise ValueError(
                 f"this run needs at least {needed / 2**30:.1f} GiB (train state, one call's "
-                f"batches, one micro-batch's logits; activations on top) but the devices have "
+                f"batches, one micro-batch's logits and what its backward pass keeps of each "
+                f"layer) but the devices have "
                 f"{available / 2**30:.1f} GiB available; use a smaller model (n_layer, n_embd), "
                 "a smaller batch_size or steps_per_call, or more grad_accum_steps."
             )
@@ -243,8 +245,30 @@ class Trainer:
             .lower(self.state, self.batches_from(self.step))
             .compile()
         )
+        self._check_compiled_memory()
         self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params, self.terms)
         self.compile_time_s = time.perf_counter() - compile_start
+
+    def _check_compiled_memory(self) -> None:
+        """Refuses, before the first step runs, a train chunk that XLA's account of the compiled
+        program says will not fit (the shape-based lower bound of _check_memory misses the
+        activations' temporaries)."""
+        account, room = compiled_bytes(self._train_chunk), sharding.memory_per_device(self.mesh)
+        if account is None or room is None:
+            return
+        (total, arguments), (available, sharing) = account, room
+        on_cpu = _on_cpu(self.mesh)
+        # CPU devices share the host's free RAM, which already holds the state and batches.
+        needed = (total - arguments) * sharing if on_cpu else total
+        if needed > available:
+            where = "the host has" if on_cpu else "each device has"
+            raise ValueError(
+                f"the compiled train step needs {needed / 2**30:,.1f} GiB (XLA's account: "
+                f"{total / 2**30:,.1f} GiB per device, arguments included) but {where} "
+                f"{available / 2**30:,.1f} GiB available, so nothing was trained; use a smaller "
+                "batch_size or steps_per_call, more grad_accum_steps, model.remat=full, or a "
+                "smaller model (n_layer, n_embd), then rerun."
+            )
 
     @property
     def step(self) -> int:
@@ -608,6 +632,10 @@ def non_finite_error(what: str, step: int, checkpointer: Checkpointer) -> Floati
             else "No checkpoint was saved yet; lower optim.lr and start again."
         )
     )
+
+
+def _on_cpu(mesh) -> bool:
+    return all(d.platform == "cpu" for d in mesh.devices.flat)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -6,6 +6,7 @@ any moment leaves at most a torn trailing line; `read_metrics` drops such a tail
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -50,7 +51,10 @@ class MetricsWriter:
         data = _line(record).encode()
         written = os.write(self._fd, data)  # O_APPEND: one write, one whole line
         if written != len(data):  # a full disk; never leave half a line in the middle
-            raise OSError(f"{self.path}: wrote {written} of {len(data)} bytes (disk full?).")
+            # (read_metrics drops the torn tail this leaves)
+            raise OSError(
+                errno.ENOSPC, f"wrote {written} of {len(data)} bytes of a record", str(self.path)
+            )
         if tensorboard:
             for key, value in metrics.items():
                 self._tensorboard.add_scalar(key, value, int(step))
