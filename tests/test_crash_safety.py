@@ -690,7 +690,8 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
 
     line = _one_line_error(_train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
     assert "GiB" in line and "a smaller batch_size" in line and "grad_accum_steps" in line
-    assert not (tmp_path / "a" / "checkpoints").exists() or not _steps(tmp_path / "a" / "checkpoints")
+    saved = tmp_path / "a" / "checkpoints"
+    assert not saved.exists() or not _steps(saved)
 
     config = check_experiment_config(tiny.get_config())
     cfg, tx = gpt_config_from(config, 65), make_optimizer(config.optim, config.num_steps)[0]
@@ -768,8 +769,8 @@ def test_only_orbax_leftovers_are_silenced():
 
 class _Unraisable:
     def __init__(self, exc_value, exc_traceback, obj):
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc_value), exc_value, exc_traceback
-        self.object, self.err_msg = obj, None
+        self.exc_type, self.exc_value = type(exc_value), exc_value
+        self.exc_traceback, self.object, self.err_msg = exc_traceback, obj, None
 
 
 def _coroutine_of(package):
