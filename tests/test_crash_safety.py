@@ -318,8 +318,11 @@ def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
         _, stderr = trainer.communicate()
     assert trainer.returncode == 0, stderr
     assert min(reads.values()) >= 5, reads
-    ours = [r for r in caplog.records if r.name.startswith("minigpt_jax")]
-    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
+    # Also asyncio's "Future exception was never retrieved" ERRORs of orbax's reads of a step
+    # deleted under them (58 here before), and any "step without a digest: using it
+    # unverified" of a step caught mid-deletion (its digest goes first).
+    shown = [r for r in caplog.records if r.name.startswith(("minigpt_jax", "asyncio"))]
+    assert [r.getMessage()[:300] for r in shown if r.levelno >= logging.WARNING] == []
 
 
 # ----------------------------------------------------------------------------- crash windows

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,9 @@ def _drop_orbax_leftover_reports() -> None:
     Python prints as unraisable errors: tensorstore completing a write (a failed one on a full
     disk, or one at shutdown) after orbax closed the loop that awaited it ("Event loop is
     closed"), and the sibling reads of a read that failed (a step rotated away under a reader;
-    the failure itself is raised and handled) collected unfinished. Every other unraisable
-    error still reaches the previous hook."""
+    the failure itself is raised and handled) collected unfinished, which asyncio also logs
+    ("exception was never retrieved"). Every other unraisable error still reaches the previous
+    hook, and every other asyncio record its logger."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_orbax_leftovers", False):
         return
@@ -59,6 +61,33 @@ def _drop_orbax_leftover_reports() -> None:
 
     hook.drops_orbax_leftovers = True
     sys.unraisablehook = hook
+    # asyncio logs the same sibling reads, when their future is collected, as an ERROR, and
+    # Python warns of those never started.
+    logging.getLogger("asyncio").addFilter(_not_an_orbax_read_never_retrieved)
+    warnings.filterwarnings(
+        "ignore", r"coroutine '.*' was never awaited", RuntimeWarning, r"orbax\."
+    )
+
+
+def _not_an_orbax_read_never_retrieved(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if "exception was never retrieved" not in message:
+        return True
+    if any(word in message for word in ("TensorStore", "tensorstore", "OCDBT")):
+        return False
+    return not (record.exc_info and _raised_in_orbax(record.exc_info[1]))
+
+
+def _raised_in_orbax(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, passed through orbax's code."""
+    while error is not None:
+        traceback = error.__traceback__
+        while traceback is not None:
+            if f"{os.sep}orbax{os.sep}" in traceback.tb_frame.f_code.co_filename:
+                return True
+            traceback = traceback.tb_next
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _is_orbax_leftover(unraisable) -> bool:
@@ -156,7 +185,9 @@ def newest_intact_step(manager, wait_for_digest_s: float = 0.0) -> int | None:
         if not step_dir.is_dir():
             vanished = True  # rotated away while it was checked
             continue
-        if problem not in (None, UNVERIFIED) and _superseded(directory, step, steps):
+        # A step being rotated away loses its digest first; unverified, it is that when a
+        # newer step appeared since the listing.
+        if problem is not None and _superseded(directory, step, steps):
             raise CheckpointVanished(f"{step_dir} was being removed while it was checked.")
         if problem == UNVERIFIED:
             # orbax renames a step into place only once its save is complete
