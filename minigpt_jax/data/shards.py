@@ -55,8 +55,8 @@ from minigpt_jax.data.tokenizers import (
     _codepoints,
     load_tokenizer,
 )
+from minigpt_jax.locks import lock_file, write_holder
 from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
-from minigpt_jax.train.run_lock import lock_file, write_holder
 
 _log = logging.getLogger(__name__)
 
