@@ -11,17 +11,21 @@ rest the validation split, as for in-memory corpora (data.split_tokens).
 Layout of a shards directory:
   tokenizer.json          the tokenizer, with an end-of-text id
   tokens_000000.bin ...   the token stream, shard_tokens tokens per shard (the last fewer)
-  manifest.json           written last: inputs and tokenizer fingerprints, counts, split, and
-                          each shard's sha256 and largest id
+  manifest.json           written last: inputs and tokenizer fingerprints, counts, split (with
+                          the distinct ids of each split), and each shard's sha256
+  verified.json           each shard's stat (size, mtime, inode, ctime) when it was last read in
+                          full and found to match the manifest, with its largest id
   progress.json           only while preparing: where to resume after an interruption
   prepare.lock            an OS lock held while preparing: a second prepare is refused
 
 Shards are written as `.part` files and renamed when full; progress is recorded after every
 batch, so a killed prepare resumes where it stopped and writes the same shards as an
 uninterrupted one. A run that finds its shards prepared checks every shard against the manifest
-(size, sha256, ids inside the vocabulary: one read of each) and prepares them again, with a
-warning, when one was damaged or edited. `load_shards` maps them read-only (`TokenStream`);
-nothing is read into RAM.
+(`verify_shards`: size, sha256, ids inside the vocabulary) and prepares them again, with a
+warning, when one was damaged or edited. A shard is read for that only when its stat differs
+from the one verified.json recorded (any write changes its ctime, a replacement its inode), so
+a start on unchanged shards reads none of them. `load_shards` maps them read-only
+(`TokenStream`); nothing is read into RAM.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -55,6 +60,7 @@ from minigpt_jax.data.tokenizers import (
     _codepoints,
     load_tokenizer,
 )
+from minigpt_jax.digests import sha256_file
 from minigpt_jax.locks import lock_file, write_holder
 from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
 
@@ -63,6 +69,8 @@ _log = logging.getLogger(__name__)
 FORMAT = "minigpt_jax.data.shards/1"
 MANIFEST_FILENAME = "manifest.json"
 PROGRESS_FILENAME = "progress.json"
+VERIFIED_FILENAME = "verified.json"
+VERIFIED_FORMAT = "minigpt_jax.data.shards.verified/1"
 LOCK_FILENAME = "prepare.lock"  # held by the one process preparing the directory
 _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core
 
@@ -263,11 +271,32 @@ def prepare_shards(
             "sharded corpora put an end-of-text id between documents, but this tokenizer has "
             "none (it was made for an in-memory corpus); use a fresh workdir."
         )
-    fingerprint = inputs_fingerprint(sources)
-    wanted = {"format": FORMAT, "inputs_fingerprint": fingerprint, "settings": settings.as_dict()}
-    manifest = _prepared(directory, wanted, tokenizer)
+    wanted = _wanted(sources, settings)
+    manifest, stamp = _prepared(directory, wanted, tokenizer)
     if manifest is not None:
+        _write_stamp(directory, stamp)
         return manifest
+    return _prepare_under_lock(directory, sources, settings, wanted, tokenizer, progress)
+
+
+def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
+    """What a manifest must record for its shards to be these inputs' under these settings."""
+    return {
+        "format": FORMAT,
+        "inputs_fingerprint": inputs_fingerprint(sources),
+        "settings": settings.as_dict(),
+    }
+
+
+def _prepare_under_lock(
+    directory: Path,
+    sources: list[Source],
+    settings: ShardSettings,
+    wanted: dict,
+    tokenizer: Tokenizer | None,
+    progress: bool,
+) -> dict:
+    """Prepares the shards holding the directory's prepare lock (a second preparer is refused)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
     lock_file(
@@ -285,17 +314,20 @@ def prepare_shards(
         os.close(fd)  # releases the lock
 
 
-def _prepared(directory: Path, wanted: dict, tokenizer: Tokenizer | None) -> dict | None:
-    """The manifest of `directory` if it describes these inputs and settings and every shard
-    matches it; None (with a warning for a damaged shard) if the shards need preparing."""
+def _prepared(
+    directory: Path, wanted: dict, tokenizer: Tokenizer | None
+) -> tuple[dict | None, dict | None]:
+    """(manifest, stamp) of `directory` if its manifest describes these inputs and settings and
+    every shard matches it (stamp: the verified.json to write, None if it holds already);
+    (None, None), with a warning for a damaged shard, if the shards need preparing. Reads only."""
     manifest = _read_json(directory / MANIFEST_FILENAME)
     if manifest is None or not _matches(manifest, wanted, tokenizer):
-        return None
-    problem = _shards_problem(manifest, directory)
-    if problem is not None:
-        _log.warning("%s; preparing the shards of %s again.", problem, directory)
-        return None
-    return manifest
+        return None, None
+    check = verify_shards(directory, manifest)
+    if check.problem is not None:
+        _log.warning("%s; preparing the shards of %s again.", check.problem, directory)
+        return None, None
+    return manifest, check.stamp
 
 
 def _prepare_locked(
@@ -307,6 +339,7 @@ def _prepare_locked(
     progress: bool,
 ) -> dict:
     (directory / MANIFEST_FILENAME).unlink(missing_ok=True)  # never a manifest over new shards
+    (directory / VERIFIED_FILENAME).unlink(missing_ok=True)
     saved = _read_json(directory / PROGRESS_FILENAME)
     tokenizer_path = directory / TOKENIZER_FILENAME
     resume = (
@@ -351,41 +384,104 @@ def _matches(manifest: dict, wanted: dict, tokenizer: Tokenizer | None) -> bool:
     return tokenizer is None or manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tokenizer)
 
 
-def _scan_shard(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """(sha256, largest id) of a shard file, in one read of 16 MiB blocks."""
-    digest, largest = hashlib.sha256(), -1
+def _scan_shard(
+    path: Path, dtype: np.dtype, on_block: Callable[[np.ndarray, int], None] | None = None
+) -> dict:
+    """{"stat", "sha256", "largest_id"} of a shard file, in one read of 16 MiB blocks (the stat
+    taken first, so a write during the read shows at the next check); on_block(ids, at) sees
+    each block's ids and the index of its first one in the shard."""
+    stat = _stat(path)
+    digest, largest, at = hashlib.sha256(), -1, 0
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 24), b""):
             digest.update(block)
             ids = np.frombuffer(block, dtype)
             if ids.size:
                 largest = max(largest, int(ids.max()))
-    return digest.hexdigest(), largest
+                if on_block is not None:
+                    on_block(ids, at)
+            at += ids.size
+    return {"stat": stat, "sha256": digest.hexdigest(), "largest_id": largest}
 
 
-def _shards_problem(manifest: dict, directory: Path) -> str | None:
-    """What is wrong with the shards a manifest lists, or None: a missing file, a size, a
-    sha256 (manifests of older versions have none: not checked) or an id outside the
-    tokenizer's vocabulary."""
+def _stat(path: Path) -> list[int]:
+    """What any write (ctime, mtime, size) or replacement (inode) of a file changes."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns]
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """What verify_shards found: the problem (None: every shard matches its manifest), the
+    verified.json to write (None: the one on disk holds), and the shards it read in full."""
+
+    problem: str | None
+    stamp: dict | None
+    read: list[str]
+
+
+def verify_shards(directory: str | os.PathLike, manifest: dict) -> ShardCheck:
+    """Checks the shards a manifest lists: each is there with its size, its sha256 (manifests
+    of older versions have none: not checked) and ids inside the tokenizer's vocabulary. A
+    shard is read for the last two only if its stat differs from the one verified.json
+    recorded when it was last read and found good. Reads only."""
+    directory = Path(directory)
     dtype = np.dtype(manifest["dtype"])
     vocab_size = manifest["tokenizer"]["vocab_size"]
+    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
+    saved = _read_json(directory / VERIFIED_FILENAME) or {}
+    fresh = saved.get("format") == VERIFIED_FORMAT
+    vouched = saved.get("shards", {}) if fresh and saved.get("manifest") == manifest_sha256 else {}
+    entries, read = {}, []
     for shard in manifest["shards"]:
         path = directory / shard["file"]
         if not path.is_file():
-            return f"shard {path} is missing"
-        if path.stat().st_size != shard["tokens"] * dtype.itemsize:
-            return (
-                f"shard {path} holds {path.stat().st_size} bytes, not the "
-                f"{shard['tokens'] * dtype.itemsize} of its {shard['tokens']} tokens"
+            return ShardCheck(f"shard {path} is missing", None, read)
+        size = path.stat().st_size
+        if size != shard["tokens"] * dtype.itemsize:
+            return ShardCheck(
+                f"shard {path} holds {size} bytes, not the {shard['tokens'] * dtype.itemsize} "
+                f"of its {shard['tokens']} tokens",
+                None,
+                read,
             )
-        sha256, largest = _scan_shard(path, dtype)
-        if shard.get("sha256", sha256) != sha256:
-            return (
+        entry = vouched.get(shard["file"])
+        if entry is None or entry.get("stat") != _stat(path):
+            entry = _scan_shard(path, dtype)
+            read.append(shard["file"])
+        if shard.get("sha256", entry["sha256"]) != entry["sha256"]:
+            problem = (
                 f"shard {path} does not match its sha256 in {MANIFEST_FILENAME} (damaged or edited)"
             )
-        if largest >= vocab_size:
-            return f"shard {path} holds id {largest}, outside the tokenizer's [0, {vocab_size})"
-    return None
+            return ShardCheck(problem, None, read)
+        if entry["largest_id"] >= vocab_size:
+            problem = (
+                f"shard {path} holds id {entry['largest_id']}, outside the tokenizer's "
+                f"[0, {vocab_size})"
+            )
+            return ShardCheck(problem, None, read)
+        entries[shard["file"]] = entry
+    stamp = {"format": VERIFIED_FORMAT, "manifest": manifest_sha256, "shards": entries}
+    return ShardCheck(None, stamp if read else None, read)
+
+
+def _write_stamp(directory: Path, stamp: dict | None) -> None:
+    """Writes verified.json (nothing for stamp None). Any process of a run may: a unique
+    temporary name, then an atomic rename; a folder this process cannot write keeps the old
+    stamp (the next start reads the shards again)."""
+    if stamp is None:
+        return
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=directory, prefix=f".{VERIFIED_FILENAME}.", suffix=".part", delete=False
+        ) as tmp:
+            json.dump(stamp, tmp, indent=1)
+        os.replace(tmp.name, directory / VERIFIED_FILENAME)
+    except OSError as error:
+        _log.info("could not record the verified shards in %s (%s).", directory, error)
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
 
 
 class _EncodingPass:
@@ -481,12 +577,18 @@ def _encode_all(
         shard_counts = writer.finish()
     finally:
         writer.close()
-    manifest = _manifest(directory, sources, settings, tokenizer, saved, dtype, shard_counts)
+    manifest, verified = _manifest(
+        directory, sources, settings, tokenizer, saved, dtype, shard_counts
+    )
     manifest.update(
         documents=encoding.documents, prepare_seconds=round(time.perf_counter() - start, 3)
     )
     _write_json(directory / MANIFEST_FILENAME, manifest)
     (directory / PROGRESS_FILENAME).unlink(missing_ok=True)
+    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
+    _write_stamp(
+        directory, {"format": VERIFIED_FORMAT, "manifest": manifest_sha256, "shards": verified}
+    )
     return manifest
 
 
@@ -498,12 +600,22 @@ def _manifest(
     saved: dict,
     dtype: np.dtype,
     shard_counts: list[int],
-) -> dict:
-    """The manifest of the finished shards in `directory` (each with its sha256); the caller
-    fills in "documents" and "prepare_seconds" (None here, in their places)."""
+) -> tuple[dict, dict]:
+    """(manifest, verified.json entries) of the finished shards in `directory`, read once: each
+    shard's sha256, and the distinct ids of each split; the caller fills in "documents" and
+    "prepare_seconds" (None here, in their places)."""
     n_tokens = sum(shard_counts)
     n_train = int(n_tokens * (1.0 - settings.val_fraction))
-    return {
+    split_ids = _SplitIds(tokenizer.vocab_size, n_train)
+    verified, first = {}, 0
+    for i, n in enumerate(shard_counts):
+        verified[shard_name(i)] = _scan_shard(
+            directory / shard_name(i),
+            dtype,
+            lambda ids, at, first=first: split_ids.mark(ids, first + at),
+        )
+        first += n
+    manifest = {
         "format": FORMAT,
         "inputs_fingerprint": saved["inputs_fingerprint"],
         "settings": settings.as_dict(),
@@ -524,20 +636,38 @@ def _manifest(
         "tokens": n_tokens,
         "documents": None,
         "shards": [
-            {
-                "file": shard_name(i),
-                "tokens": n,
-                "sha256": _scan_shard(directory / shard_name(i), dtype)[0],
-            }
+            {"file": shard_name(i), "tokens": n, "sha256": verified[shard_name(i)]["sha256"]}
             for i, n in enumerate(shard_counts)
         ],
         "split": {
             "val_fraction": settings.val_fraction,
             "train_tokens": n_train,
             "val_tokens": n_tokens - n_train,
+            "train_distinct_ids": int(split_ids.train.sum()),
+            "val_distinct_ids": int(split_ids.val.sum()),
         },
         "prepare_seconds": None,
     }
+    return manifest, verified
+
+
+class _SplitIds:
+    """Which ids the train split (the stream's first n_train tokens) and the val split hold,
+    marked block by block as the stream is read."""
+
+    def __init__(self, vocab_size: int, n_train: int):
+        self.n_train = n_train
+        self.train = np.zeros(vocab_size, bool)
+        self.val = np.zeros(vocab_size, bool)
+
+    def mark(self, ids: np.ndarray, first: int) -> None:
+        """ids: the stream's tokens from index `first` on (an id outside the vocabulary, in a
+        damaged shard that verify_shards will refuse, is not counted)."""
+        if int(ids.max()) >= self.train.size:
+            ids = ids[ids < self.train.size]
+        cut = min(max(self.n_train - first, 0), ids.size)
+        self.train[ids[:cut]] = True
+        self.val[ids[cut:]] = True
 
 
 # ----------------------------------------------------------------------------- reading
