@@ -180,6 +180,30 @@ def test_a_start_reads_only_the_shards_whose_stat_changed(corpus_dir, tmp_path):
     ]
 
 
+def test_manifest_counts_the_ids_of_each_split_and_one_id_warns(corpus_dir, tmp_path, caplog):
+    """prepare counts the distinct ids of the train and val splits once (manifest.json), and a
+    start warns, naming the corpus, when a split holds one id: a text of newlines only trains
+    to a loss near 0 that means nothing (issue 22: no warning)."""
+    with caplog.at_level("WARNING"):
+        dataset = shards.sharded_dataset(_data_config(corpus_dir), 16, tmp_path / "a")
+    assert "distinct token id" not in caplog.text
+    manifest = json.loads((tmp_path / "a" / "shards" / shards.MANIFEST_FILENAME).read_text())
+    train, val = np.asarray(dataset.train), np.asarray(dataset.val)
+    assert manifest["split"]["train_distinct_ids"] == np.unique(train).size > 60
+    assert manifest["split"]["val_distinct_ids"] == np.unique(val).size > 30
+
+    newlines = tmp_path / "newlines.txt"
+    newlines.write_text("\n" * 4000, encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        shards.sharded_dataset(_data_config(newlines), 16, tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "shards" / shards.MANIFEST_FILENAME).read_text())
+    assert manifest["split"]["train_distinct_ids"] == 1  # "\n"; val also ends with end-of-text
+    assert manifest["split"]["val_distinct_ids"] == 2
+    [warning] = [r.getMessage() for r in caplog.records if "distinct token id" in r.getMessage()]
+    assert warning.startswith(f"{newlines}: the train split holds 1 distinct token id (of a ")
+    assert "vocabulary of 2)" in warning and "check that data.path" in warning
+
+
 def test_bad_inputs_are_named(corpus_dir, tmp_path):
     (corpus_dir / "c.jsonl").write_text('{"text": "no body field"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"c.jsonl.*'body' field.*data.text_field"):

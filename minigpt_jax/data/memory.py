@@ -82,12 +82,18 @@ def load_text(corpus: str, path: str | os.PathLike | None = None, text_field: st
     sources = find_sources(corpus, path)
     text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field))
     if not text.strip():
-        where = sources[0].path if len(sources) == 1 else os.fspath(path)
         raise ValueError(
-            f"corpus {corpus!r} from {where} is empty (no non-whitespace text); "
-            f"point it at a file with training text."
+            f"corpus {corpus!r} from {describe_sources(sources, path)} is empty (no "
+            f"non-whitespace text); point it at a file with training text."
         )
     return text
+
+
+def describe_sources(sources: list[Source], path: str | os.PathLike | None) -> str:
+    """The inputs of a corpus for a message: the one file's path, or data.path and the count."""
+    if len(sources) == 1:
+        return sources[0].path
+    return f"{os.fspath(path)} ({len(sources)} files)"
 
 
 def _pydoc_text() -> str:
@@ -272,6 +278,27 @@ def split_tokens(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndar
 # Batches
 
 
+def warn_if_degenerate(where: str, distinct_ids: dict[str, int], vocab_size: int) -> None:
+    """Logs one warning naming `where` (the corpus) when a split holds fewer than 2 distinct
+    ids (distinct_ids: {split: count} of the splits counted), e.g. a text of one repeated
+    character, which trains a model that only repeats it to a loss of 0."""
+    few = {split: n for split, n in distinct_ids.items() if n < 2}
+    if not few:
+        return
+    counts = ", ".join(
+        f"the {split} split holds {n} distinct token id" + ("" if n == 1 else "s")
+        for split, n in few.items()
+    )
+    _log.warning(
+        "%s: %s (of a vocabulary of %d), so a model trained on it learns only to repeat that "
+        "id and its losses say nothing; check that data.path names the corpus you mean and "
+        "that its text is not one repeated character or only newlines.",
+        where,
+        counts,
+        vocab_size,
+    )
+
+
 def check_split_length(tokens: np.ndarray, block_size: int, split: str) -> None:
     """Raises ValueError unless `tokens` holds at least one window of block_size + 1 tokens."""
     if len(tokens) < block_size + 1:
@@ -387,6 +414,11 @@ def prepare_dataset(
     train, val = split_tokens(tokens, val_fraction)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
+    # One id only: min == max, two passes and no temporary (a full count would cost a sort).
+    single = {name: 1 for name, t in (("train", train), ("val", val)) if t.min() == t.max()}
+    if single:
+        where = describe_sources(find_sources(corpus, path), path)
+        warn_if_degenerate(where, single, tokenizer.vocab_size)
     if before_writing is not None and (new_tokenizer or write_cache):
         before_writing()
     if tokenizer_path is not None and new_tokenizer:

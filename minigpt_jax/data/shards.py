@@ -46,10 +46,13 @@ from tqdm.auto import tqdm
 
 from minigpt_jax.data.corpus import Piece, Source, read_pieces
 from minigpt_jax.data.memory import (
+    SPLITS,
     Dataset,
     _check_reused_tokenizer,
     check_split_length,
+    describe_sources,
     find_sources,
+    warn_if_degenerate,
 )
 from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
@@ -779,7 +782,14 @@ def sharded_dataset(
     if before_writing is not None:
         before_writing()
     prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
-    _, tokenizer, train, val = load_shards(directory)
+    manifest, tokenizer, train, val = load_shards(directory)
+    split = manifest["split"]  # manifests of older versions hold no counts: nothing to warn
+    distinct_ids = {
+        name: split[f"{name}_distinct_ids"] for name in SPLITS if f"{name}_distinct_ids" in split
+    }
+    warn_if_degenerate(
+        describe_sources(sources, data_config.path), distinct_ids, tokenizer.vocab_size
+    )
     if saved is None:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         _save_tokenizer(tokenizer, run_tokenizer_path)
