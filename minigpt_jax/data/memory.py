@@ -346,13 +346,33 @@ def get_batch(
 
 
 @dataclass(frozen=True)
+class DataDigest:
+    """What a run trains on, recorded in its checkpoints so a resume can tell when the data
+    changed: the format, the length of the token stream and its sha256 (memory: of the uint16
+    tokens; shards: shards.stream_sha256 of the shards' digests, in order)."""
+
+    format: str
+    tokens: int
+    sha256: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def tokens_digest(tokens: np.ndarray) -> DataDigest:
+    """The DataDigest of an in-memory token stream (uint16, shape (n,))."""
+    return DataDigest("memory", len(tokens), hashlib.sha256(tokens.tobytes()).hexdigest())
+
+
+@dataclass(frozen=True)
 class Dataset:
-    """A tokenised corpus: its tokenizer and contiguous train/val token streams (uint16 arrays
-    in memory, or shards.TokenStream views of memory-mapped shards)."""
+    """A tokenised corpus: its tokenizer, contiguous train/val token streams (uint16 arrays
+    in memory, or shards.TokenStream views of memory-mapped shards) and their digest."""
 
     tokenizer: Tokenizer
     train: Any
     val: Any
+    digest: DataDigest | None = None
 
     def split(self, name: str) -> np.ndarray:
         """Returns the token array of split `name` ("train" or "val")."""
@@ -373,6 +393,7 @@ def prepare_dataset(
     text_field: str = "text",
     *,
     before_writing: Callable[[], None] | None = None,
+    check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
     """Loads, tokenises and splits a corpus; checks each split holds one window.
 
@@ -381,7 +402,8 @@ def prepare_dataset(
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
     replaces tokenizer_kind and vocab_size. text_field: the field of a .jsonl line's text.
     Everything that can fail happens in memory first: nothing is written (and before_writing,
-    e.g. taking the run lock, is not called) unless the dataset is good.
+    e.g. taking the run lock, is not called) unless the dataset is good and check_data(digest)
+    (a resumed run's comparison with its checkpoint) has returned.
     """
     split_tokens(np.zeros(2, np.uint16), val_fraction)  # a bad fraction fails before reading
     run_dir = RunDir(workdir) if workdir is not None else None
@@ -416,6 +438,9 @@ def prepare_dataset(
     check_split_length(val, block_size, "val")
     # One id only: min == max, two passes and no temporary (a full count would cost a sort).
     single = {name: 1 for name, t in (("train", train), ("val", val)) if t.min() == t.max()}
+    digest = tokens_digest(tokens)
+    if check_data is not None:
+        check_data(digest)
     if single:
         where = describe_sources(find_sources(corpus, path), path)
         warn_if_degenerate(where, single, tokenizer.vocab_size)
@@ -426,7 +451,7 @@ def prepare_dataset(
         tokenizer.save(tokenizer_path)
     if write_cache:
         write_cached_tokens(text, tokenizer, tokens, cache_path)
-    return Dataset(tokenizer=tokenizer, train=train, val=val)
+    return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
 
 
 # RAM an in-memory corpus takes per byte of text while it is read and encoded in one call

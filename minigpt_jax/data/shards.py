@@ -25,11 +25,14 @@ uninterrupted one. A run that finds its shards prepared checks every shard again
 warning, when one was damaged or edited. A shard is read for that only when its stat differs
 from the one verified.json recorded (any write changes its ctime, a replacement its inode), so
 a start on unchanged shards reads none of them. `load_shards` maps them read-only
-(`TokenStream`); nothing is read into RAM.
+(`TokenStream`); nothing is read into RAM. A run's Dataset carries the digest of the stream
+(`stream_sha256` of the shards' digests), which its checkpoints record; a resumed run compares it
+before any shard is rewritten (`sharded_dataset`'s check_data).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -47,6 +50,7 @@ from tqdm.auto import tqdm
 from minigpt_jax.data.corpus import Piece, Source, read_pieces
 from minigpt_jax.data.memory import (
     SPLITS,
+    DataDigest,
     Dataset,
     _check_reused_tokenizer,
     check_split_length,
@@ -275,11 +279,12 @@ def prepare_shards(
             "none (it was made for an in-memory corpus); use a fresh workdir."
         )
     wanted = _wanted(sources, settings)
-    manifest, stamp = _prepared(directory, wanted, tokenizer)
+    manifest, check = _prepared(directory, wanted, tokenizer)
     if manifest is not None:
-        _write_stamp(directory, stamp)
+        _write_stamp(directory, check)
         return manifest
-    return _prepare_under_lock(directory, sources, settings, wanted, tokenizer, progress)
+    with _prepare_lock(directory):
+        return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
 
 
 def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
@@ -291,15 +296,9 @@ def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
     }
 
 
-def _prepare_under_lock(
-    directory: Path,
-    sources: list[Source],
-    settings: ShardSettings,
-    wanted: dict,
-    tokenizer: Tokenizer | None,
-    progress: bool,
-) -> dict:
-    """Prepares the shards holding the directory's prepare lock (a second preparer is refused)."""
+@contextlib.contextmanager
+def _prepare_lock(directory: Path) -> Iterator[None]:
+    """Holds the directory's prepare lock: a second process preparing it is refused."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
     lock_file(
@@ -312,17 +311,17 @@ def _prepare_under_lock(
     )
     try:
         write_holder(fd)
-        return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
+        yield
     finally:
         os.close(fd)  # releases the lock
 
 
 def _prepared(
     directory: Path, wanted: dict, tokenizer: Tokenizer | None
-) -> tuple[dict | None, dict | None]:
-    """(manifest, stamp) of `directory` if its manifest describes these inputs and settings and
-    every shard matches it (stamp: the verified.json to write, None if it holds already);
-    (None, None), with a warning for a damaged shard, if the shards need preparing. Reads only."""
+) -> tuple[dict | None, ShardCheck | None]:
+    """(manifest, its ShardCheck) of `directory` if its manifest describes these inputs and
+    settings and every shard matches it; (None, None), with a warning for a damaged shard, if
+    the shards need preparing. Reads only."""
     manifest = _read_json(directory / MANIFEST_FILENAME)
     if manifest is None or not _matches(manifest, wanted, tokenizer):
         return None, None
@@ -330,7 +329,7 @@ def _prepared(
     if check.problem is not None:
         _log.warning("%s; preparing the shards of %s again.", check.problem, directory)
         return None, None
-    return manifest, check.stamp
+    return manifest, check
 
 
 def _prepare_locked(
@@ -416,11 +415,17 @@ def _stat(path: Path) -> list[int]:
 @dataclass(frozen=True)
 class ShardCheck:
     """What verify_shards found: the problem (None: every shard matches its manifest), the
-    verified.json to write (None: the one on disk holds), and the shards it read in full."""
+    shards it read in full, and what verified.json records of each shard checked (its stat,
+    sha256 and largest id; a shard's sha256 is known even where an older manifest lacks it)."""
 
     problem: str | None
-    stamp: dict | None
     read: list[str]
+    entries: dict[str, dict]
+    manifest_sha256: str
+
+    @property
+    def sha256s(self) -> list[str]:
+        return [entry["sha256"] for entry in self.entries.values()]
 
 
 def verify_shards(directory: str | os.PathLike, manifest: dict) -> ShardCheck:
@@ -439,15 +444,14 @@ def verify_shards(directory: str | os.PathLike, manifest: dict) -> ShardCheck:
     for shard in manifest["shards"]:
         path = directory / shard["file"]
         if not path.is_file():
-            return ShardCheck(f"shard {path} is missing", None, read)
+            return ShardCheck(f"shard {path} is missing", read, entries, manifest_sha256)
         size = path.stat().st_size
         if size != shard["tokens"] * dtype.itemsize:
-            return ShardCheck(
+            problem = (
                 f"shard {path} holds {size} bytes, not the {shard['tokens'] * dtype.itemsize} "
-                f"of its {shard['tokens']} tokens",
-                None,
-                read,
+                f"of its {shard['tokens']} tokens"
             )
+            return ShardCheck(problem, read, entries, manifest_sha256)
         entry = vouched.get(shard["file"])
         if entry is None or entry.get("stat") != _stat(path):
             entry = _scan_shard(path, dtype)
@@ -456,24 +460,24 @@ def verify_shards(directory: str | os.PathLike, manifest: dict) -> ShardCheck:
             problem = (
                 f"shard {path} does not match its sha256 in {MANIFEST_FILENAME} (damaged or edited)"
             )
-            return ShardCheck(problem, None, read)
+            return ShardCheck(problem, read, entries, manifest_sha256)
         if entry["largest_id"] >= vocab_size:
             problem = (
                 f"shard {path} holds id {entry['largest_id']}, outside the tokenizer's "
                 f"[0, {vocab_size})"
             )
-            return ShardCheck(problem, None, read)
+            return ShardCheck(problem, read, entries, manifest_sha256)
         entries[shard["file"]] = entry
-    stamp = {"format": VERIFIED_FORMAT, "manifest": manifest_sha256, "shards": entries}
-    return ShardCheck(None, stamp if read else None, read)
+    return ShardCheck(None, read, entries, manifest_sha256)
 
 
-def _write_stamp(directory: Path, stamp: dict | None) -> None:
-    """Writes verified.json (nothing for stamp None). Any process of a run may: a unique
-    temporary name, then an atomic rename; a folder this process cannot write keeps the old
-    stamp (the next start reads the shards again)."""
-    if stamp is None:
+def _write_stamp(directory: Path, check: ShardCheck, *, always: bool = False) -> None:
+    """Writes verified.json from a good check when it read a shard (or `always`). Any process
+    of a run may: a unique temporary name, then an atomic rename; a folder this process cannot
+    write keeps the old stamp (the next start reads the shards again)."""
+    if not (check.read or always):
         return
+    stamp = {"format": VERIFIED_FORMAT, "manifest": check.manifest_sha256, "shards": check.entries}
     tmp = None
     try:
         with tempfile.NamedTemporaryFile(
@@ -490,18 +494,19 @@ def _write_stamp(directory: Path, stamp: dict | None) -> None:
 class _EncodingPass:
     """The bookkeeping of one pass over the inputs, from the last progress record to the end:
     the cursor after the last piece written, the documents ended so far, the pieces waiting to
-    be encoded (and their characters), and the input bytes done (for the progress bar)."""
+    be encoded (and their characters), and the input bytes done (for the progress bar).
+    progress_path None: a pass that records no progress (its writer a _ShardHasher)."""
 
     def __init__(
         self,
-        directory: Path,
+        progress_path: Path | None,
         sources: list[Source],
         tokenizer: Tokenizer,
-        writer: _ShardWriter,
+        writer: _ShardWriter | _ShardHasher,
         saved: dict,
         progress: bool,
     ):
-        self._progress_path = directory / PROGRESS_FILENAME
+        self._progress_path = progress_path
         self._sources, self._tokenizer, self._writer = sources, tokenizer, writer
         self._saved = saved  # the progress record this pass started from
         self._eot = np.asarray([tokenizer.eot_id], np.int32)
@@ -543,17 +548,62 @@ class _EncodingPass:
         self.bar.update(done_bytes - self.done_bytes)
         self.done_bytes = done_bytes
         self.bar.set_postfix(tokens=f"{self._writer.written:,}", refresh=False)
-        # Recorded after the tokens are in the file.
-        _write_json(
-            self._progress_path,
-            {
-                **self._saved,
-                "cursor": list(self.cursor),
-                "tokens": self._writer.written,
-                "documents": self.documents,
-            },
-        )
+        if self._progress_path is not None:  # recorded after the tokens are in the file
+            _write_json(
+                self._progress_path,
+                {
+                    **self._saved,
+                    "cursor": list(self.cursor),
+                    "tokens": self._writer.written,
+                    "documents": self.documents,
+                },
+            )
         self.batch, self.batch_chars = [], 0
+
+    def run(self, pieces: Iterator[Piece]) -> None:
+        """Encodes and writes every piece, in batches of about _BATCH_CHARS characters."""
+        with self.bar:
+            for piece in pieces:
+                self.add(piece)
+                if self.batch_chars >= _BATCH_CHARS:
+                    self.flush()
+            if self.batch:
+                self.flush()
+
+
+class _ShardHasher:
+    """Stands in for _ShardWriter in a pass that writes nothing: the token count and sha256 of
+    every shard the pass would write."""
+
+    def __init__(self, dtype: np.dtype, shard_tokens: int):
+        self.dtype, self.shard_tokens = dtype, shard_tokens
+        self.written = 0
+        self.shards: list[tuple[int, str]] = []
+        self._digest, self._in_shard = hashlib.sha256(), 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        while tokens.size:
+            take = tokens[: self.shard_tokens - self._in_shard]
+            self._digest.update(take.tobytes())
+            self._in_shard += take.size
+            self.written += take.size
+            tokens = tokens[take.size :]
+            if self._in_shard == self.shard_tokens:
+                self._end_shard()
+
+    def flush(self) -> None:
+        pass
+
+    def _end_shard(self) -> None:
+        self.shards.append((self._in_shard, self._digest.hexdigest()))
+        self._digest, self._in_shard = hashlib.sha256(), 0
+
+    def finish(self) -> list[tuple[int, str]]:
+        """(tokens, sha256) of every shard."""
+        if self._in_shard:
+            self._end_shard()
+        return self.shards
 
 
 def _encode_all(
@@ -566,17 +616,11 @@ def _encode_all(
 ) -> dict:
     dtype = token_dtype(tokenizer.vocab_size)
     writer = _ShardWriter(directory, dtype, settings.shard_tokens, saved["tokens"])
-    encoding = _EncodingPass(directory, sources, tokenizer, writer, saved, progress)
+    progress_path = directory / PROGRESS_FILENAME
+    encoding = _EncodingPass(progress_path, sources, tokenizer, writer, saved, progress)
     start = time.perf_counter()
-    pieces = read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut)
     try:
-        with encoding.bar:
-            for piece in pieces:
-                encoding.add(piece)
-                if encoding.batch_chars >= _BATCH_CHARS:
-                    encoding.flush()
-            if encoding.batch:
-                encoding.flush()
+        encoding.run(read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut))
         shard_counts = writer.finish()
     finally:
         writer.close()
@@ -588,10 +632,8 @@ def _encode_all(
     )
     _write_json(directory / MANIFEST_FILENAME, manifest)
     (directory / PROGRESS_FILENAME).unlink(missing_ok=True)
-    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
-    _write_stamp(
-        directory, {"format": VERIFIED_FORMAT, "manifest": manifest_sha256, "shards": verified}
-    )
+    check = ShardCheck(None, [], verified, sha256_file(directory / MANIFEST_FILENAME))
+    _write_stamp(directory, check, always=True)
     return manifest
 
 
@@ -622,12 +664,7 @@ def _manifest(
         "format": FORMAT,
         "inputs_fingerprint": saved["inputs_fingerprint"],
         "settings": settings.as_dict(),
-        "inputs": {
-            "files": len(sources),
-            "bytes": sum(s.size for s in sources),
-            "first": sources[0].path,
-            "last": sources[-1].path,
-        },
+        "inputs": _inputs_summary(sources),
         "tokenizer": {
             "file": TOKENIZER_FILENAME,
             "kind": tokenizer.kind,
@@ -654,6 +691,15 @@ def _manifest(
     return manifest, verified
 
 
+def _inputs_summary(sources: list[Source]) -> dict:
+    return {
+        "files": len(sources),
+        "bytes": sum(s.size for s in sources),
+        "first": sources[0].path,
+        "last": sources[-1].path,
+    }
+
+
 class _SplitIds:
     """Which ids the train split (the stream's first n_train tokens) and the val split hold,
     marked block by block as the stream is read."""
@@ -671,6 +717,79 @@ class _SplitIds:
         cut = min(max(self.n_train - first, 0), ids.size)
         self.train[ids[:cut]] = True
         self.val[ids[cut:]] = True
+
+
+# ----------------------------------------------------------------------------- the stream's digest
+
+
+def stream_sha256(dtype: str, shards: list[tuple[int, str]]) -> str:
+    """The sha256 of a token stream from its shards' (tokens, sha256), in order: the shards'
+    bytes name the stream, so it is known without reading them."""
+    digest = hashlib.sha256(f"{dtype}\n".encode())
+    for tokens, sha256 in shards:
+        digest.update(f"{tokens} {sha256}\n".encode())
+    return digest.hexdigest()
+
+
+def _data_digest(dtype: str, shards: list[tuple[int, str]]) -> DataDigest:
+    return DataDigest("shards", sum(tokens for tokens, _ in shards), stream_sha256(dtype, shards))
+
+
+def _manifest_digest(manifest: dict, check: ShardCheck | None) -> DataDigest:
+    """The DataDigest of a manifest's shards (a manifest of an older version, without their
+    sha256s, takes those its ShardCheck read)."""
+    sha256s = [shard.get("sha256") for shard in manifest["shards"]]
+    if None in sha256s:
+        sha256s = check.sha256s
+    tokens = [shard["tokens"] for shard in manifest["shards"]]
+    return _data_digest(manifest["dtype"], list(zip(tokens, sha256s, strict=True)))
+
+
+def _planned_shards(
+    sources: list[Source], settings: ShardSettings, tokenizer: Tokenizer, progress: bool
+) -> tuple[list[tuple[int, str]], int]:
+    """((tokens, sha256) of every shard, documents) that preparing these inputs would write:
+    one encoding pass that writes nothing."""
+    hasher = _ShardHasher(token_dtype(tokenizer.vocab_size), settings.shard_tokens)
+    start = {"cursor": [0, 0], "tokens": 0, "documents": 0}
+    encoding = _EncodingPass(None, sources, tokenizer, hasher, start, progress)
+    encoding.run(read_pieces(sources, settings.text_field, (0, 0), tokenizer.safe_cut))
+    return hasher.finish(), encoding.documents
+
+
+def _adopt(
+    directory: Path,
+    sources: list[Source],
+    wanted: dict,
+    tokenizer: Tokenizer,
+    planned: list[tuple[int, str]],
+    documents: int,
+) -> bool:
+    """Writes a new manifest over the shards of the directory's stale one if they hold exactly
+    the stream these inputs encode to (`planned`: e.g. the inputs were touched or copied, new
+    mtimes over the same text), so nothing is encoded again; False if they do not."""
+    old = _read_json(directory / MANIFEST_FILENAME)
+    if (
+        old is None
+        or any(old.get(key) != wanted[key] for key in ("format", "settings"))
+        or old["tokenizer"]["sha256"] != tokenizer_fingerprint(tokenizer)
+        or [(shard["tokens"], shard.get("sha256")) for shard in old["shards"]] != planned
+    ):
+        return False
+    check = verify_shards(directory, old)
+    if check.problem is not None:
+        return False
+    manifest = {
+        **old,
+        "inputs_fingerprint": wanted["inputs_fingerprint"],
+        "inputs": _inputs_summary(sources),
+        "documents": documents,
+    }
+    with _prepare_lock(directory):
+        _write_json(directory / MANIFEST_FILENAME, manifest)
+    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
+    _write_stamp(directory, ShardCheck(None, [], check.entries, manifest_sha256), always=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- reading
@@ -743,6 +862,7 @@ def sharded_dataset(
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
     before_writing: Callable[[], None] | None = None,
+    check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
     """The Dataset of config.data with format "shards": prepared (or brought up to date) in
     data.shards_dir, default workdir/shards, then memory-mapped.
@@ -751,11 +871,14 @@ def sharded_dataset(
     the tokenizer the shards are (re)encoded with, so its vocabulary never changes. A given
     `tokenizer` (a pretrained model's) encodes a new run's shards instead of a trained one.
     The settings, the inputs and the run's tokenizer are checked before anything is written
-    (before_writing, e.g. taking the run lock, is called then).
+    (before_writing, e.g. taking the run lock, is called then), and so is check_data(digest),
+    a resumed run's comparison of the stream with its checkpoint's: when the shards are stale
+    (an input changed), the new stream's digest comes from an encoding pass that writes
+    nothing, and shards that still hold that stream (inputs touched, not edited) are kept.
     """
     run_dir = RunDir(workdir)
     directory = Path(data_config.shards_dir or run_dir.shards)
-    ShardSettings.from_config(data_config)
+    settings = ShardSettings.from_config(data_config)
     sources = find_sources(data_config.corpus, data_config.path)
     # At most one token per byte plus an end-of-text id per document (at most one per byte).
     most_tokens = 2 * sum(source.size for source in sources)
@@ -779,10 +902,35 @@ def sharded_dataset(
             f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
             f"or data.format='memory' as the run that created it."
         )
+    wanted = _wanted(sources, settings)
+    manifest, check = _prepared(directory, wanted, run_tokenizer)
+    checked = planned = None
+    if check_data is not None:
+        if manifest is not None:
+            checked = _manifest_digest(manifest, check)
+        else:
+            if run_tokenizer is None:  # a resumed run whose tokenizer.json is gone
+                run_tokenizer = _build_tokenizer(sources, settings, progress)
+            planned, documents = _planned_shards(sources, settings, run_tokenizer, progress)
+            checked = _data_digest(token_dtype(run_tokenizer.vocab_size).str, planned)
+        check_data(checked)
     if before_writing is not None:
         before_writing()
-    prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
+    if manifest is not None:
+        _write_stamp(directory, check)
+    elif planned is None or not _adopt(
+        directory, sources, wanted, run_tokenizer, planned, documents
+    ):
+        with _prepare_lock(directory):
+            _prepare_locked(directory, sources, settings, wanted, run_tokenizer, progress)
+        check = None
     manifest, tokenizer, train, val = load_shards(directory)
+    digest = _manifest_digest(manifest, check)
+    if checked is not None and digest != checked:
+        raise ValueError(
+            f"the inputs of data.path changed while {directory} was prepared from them; "
+            "leave them as they are and rerun."
+        )
     split = manifest["split"]  # manifests of older versions hold no counts: nothing to warn
     distinct_ids = {
         name: split[f"{name}_distinct_ids"] for name in SPLITS if f"{name}_distinct_ids" in split
@@ -795,4 +943,4 @@ def sharded_dataset(
         _save_tokenizer(tokenizer, run_tokenizer_path)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
-    return Dataset(tokenizer=tokenizer, train=train, val=val)
+    return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
