@@ -172,12 +172,15 @@ def dataset_from(
     *,
     progress: bool = False,
     before_writing: Callable[[], None] | None = None,
+    check_data: Callable[[data.DataDigest], None] | None = None,
 ) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
     `workdir` (a resumed or re-read run finds its own tokenizer and tokens there): held in RAM
     (data.format "memory"), or memory-mapped from shards prepared on first use ("shards"). A
     given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size.
-    before_writing() is called once the data checks have passed, before the first write."""
+    check_data(digest) sees the digest of the token stream the run will train on once it is
+    known, and before_writing() is called once the data checks have passed; both come before
+    the first write, so a check_data that raises leaves every data file as it was."""
     if config.data.format == "shards":
         if workdir is None:
             raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
@@ -188,6 +191,7 @@ def dataset_from(
             workdir,
             tokenizer=tokenizer,
             before_writing=before_writing,
+            check_data=check_data,
         )
         if jax.process_count() > 1:
             # One process prepares the shards in the shared folder while the others wait;
@@ -207,6 +211,7 @@ def dataset_from(
         tokenizer=tokenizer,
         text_field=config.data.text_field,
         before_writing=before_writing,
+        check_data=check_data,
     )
 
 

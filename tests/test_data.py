@@ -327,3 +327,35 @@ def test_prepare_dataset_corpus_too_short_for_one_batch(tmp_path):
     corpus = _write_corpus(tmp_path, "a short corpus of a few dozen characters")
     with pytest.raises(ValueError, match=r"'val' split has 4 tokens .*smaller block_size"):
         data.prepare_dataset("text", corpus, "char", 512, 16, None)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_split_of_one_token_id_warns_naming_the_corpus(tmp_path, caplog):
+    """One repeated character trains a model to a loss of 0 that means nothing (issue 22: no
+    warning); a val split of one id (the text ends in a long run of one character) warns for
+    that split alone; real text does not warn."""
+    repeated = _write_corpus(tmp_path, "a" * 4000)
+    with caplog.at_level("WARNING"):
+        data.prepare_dataset("text", repeated, "char", 512, 8, None)
+    [warning] = _warnings(caplog)
+    assert warning.startswith(f"{repeated.resolve()}: the train split holds 1 distinct token id,")
+    assert "the val split holds 1 distinct token id (of a vocabulary of 1)" in warning
+    assert "check that data.path names the corpus you mean" in warning
+
+    caplog.clear()
+    ending = _write_corpus(tmp_path, "the cat sat on the mat. " * 40 + "z" * 200)
+    with caplog.at_level("WARNING"):
+        data.prepare_dataset("text", ending, "char", 512, 8, None)
+    [warning] = _warnings(caplog)
+    assert ": the val split holds 1 distinct token id (of a vocabulary of 12)" in warning
+    assert "train split" not in warning
+
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        data.prepare_dataset(
+            "text", _write_corpus(tmp_path, "the cat sat. " * 90), "char", 0, 8, None
+        )
+    assert _warnings(caplog) == []

@@ -105,6 +105,18 @@ class LayoutTest(chex.TestCase):
         for module in MODULES:
             visit(module)
 
+    def test_data_modules_import_no_training_model_or_io_module(self):
+        """The data layer sits under training: a lock both need lives in a neutral module
+        (issue 22: data/shards imported train/run_lock for its prepare lock)."""
+        wrong = [
+            f"{module} imports {dep}"
+            for module in MODULES
+            if module.startswith("data/")
+            for dep in sorted(package_imports(module))
+            if dep.startswith(("train/", "model/", "io/", "lab/"))
+        ]
+        self.assertEmpty(wrong)
+
     def test_finds_imports_in_function_bodies(self):
         """The checker itself: cli imports the loop and runs lazily, inside functions."""
         self.assertContainsSubset({"train/loop", "io/runs", "run_config"}, package_imports("cli"))

@@ -4,6 +4,7 @@ on shards resumes bit-exactly."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,58 @@ def test_unchanged_inputs_reuse_the_shards_and_changed_ones_rebuild_them(corpus_
     _, stream = _stream(tmp_path / "s")
     tokenizer = load_tokenizer(tmp_path / "s" / "tokenizer.json")
     assert tokenizer.decode(stream[:22]) == "A new first document." + GPT2_EOT
+
+
+def test_a_start_reads_only_the_shards_whose_stat_changed(corpus_dir, tmp_path):
+    """Shards verified once (by the prepare that wrote them, or a start that read them) are not
+    read again while their size, mtime, inode and ctime stay as verified.json recorded them; a
+    touched shard or one replaced by a copy of itself is read in full (and found good)."""
+    directory, config = tmp_path / "s", _data_config(corpus_dir)
+    manifest = shards.prepare_shards(directory, config)
+    names = [shard["file"] for shard in manifest["shards"]]
+    assert len(names) > 2
+    check = shards.verify_shards(directory, manifest)
+    assert check.problem is None and check.read == []
+    assert check.sha256s == [shard["sha256"] for shard in manifest["shards"]]
+    second = directory / names[1]
+    os.utime(second, ns=(second.stat().st_atime_ns, second.stat().st_mtime_ns + 10**9))
+    check = shards.verify_shards(directory, manifest)
+    assert check.problem is None and check.read == [names[1]]
+    assert shards.prepare_shards(directory, config) == manifest  # records the new stat
+    assert shards.verify_shards(directory, manifest).read == []
+    copy = directory / "copy.bin"
+    shutil.copy2(second, copy)  # the same bytes and mtime, another inode
+    os.replace(copy, second)
+    assert shards.verify_shards(directory, manifest).read == [names[1]]
+    stamp = json.loads((directory / shards.VERIFIED_FILENAME).read_text())
+    assert sorted(stamp["shards"]) == names
+    assert [stamp["shards"][n]["sha256"] for n in names] == [
+        s["sha256"] for s in manifest["shards"]
+    ]
+
+
+def test_manifest_counts_the_ids_of_each_split_and_one_id_warns(corpus_dir, tmp_path, caplog):
+    """prepare counts the distinct ids of the train and val splits once (manifest.json), and a
+    start warns, naming the corpus, when a split holds one id: a text of newlines only trains
+    to a loss near 0 that means nothing (issue 22: no warning)."""
+    with caplog.at_level("WARNING"):
+        dataset = shards.sharded_dataset(_data_config(corpus_dir), 16, tmp_path / "a")
+    assert "distinct token id" not in caplog.text
+    manifest = json.loads((tmp_path / "a" / "shards" / shards.MANIFEST_FILENAME).read_text())
+    train, val = np.asarray(dataset.train), np.asarray(dataset.val)
+    assert manifest["split"]["train_distinct_ids"] == np.unique(train).size > 60
+    assert manifest["split"]["val_distinct_ids"] == np.unique(val).size > 30
+
+    newlines = tmp_path / "newlines.txt"
+    newlines.write_text("\n" * 4000, encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        shards.sharded_dataset(_data_config(newlines), 16, tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "shards" / shards.MANIFEST_FILENAME).read_text())
+    assert manifest["split"]["train_distinct_ids"] == 1  # "\n"; val also ends with end-of-text
+    assert manifest["split"]["val_distinct_ids"] == 2
+    [warning] = [r.getMessage() for r in caplog.records if "distinct token id" in r.getMessage()]
+    assert warning.startswith(f"{newlines}: the train split holds 1 distinct token id (of a ")
+    assert "vocabulary of 2)" in warning and "check that data.path" in warning
 
 
 def test_bad_inputs_are_named(corpus_dir, tmp_path):
@@ -310,6 +363,7 @@ def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, d
     good = np.asarray(shards.sharded_dataset(config, 16, workdir, progress=False).train)
     vocab_size = load_tokenizer(workdir / "tokenizer.json").vocab_size
     directory = workdir / "shards"
+    assert (directory / shards.VERIFIED_FILENAME).exists()  # caught although recorded verified
     manifest = json.loads((directory / shards.MANIFEST_FILENAME).read_text())
     shard = directory / manifest["shards"][1]["file"]
     original = shard.read_bytes()

@@ -82,12 +82,18 @@ def load_text(corpus: str, path: str | os.PathLike | None = None, text_field: st
     sources = find_sources(corpus, path)
     text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field))
     if not text.strip():
-        where = sources[0].path if len(sources) == 1 else os.fspath(path)
         raise ValueError(
-            f"corpus {corpus!r} from {where} is empty (no non-whitespace text); "
-            f"point it at a file with training text."
+            f"corpus {corpus!r} from {describe_sources(sources, path)} is empty (no "
+            f"non-whitespace text); point it at a file with training text."
         )
     return text
+
+
+def describe_sources(sources: list[Source], path: str | os.PathLike | None) -> str:
+    """The inputs of a corpus for a message: the one file's path, or data.path and the count."""
+    if len(sources) == 1:
+        return sources[0].path
+    return f"{os.fspath(path)} ({len(sources)} files)"
 
 
 def _pydoc_text() -> str:
@@ -272,6 +278,27 @@ def split_tokens(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndar
 # Batches
 
 
+def warn_if_degenerate(where: str, distinct_ids: dict[str, int], vocab_size: int) -> None:
+    """Logs one warning naming `where` (the corpus) when a split holds fewer than 2 distinct
+    ids (distinct_ids: {split: count} of the splits counted), e.g. a text of one repeated
+    character, which trains a model that only repeats it to a loss of 0."""
+    few = {split: n for split, n in distinct_ids.items() if n < 2}
+    if not few:
+        return
+    counts = ", ".join(
+        f"the {split} split holds {n} distinct token id" + ("" if n == 1 else "s")
+        for split, n in few.items()
+    )
+    _log.warning(
+        "%s: %s (of a vocabulary of %d), so a model trained on it learns only to repeat that "
+        "id and its losses say nothing; check that data.path names the corpus you mean and "
+        "that its text is not one repeated character or only newlines.",
+        where,
+        counts,
+        vocab_size,
+    )
+
+
 def check_split_length(tokens: np.ndarray, block_size: int, split: str) -> None:
     """Raises ValueError unless `tokens` holds at least one window of block_size + 1 tokens."""
     if len(tokens) < block_size + 1:
@@ -319,13 +346,33 @@ def get_batch(
 
 
 @dataclass(frozen=True)
+class DataDigest:
+    """What a run trains on, recorded in its checkpoints so a resume can tell when the data
+    changed: the format, the length of the token stream and its sha256 (memory: of the uint16
+    tokens; shards: shards.stream_sha256 of the shards' digests, in order)."""
+
+    format: str
+    tokens: int
+    sha256: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def tokens_digest(tokens: np.ndarray) -> DataDigest:
+    """The DataDigest of an in-memory token stream (uint16, shape (n,))."""
+    return DataDigest("memory", len(tokens), hashlib.sha256(tokens.tobytes()).hexdigest())
+
+
+@dataclass(frozen=True)
 class Dataset:
-    """A tokenised corpus: its tokenizer and contiguous train/val token streams (uint16 arrays
-    in memory, or shards.TokenStream views of memory-mapped shards)."""
+    """A tokenised corpus: its tokenizer, contiguous train/val token streams (uint16 arrays
+    in memory, or shards.TokenStream views of memory-mapped shards) and their digest."""
 
     tokenizer: Tokenizer
     train: Any
     val: Any
+    digest: DataDigest | None = None
 
     def split(self, name: str) -> np.ndarray:
         """Returns the token array of split `name` ("train" or "val")."""
@@ -346,6 +393,7 @@ def prepare_dataset(
     text_field: str = "text",
     *,
     before_writing: Callable[[], None] | None = None,
+    check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
     """Loads, tokenises and splits a corpus; checks each split holds one window.
 
@@ -354,7 +402,8 @@ def prepare_dataset(
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
     replaces tokenizer_kind and vocab_size. text_field: the field of a .jsonl line's text.
     Everything that can fail happens in memory first: nothing is written (and before_writing,
-    e.g. taking the run lock, is not called) unless the dataset is good.
+    e.g. taking the run lock, is not called) unless the dataset is good and check_data(digest)
+    (a resumed run's comparison with its checkpoint) has returned.
     """
     split_tokens(np.zeros(2, np.uint16), val_fraction)  # a bad fraction fails before reading
     run_dir = RunDir(workdir) if workdir is not None else None
@@ -387,6 +436,14 @@ def prepare_dataset(
     train, val = split_tokens(tokens, val_fraction)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
+    # One id only: min == max, two passes and no temporary (a full count would cost a sort).
+    single = {name: 1 for name, t in (("train", train), ("val", val)) if t.min() == t.max()}
+    digest = tokens_digest(tokens)
+    if check_data is not None:
+        check_data(digest)
+    if single:
+        where = describe_sources(find_sources(corpus, path), path)
+        warn_if_degenerate(where, single, tokenizer.vocab_size)
     if before_writing is not None and (new_tokenizer or write_cache):
         before_writing()
     if tokenizer_path is not None and new_tokenizer:
@@ -394,7 +451,7 @@ def prepare_dataset(
         tokenizer.save(tokenizer_path)
     if write_cache:
         write_cached_tokens(text, tokenizer, tokens, cache_path)
-    return Dataset(tokenizer=tokenizer, train=train, val=val)
+    return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
 
 
 # RAM an in-memory corpus takes per byte of text while it is read and encoded in one call

@@ -11,25 +11,33 @@ rest the validation split, as for in-memory corpora (data.split_tokens).
 Layout of a shards directory:
   tokenizer.json          the tokenizer, with an end-of-text id
   tokens_000000.bin ...   the token stream, shard_tokens tokens per shard (the last fewer)
-  manifest.json           written last: inputs and tokenizer fingerprints, counts, split, and
-                          each shard's sha256 and largest id
+  manifest.json           written last: inputs and tokenizer fingerprints, counts, split (with
+                          the distinct ids of each split), and each shard's sha256
+  verified.json           each shard's stat (size, mtime, inode, ctime) when it was last read in
+                          full and found to match the manifest, with its largest id
   progress.json           only while preparing: where to resume after an interruption
   prepare.lock            an OS lock held while preparing: a second prepare is refused
 
 Shards are written as `.part` files and renamed when full; progress is recorded after every
 batch, so a killed prepare resumes where it stopped and writes the same shards as an
 uninterrupted one. A run that finds its shards prepared checks every shard against the manifest
-(size, sha256, ids inside the vocabulary: one read of each) and prepares them again, with a
-warning, when one was damaged or edited. `load_shards` maps them read-only (`TokenStream`);
-nothing is read into RAM.
+(`verify_shards`: size, sha256, ids inside the vocabulary) and prepares them again, with a
+warning, when one was damaged or edited. A shard is read for that only when its stat differs
+from the one verified.json recorded (any write changes its ctime, a replacement its inode), so
+a start on unchanged shards reads none of them. `load_shards` maps them read-only
+(`TokenStream`); nothing is read into RAM. A run's Dataset carries the digest of the stream
+(`stream_sha256` of the shards' digests), which its checkpoints record; a resumed run compares it
+before any shard is rewritten (`sharded_dataset`'s check_data).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -41,10 +49,14 @@ from tqdm.auto import tqdm
 
 from minigpt_jax.data.corpus import Piece, Source, read_pieces
 from minigpt_jax.data.memory import (
+    SPLITS,
+    DataDigest,
     Dataset,
     _check_reused_tokenizer,
     check_split_length,
+    describe_sources,
     find_sources,
+    warn_if_degenerate,
 )
 from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
@@ -55,14 +67,17 @@ from minigpt_jax.data.tokenizers import (
     _codepoints,
     load_tokenizer,
 )
+from minigpt_jax.digests import sha256_file
+from minigpt_jax.locks import lock_file, write_holder
 from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
-from minigpt_jax.train.run_lock import lock_file, write_holder
 
 _log = logging.getLogger(__name__)
 
 FORMAT = "minigpt_jax.data.shards/1"
 MANIFEST_FILENAME = "manifest.json"
 PROGRESS_FILENAME = "progress.json"
+VERIFIED_FILENAME = "verified.json"
+VERIFIED_FORMAT = "minigpt_jax.data.shards.verified/1"
 LOCK_FILENAME = "prepare.lock"  # held by the one process preparing the directory
 _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core
 
@@ -263,11 +278,27 @@ def prepare_shards(
             "sharded corpora put an end-of-text id between documents, but this tokenizer has "
             "none (it was made for an in-memory corpus); use a fresh workdir."
         )
-    fingerprint = inputs_fingerprint(sources)
-    wanted = {"format": FORMAT, "inputs_fingerprint": fingerprint, "settings": settings.as_dict()}
-    manifest = _prepared(directory, wanted, tokenizer)
+    wanted = _wanted(sources, settings)
+    manifest, check = _prepared(directory, wanted, tokenizer)
     if manifest is not None:
+        _write_stamp(directory, check)
         return manifest
+    with _prepare_lock(directory):
+        return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
+
+
+def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
+    """What a manifest must record for its shards to be these inputs' under these settings."""
+    return {
+        "format": FORMAT,
+        "inputs_fingerprint": inputs_fingerprint(sources),
+        "settings": settings.as_dict(),
+    }
+
+
+@contextlib.contextmanager
+def _prepare_lock(directory: Path) -> Iterator[None]:
+    """Holds the directory's prepare lock: a second process preparing it is refused."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
     lock_file(
@@ -280,22 +311,25 @@ def prepare_shards(
     )
     try:
         write_holder(fd)
-        return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
+        yield
     finally:
         os.close(fd)  # releases the lock
 
 
-def _prepared(directory: Path, wanted: dict, tokenizer: Tokenizer | None) -> dict | None:
-    """The manifest of `directory` if it describes these inputs and settings and every shard
-    matches it; None (with a warning for a damaged shard) if the shards need preparing."""
+def _prepared(
+    directory: Path, wanted: dict, tokenizer: Tokenizer | None
+) -> tuple[dict | None, ShardCheck | None]:
+    """(manifest, its ShardCheck) of `directory` if its manifest describes these inputs and
+    settings and every shard matches it; (None, None), with a warning for a damaged shard, if
+    the shards need preparing. Reads only."""
     manifest = _read_json(directory / MANIFEST_FILENAME)
     if manifest is None or not _matches(manifest, wanted, tokenizer):
-        return None
-    problem = _shards_problem(manifest, directory)
-    if problem is not None:
-        _log.warning("%s; preparing the shards of %s again.", problem, directory)
-        return None
-    return manifest
+        return None, None
+    check = verify_shards(directory, manifest)
+    if check.problem is not None:
+        _log.warning("%s; preparing the shards of %s again.", check.problem, directory)
+        return None, None
+    return manifest, check
 
 
 def _prepare_locked(
@@ -307,6 +341,7 @@ def _prepare_locked(
     progress: bool,
 ) -> dict:
     (directory / MANIFEST_FILENAME).unlink(missing_ok=True)  # never a manifest over new shards
+    (directory / VERIFIED_FILENAME).unlink(missing_ok=True)
     saved = _read_json(directory / PROGRESS_FILENAME)
     tokenizer_path = directory / TOKENIZER_FILENAME
     resume = (
@@ -351,58 +386,127 @@ def _matches(manifest: dict, wanted: dict, tokenizer: Tokenizer | None) -> bool:
     return tokenizer is None or manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tokenizer)
 
 
-def _scan_shard(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """(sha256, largest id) of a shard file, in one read of 16 MiB blocks."""
-    digest, largest = hashlib.sha256(), -1
+def _scan_shard(
+    path: Path, dtype: np.dtype, on_block: Callable[[np.ndarray, int], None] | None = None
+) -> dict:
+    """{"stat", "sha256", "largest_id"} of a shard file, in one read of 16 MiB blocks (the stat
+    taken first, so a write during the read shows at the next check); on_block(ids, at) sees
+    each block's ids and the index of its first one in the shard."""
+    stat = _stat(path)
+    digest, largest, at = hashlib.sha256(), -1, 0
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 24), b""):
             digest.update(block)
             ids = np.frombuffer(block, dtype)
             if ids.size:
                 largest = max(largest, int(ids.max()))
-    return digest.hexdigest(), largest
+                if on_block is not None:
+                    on_block(ids, at)
+            at += ids.size
+    return {"stat": stat, "sha256": digest.hexdigest(), "largest_id": largest}
 
 
-def _shards_problem(manifest: dict, directory: Path) -> str | None:
-    """What is wrong with the shards a manifest lists, or None: a missing file, a size, a
-    sha256 (manifests of older versions have none: not checked) or an id outside the
-    tokenizer's vocabulary."""
+def _stat(path: Path) -> list[int]:
+    """What any write (ctime, mtime, size) or replacement (inode) of a file changes."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns]
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """What verify_shards found: the problem (None: every shard matches its manifest), the
+    shards it read in full, and what verified.json records of each shard checked (its stat,
+    sha256 and largest id; a shard's sha256 is known even where an older manifest lacks it)."""
+
+    problem: str | None
+    read: list[str]
+    entries: dict[str, dict]
+    manifest_sha256: str
+
+    @property
+    def sha256s(self) -> list[str]:
+        return [entry["sha256"] for entry in self.entries.values()]
+
+
+def verify_shards(directory: str | os.PathLike, manifest: dict) -> ShardCheck:
+    """Checks the shards a manifest lists: each is there with its size, its sha256 (manifests
+    of older versions have none: not checked) and ids inside the tokenizer's vocabulary. A
+    shard is read for the last two only if its stat differs from the one verified.json
+    recorded when it was last read and found good. Reads only."""
+    directory = Path(directory)
     dtype = np.dtype(manifest["dtype"])
     vocab_size = manifest["tokenizer"]["vocab_size"]
+    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
+    saved = _read_json(directory / VERIFIED_FILENAME) or {}
+    fresh = saved.get("format") == VERIFIED_FORMAT
+    vouched = saved.get("shards", {}) if fresh and saved.get("manifest") == manifest_sha256 else {}
+    entries, read = {}, []
     for shard in manifest["shards"]:
         path = directory / shard["file"]
         if not path.is_file():
-            return f"shard {path} is missing"
-        if path.stat().st_size != shard["tokens"] * dtype.itemsize:
-            return (
-                f"shard {path} holds {path.stat().st_size} bytes, not the "
-                f"{shard['tokens'] * dtype.itemsize} of its {shard['tokens']} tokens"
+            return ShardCheck(f"shard {path} is missing", read, entries, manifest_sha256)
+        size = path.stat().st_size
+        if size != shard["tokens"] * dtype.itemsize:
+            problem = (
+                f"shard {path} holds {size} bytes, not the {shard['tokens'] * dtype.itemsize} "
+                f"of its {shard['tokens']} tokens"
             )
-        sha256, largest = _scan_shard(path, dtype)
-        if shard.get("sha256", sha256) != sha256:
-            return (
+            return ShardCheck(problem, read, entries, manifest_sha256)
+        entry = vouched.get(shard["file"])
+        if entry is None or entry.get("stat") != _stat(path):
+            entry = _scan_shard(path, dtype)
+            read.append(shard["file"])
+        if shard.get("sha256", entry["sha256"]) != entry["sha256"]:
+            problem = (
                 f"shard {path} does not match its sha256 in {MANIFEST_FILENAME} (damaged or edited)"
             )
-        if largest >= vocab_size:
-            return f"shard {path} holds id {largest}, outside the tokenizer's [0, {vocab_size})"
-    return None
+            return ShardCheck(problem, read, entries, manifest_sha256)
+        if entry["largest_id"] >= vocab_size:
+            problem = (
+                f"shard {path} holds id {entry['largest_id']}, outside the tokenizer's "
+                f"[0, {vocab_size})"
+            )
+            return ShardCheck(problem, read, entries, manifest_sha256)
+        entries[shard["file"]] = entry
+    return ShardCheck(None, read, entries, manifest_sha256)
+
+
+def _write_stamp(directory: Path, check: ShardCheck, *, always: bool = False) -> None:
+    """Writes verified.json from a good check when it read a shard (or `always`). Any process
+    of a run may: a unique temporary name, then an atomic rename; a folder this process cannot
+    write keeps the old stamp (the next start reads the shards again)."""
+    if not (check.read or always):
+        return
+    stamp = {"format": VERIFIED_FORMAT, "manifest": check.manifest_sha256, "shards": check.entries}
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", dir=directory, prefix=f".{VERIFIED_FILENAME}.", suffix=".part", delete=False
+        ) as tmp:
+            json.dump(stamp, tmp, indent=1)
+        os.replace(tmp.name, directory / VERIFIED_FILENAME)
+    except OSError as error:
+        _log.info("could not record the verified shards in %s (%s).", directory, error)
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
 
 
 class _EncodingPass:
     """The bookkeeping of one pass over the inputs, from the last progress record to the end:
     the cursor after the last piece written, the documents ended so far, the pieces waiting to
-    be encoded (and their characters), and the input bytes done (for the progress bar)."""
+    be encoded (and their characters), and the input bytes done (for the progress bar).
+    progress_path None: a pass that records no progress (its writer a _ShardHasher)."""
 
     def __init__(
         self,
-        directory: Path,
+        progress_path: Path | None,
         sources: list[Source],
         tokenizer: Tokenizer,
-        writer: _ShardWriter,
+        writer: _ShardWriter | _ShardHasher,
         saved: dict,
         progress: bool,
     ):
-        self._progress_path = directory / PROGRESS_FILENAME
+        self._progress_path = progress_path
         self._sources, self._tokenizer, self._writer = sources, tokenizer, writer
         self._saved = saved  # the progress record this pass started from
         self._eot = np.asarray([tokenizer.eot_id], np.int32)
@@ -444,17 +548,62 @@ class _EncodingPass:
         self.bar.update(done_bytes - self.done_bytes)
         self.done_bytes = done_bytes
         self.bar.set_postfix(tokens=f"{self._writer.written:,}", refresh=False)
-        # Recorded after the tokens are in the file.
-        _write_json(
-            self._progress_path,
-            {
-                **self._saved,
-                "cursor": list(self.cursor),
-                "tokens": self._writer.written,
-                "documents": self.documents,
-            },
-        )
+        if self._progress_path is not None:  # recorded after the tokens are in the file
+            _write_json(
+                self._progress_path,
+                {
+                    **self._saved,
+                    "cursor": list(self.cursor),
+                    "tokens": self._writer.written,
+                    "documents": self.documents,
+                },
+            )
         self.batch, self.batch_chars = [], 0
+
+    def run(self, pieces: Iterator[Piece]) -> None:
+        """Encodes and writes every piece, in batches of about _BATCH_CHARS characters."""
+        with self.bar:
+            for piece in pieces:
+                self.add(piece)
+                if self.batch_chars >= _BATCH_CHARS:
+                    self.flush()
+            if self.batch:
+                self.flush()
+
+
+class _ShardHasher:
+    """Stands in for _ShardWriter in a pass that writes nothing: the token count and sha256 of
+    every shard the pass would write."""
+
+    def __init__(self, dtype: np.dtype, shard_tokens: int):
+        self.dtype, self.shard_tokens = dtype, shard_tokens
+        self.written = 0
+        self.shards: list[tuple[int, str]] = []
+        self._digest, self._in_shard = hashlib.sha256(), 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        while tokens.size:
+            take = tokens[: self.shard_tokens - self._in_shard]
+            self._digest.update(take.tobytes())
+            self._in_shard += take.size
+            self.written += take.size
+            tokens = tokens[take.size :]
+            if self._in_shard == self.shard_tokens:
+                self._end_shard()
+
+    def flush(self) -> None:
+        pass
+
+    def _end_shard(self) -> None:
+        self.shards.append((self._in_shard, self._digest.hexdigest()))
+        self._digest, self._in_shard = hashlib.sha256(), 0
+
+    def finish(self) -> list[tuple[int, str]]:
+        """(tokens, sha256) of every shard."""
+        if self._in_shard:
+            self._end_shard()
+        return self.shards
 
 
 def _encode_all(
@@ -467,26 +616,24 @@ def _encode_all(
 ) -> dict:
     dtype = token_dtype(tokenizer.vocab_size)
     writer = _ShardWriter(directory, dtype, settings.shard_tokens, saved["tokens"])
-    encoding = _EncodingPass(directory, sources, tokenizer, writer, saved, progress)
+    progress_path = directory / PROGRESS_FILENAME
+    encoding = _EncodingPass(progress_path, sources, tokenizer, writer, saved, progress)
     start = time.perf_counter()
-    pieces = read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut)
     try:
-        with encoding.bar:
-            for piece in pieces:
-                encoding.add(piece)
-                if encoding.batch_chars >= _BATCH_CHARS:
-                    encoding.flush()
-            if encoding.batch:
-                encoding.flush()
+        encoding.run(read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut))
         shard_counts = writer.finish()
     finally:
         writer.close()
-    manifest = _manifest(directory, sources, settings, tokenizer, saved, dtype, shard_counts)
+    manifest, verified = _manifest(
+        directory, sources, settings, tokenizer, saved, dtype, shard_counts
+    )
     manifest.update(
         documents=encoding.documents, prepare_seconds=round(time.perf_counter() - start, 3)
     )
     _write_json(directory / MANIFEST_FILENAME, manifest)
     (directory / PROGRESS_FILENAME).unlink(missing_ok=True)
+    check = ShardCheck(None, [], verified, sha256_file(directory / MANIFEST_FILENAME))
+    _write_stamp(directory, check, always=True)
     return manifest
 
 
@@ -498,21 +645,26 @@ def _manifest(
     saved: dict,
     dtype: np.dtype,
     shard_counts: list[int],
-) -> dict:
-    """The manifest of the finished shards in `directory` (each with its sha256); the caller
-    fills in "documents" and "prepare_seconds" (None here, in their places)."""
+) -> tuple[dict, dict]:
+    """(manifest, verified.json entries) of the finished shards in `directory`, read once: each
+    shard's sha256, and the distinct ids of each split; the caller fills in "documents" and
+    "prepare_seconds" (None here, in their places)."""
     n_tokens = sum(shard_counts)
     n_train = int(n_tokens * (1.0 - settings.val_fraction))
-    return {
+    split_ids = _SplitIds(tokenizer.vocab_size, n_train)
+    verified, first = {}, 0
+    for i, n in enumerate(shard_counts):
+        verified[shard_name(i)] = _scan_shard(
+            directory / shard_name(i),
+            dtype,
+            lambda ids, at, first=first: split_ids.mark(ids, first + at),
+        )
+        first += n
+    manifest = {
         "format": FORMAT,
         "inputs_fingerprint": saved["inputs_fingerprint"],
         "settings": settings.as_dict(),
-        "inputs": {
-            "files": len(sources),
-            "bytes": sum(s.size for s in sources),
-            "first": sources[0].path,
-            "last": sources[-1].path,
-        },
+        "inputs": _inputs_summary(sources),
         "tokenizer": {
             "file": TOKENIZER_FILENAME,
             "kind": tokenizer.kind,
@@ -524,20 +676,120 @@ def _manifest(
         "tokens": n_tokens,
         "documents": None,
         "shards": [
-            {
-                "file": shard_name(i),
-                "tokens": n,
-                "sha256": _scan_shard(directory / shard_name(i), dtype)[0],
-            }
+            {"file": shard_name(i), "tokens": n, "sha256": verified[shard_name(i)]["sha256"]}
             for i, n in enumerate(shard_counts)
         ],
         "split": {
             "val_fraction": settings.val_fraction,
             "train_tokens": n_train,
             "val_tokens": n_tokens - n_train,
+            "train_distinct_ids": int(split_ids.train.sum()),
+            "val_distinct_ids": int(split_ids.val.sum()),
         },
         "prepare_seconds": None,
     }
+    return manifest, verified
+
+
+def _inputs_summary(sources: list[Source]) -> dict:
+    return {
+        "files": len(sources),
+        "bytes": sum(s.size for s in sources),
+        "first": sources[0].path,
+        "last": sources[-1].path,
+    }
+
+
+class _SplitIds:
+    """Which ids the train split (the stream's first n_train tokens) and the val split hold,
+    marked block by block as the stream is read."""
+
+    def __init__(self, vocab_size: int, n_train: int):
+        self.n_train = n_train
+        self.train = np.zeros(vocab_size, bool)
+        self.val = np.zeros(vocab_size, bool)
+
+    def mark(self, ids: np.ndarray, first: int) -> None:
+        """ids: the stream's tokens from index `first` on (an id outside the vocabulary, in a
+        damaged shard that verify_shards will refuse, is not counted)."""
+        if int(ids.max()) >= self.train.size:
+            ids = ids[ids < self.train.size]
+        cut = min(max(self.n_train - first, 0), ids.size)
+        self.train[ids[:cut]] = True
+        self.val[ids[cut:]] = True
+
+
+# ----------------------------------------------------------------------------- the stream's digest
+
+
+def stream_sha256(dtype: str, shards: list[tuple[int, str]]) -> str:
+    """The sha256 of a token stream from its shards' (tokens, sha256), in order: the shards'
+    bytes name the stream, so it is known without reading them."""
+    digest = hashlib.sha256(f"{dtype}\n".encode())
+    for tokens, sha256 in shards:
+        digest.update(f"{tokens} {sha256}\n".encode())
+    return digest.hexdigest()
+
+
+def _data_digest(dtype: str, shards: list[tuple[int, str]]) -> DataDigest:
+    return DataDigest("shards", sum(tokens for tokens, _ in shards), stream_sha256(dtype, shards))
+
+
+def _manifest_digest(manifest: dict, check: ShardCheck | None) -> DataDigest:
+    """The DataDigest of a manifest's shards (a manifest of an older version, without their
+    sha256s, takes those its ShardCheck read)."""
+    sha256s = [shard.get("sha256") for shard in manifest["shards"]]
+    if None in sha256s:
+        sha256s = check.sha256s
+    tokens = [shard["tokens"] for shard in manifest["shards"]]
+    return _data_digest(manifest["dtype"], list(zip(tokens, sha256s, strict=True)))
+
+
+def _planned_shards(
+    sources: list[Source], settings: ShardSettings, tokenizer: Tokenizer, progress: bool
+) -> tuple[list[tuple[int, str]], int]:
+    """((tokens, sha256) of every shard, documents) that preparing these inputs would write:
+    one encoding pass that writes nothing."""
+    hasher = _ShardHasher(token_dtype(tokenizer.vocab_size), settings.shard_tokens)
+    start = {"cursor": [0, 0], "tokens": 0, "documents": 0}
+    encoding = _EncodingPass(None, sources, tokenizer, hasher, start, progress)
+    encoding.run(read_pieces(sources, settings.text_field, (0, 0), tokenizer.safe_cut))
+    return hasher.finish(), encoding.documents
+
+
+def _adopt(
+    directory: Path,
+    sources: list[Source],
+    wanted: dict,
+    tokenizer: Tokenizer,
+    planned: list[tuple[int, str]],
+    documents: int,
+) -> bool:
+    """Writes a new manifest over the shards of the directory's stale one if they hold exactly
+    the stream these inputs encode to (`planned`: e.g. the inputs were touched or copied, new
+    mtimes over the same text), so nothing is encoded again; False if they do not."""
+    old = _read_json(directory / MANIFEST_FILENAME)
+    if (
+        old is None
+        or any(old.get(key) != wanted[key] for key in ("format", "settings"))
+        or old["tokenizer"]["sha256"] != tokenizer_fingerprint(tokenizer)
+        or [(shard["tokens"], shard.get("sha256")) for shard in old["shards"]] != planned
+    ):
+        return False
+    check = verify_shards(directory, old)
+    if check.problem is not None:
+        return False
+    manifest = {
+        **old,
+        "inputs_fingerprint": wanted["inputs_fingerprint"],
+        "inputs": _inputs_summary(sources),
+        "documents": documents,
+    }
+    with _prepare_lock(directory):
+        _write_json(directory / MANIFEST_FILENAME, manifest)
+    manifest_sha256 = sha256_file(directory / MANIFEST_FILENAME)
+    _write_stamp(directory, ShardCheck(None, [], check.entries, manifest_sha256), always=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- reading
@@ -610,6 +862,7 @@ def sharded_dataset(
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
     before_writing: Callable[[], None] | None = None,
+    check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
     """The Dataset of config.data with format "shards": prepared (or brought up to date) in
     data.shards_dir, default workdir/shards, then memory-mapped.
@@ -618,11 +871,14 @@ def sharded_dataset(
     the tokenizer the shards are (re)encoded with, so its vocabulary never changes. A given
     `tokenizer` (a pretrained model's) encodes a new run's shards instead of a trained one.
     The settings, the inputs and the run's tokenizer are checked before anything is written
-    (before_writing, e.g. taking the run lock, is called then).
+    (before_writing, e.g. taking the run lock, is called then), and so is check_data(digest),
+    a resumed run's comparison of the stream with its checkpoint's: when the shards are stale
+    (an input changed), the new stream's digest comes from an encoding pass that writes
+    nothing, and shards that still hold that stream (inputs touched, not edited) are kept.
     """
     run_dir = RunDir(workdir)
     directory = Path(data_config.shards_dir or run_dir.shards)
-    ShardSettings.from_config(data_config)
+    settings = ShardSettings.from_config(data_config)
     sources = find_sources(data_config.corpus, data_config.path)
     # At most one token per byte plus an end-of-text id per document (at most one per byte).
     most_tokens = 2 * sum(source.size for source in sources)
@@ -646,13 +902,45 @@ def sharded_dataset(
             f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
             f"or data.format='memory' as the run that created it."
         )
+    wanted = _wanted(sources, settings)
+    manifest, check = _prepared(directory, wanted, run_tokenizer)
+    checked = planned = None
+    if check_data is not None:
+        if manifest is not None:
+            checked = _manifest_digest(manifest, check)
+        else:
+            if run_tokenizer is None:  # a resumed run whose tokenizer.json is gone
+                run_tokenizer = _build_tokenizer(sources, settings, progress)
+            planned, documents = _planned_shards(sources, settings, run_tokenizer, progress)
+            checked = _data_digest(token_dtype(run_tokenizer.vocab_size).str, planned)
+        check_data(checked)
     if before_writing is not None:
         before_writing()
-    prepare_shards(directory, data_config, tokenizer=run_tokenizer, progress=progress)
-    _, tokenizer, train, val = load_shards(directory)
+    if manifest is not None:
+        _write_stamp(directory, check)
+    elif planned is None or not _adopt(
+        directory, sources, wanted, run_tokenizer, planned, documents
+    ):
+        with _prepare_lock(directory):
+            _prepare_locked(directory, sources, settings, wanted, run_tokenizer, progress)
+        check = None
+    manifest, tokenizer, train, val = load_shards(directory)
+    digest = _manifest_digest(manifest, check)
+    if checked is not None and digest != checked:
+        raise ValueError(
+            f"the inputs of data.path changed while {directory} was prepared from them; "
+            "leave them as they are and rerun."
+        )
+    split = manifest["split"]  # manifests of older versions hold no counts: nothing to warn
+    distinct_ids = {
+        name: split[f"{name}_distinct_ids"] for name in SPLITS if f"{name}_distinct_ids" in split
+    }
+    warn_if_degenerate(
+        describe_sources(sources, data_config.path), distinct_ids, tokenizer.vocab_size
+    )
     if saved is None:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         _save_tokenizer(tokenizer, run_tokenizer_path)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
-    return Dataset(tokenizer=tokenizer, train=train, val=val)
+    return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import signal
@@ -28,7 +29,7 @@ from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_co
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
 from minigpt_jax.train.optimizers import make_optimizer
-from minigpt_jax.train.resume import check_resume
+from minigpt_jax.train.resume import check_resume, check_resume_data
 from minigpt_jax.train.run_lock import RunLock
 from minigpt_jax.train.step import (
     TrainState,
@@ -130,7 +131,8 @@ class Trainer:
         """config: a complete, checked run config (`run_config.check_experiment_config`).
 
         Every check that can refuse the config runs before anything is written: the data is
-        checked before it is cached, a resumed run's settings before its data changes, and
+        checked before it is cached, a resumed run's settings before its data changes, its
+        token stream against the checkpoint's before a data file is rewritten, and
         before_writing() (taking the run lock) is called before the first write.
         on_phase(what, step) names each setup step as it starts ("reading the data", ...) and
         the step the run stands at (0 until a checkpoint is restored).
@@ -170,11 +172,14 @@ class Trainer:
             self._check_memory(config.data.vocab_size if config.data.tokenizer == "bpe" else 1)
         self._on_phase("checking the checkpoints", 0)
         latest = self.checkpointer.latest_step()
+        self.data_change: str | None = None  # another token stream than the checkpoint's
+        check_data = None
         if latest is not None:
             # The settings first, so a refused resume changes no data file.
             saved = self.checkpointer.read_meta(latest)
             vocab_size = saved.get("gpt_config", {}).get("vocab_size", 1)
             self._check_resume(latest, saved, gpt_config_from(config, vocab_size))
+            check_data = functools.partial(self._check_data, latest, saved.get("data"))
         self._on_phase("reading the data", 0)
         self.dataset = dataset_from(
             config,
@@ -182,6 +187,7 @@ class Trainer:
             self.pretrained.tokenizer if self.pretrained else None,
             progress=progress,
             before_writing=self._before_writing,
+            check_data=check_data,
         )
         vocab_size = (self.pretrained.cfg if self.pretrained else self.dataset.tokenizer).vocab_size
         self.cfg = gpt_config_from(config, vocab_size)
@@ -189,7 +195,11 @@ class Trainer:
         if self.pretrained is not None and latest is None:
             check_fits(self.pretrained.cfg, self.cfg)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
-        self.meta = {"gpt_config": dataclasses.asdict(self.cfg), "config": config.to_dict()}
+        self.meta = {
+            "gpt_config": dataclasses.asdict(self.cfg),
+            "config": config.to_dict(),
+            "data": self.dataset.digest.as_dict(),
+        }
 
     def _check_memory(self, vocab_size: int) -> None:
         """Refuses, before any array is allocated, a run whose state, batches, logits and
@@ -228,6 +238,20 @@ class Trainer:
                 f"--config.num_steps above {latest} to continue it, or use a fresh --workdir."
             )
         return changes
+
+    def _check_data(self, latest: int, saved: dict | None, digest: data.DataDigest) -> None:
+        """Refuses another token stream than checkpoint `latest` trained on (resume.
+        check_resume_data), called by the data loading before any data file is rewritten;
+        with allow_resume_changes notes the change (best_val_loss then starts afresh)."""
+        self.data_change = check_resume_data(
+            saved,
+            digest.as_dict(),
+            self.checkpointer.run_dir.checkpoints / str(latest),
+            where=f"data.path={self.config.data.path}"
+            if self.config.data.path
+            else f"data.corpus={self.config.data.corpus}",
+            allow_changes=self.allow_resume_changes,
+        )
 
     def _compile(self) -> None:
         """Compiles the train chunk ahead of the first call; times it with the eval step."""
@@ -299,7 +323,17 @@ class Trainer:
         state, saved_meta = self.checkpointer.restore(state, latest)
         # A signal stopped this step's evaluation: it runs first when the run resumes.
         self.pending_evaluation = bool(saved_meta.get("pending_evaluation"))
-        return state, int(state.step), saved_meta.get("best_val_loss") or math.inf
+        best_val = saved_meta.get("best_val_loss") or math.inf
+        if self.data_change is not None:
+            _log.warning(
+                "resuming step %d on other data (%s): the best val loss so far (%.4f) was "
+                "measured on a validation split that is gone, so it starts afresh.",
+                latest,
+                self.data_change,
+                best_val,
+            )
+            best_val = math.inf
+        return state, int(state.step), best_val
 
     def batches_from(self, first_step: int) -> jax.Array:
         """Steps [first_step, first_step + steps_per_call) of every process's identical global

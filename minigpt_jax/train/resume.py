@@ -5,7 +5,9 @@ registry name included (a `module:attr` entry must still import to resume); thes
 them with the resuming run before anything is restored. Which settings may differ follows
 from each setting's declared kind (minigpt_jax.settings): MODEL settings must match, SPEED and
 BOOKKEEPING ones are free (num_steps may grow: the schedule is then stretched from the resumed
-step on), TRAJECTORY ones are refused unless asked.
+step on), TRAJECTORY ones are refused unless asked. The data itself is checked too: a checkpoint
+records the digest of the token stream it trained on (data.DataDigest), and another stream (an
+input edited, added or removed) is refused unless asked, like a trajectory setting.
 """
 
 from __future__ import annotations
@@ -81,3 +83,38 @@ def check_resume(
             "use a fresh --workdir, or pass --allow_resume_changes to continue with the new ones."
         )
     return trajectory
+
+
+def check_resume_data(
+    saved: dict | None,
+    current: dict,
+    checkpoint_dir: str | Path,
+    *,
+    where: str,
+    allow_changes: bool = False,
+) -> str | None:
+    """Raises ValueError if the checkpoint at checkpoint_dir trained on another token stream.
+
+    saved / current: the DataDigest.as_dict() of the checkpoint's data (None: written before
+    digests were recorded, nothing to compare) and of this run's; `where` names the data in
+    the message. With allow_changes the difference is returned for the caller to report (the
+    old validation split is gone, so its best val loss no longer compares); None if the same.
+    """
+    if saved is None or [saved.get(k) for k in ("tokens", "sha256")] == [
+        current["tokens"],
+        current["sha256"],
+    ]:
+        return None
+    change = (
+        f"the token stream of {where}: {saved.get('tokens', 0):,} tokens, sha256 "
+        f"{saved.get('sha256', '?')[:12]} -> {current['tokens']:,} tokens, sha256 "
+        f"{current['sha256'][:12]}"
+    )
+    if not allow_changes:
+        raise ValueError(
+            f"{checkpoint_dir} was trained on other data ({change}): an input was edited, added "
+            "or removed since. Restore the input, use a fresh --workdir, or pass "
+            "--allow_resume_changes to continue on the new data (its best val loss then starts "
+            "afresh: the old validation split is gone)."
+        )
+    return change

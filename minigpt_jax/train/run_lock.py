@@ -1,37 +1,18 @@
-"""One trainer per run directory: an OS file lock on WORKDIR/run.lock, released by the OS when
-its process ends in any way (kill -9 included), so a lock is never stale. `lock_file` and
-`write_holder` are the same lock for other writers (one prepare per shards directory)."""
+"""One trainer per run directory: an OS file lock (minigpt_jax.locks) on WORKDIR/run.lock,
+released by the OS when its process ends in any way (kill -9 included), so it is never stale."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import socket
 from pathlib import Path
 
+from minigpt_jax.locks import LockHeld, lock_file, write_holder
 from minigpt_jax.run_dir import RunDir
 
 
-class RunDirectoryInUse(RuntimeError):
-    """Another live process holds the run directory's lock (or another lock_file lock)."""
-
-
-def lock_file(fd: int, refusal) -> None:
-    """Takes an exclusive flock on the open file `fd`, or closes it and raises
-    RunDirectoryInUse(refusal(pid, host)) naming the holder that `write_holder` recorded."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 256, 0).decode(errors="replace").split()
-        os.close(fd)
-        pid, host = (holder + ["?", "?"])[:2]
-        raise RunDirectoryInUse(refusal(pid, host)) from None
-
-
-def write_holder(fd: int) -> None:
-    """Records "pid host" of this process in the locked file `fd`."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+class RunDirectoryInUse(LockHeld):
+    """Another live process holds the run directory's lock."""
 
 
 class RunLock:
@@ -73,13 +54,17 @@ class RunLock:
             self._written = True
 
     def _lock(self, fd: int) -> None:
-        lock_file(
-            fd,
-            lambda pid, host: (
-                f"{self.path.parent} is in use by another trainer (PID {pid} on host {host}, "
-                f"holding {self.path}); wait for it to finish, stop it, or use another --workdir."
-            ),
-        )
+        try:
+            lock_file(
+                fd,
+                lambda pid, host: (
+                    f"{self.path.parent} is in use by another trainer (PID {pid} on host {host}, "
+                    f"holding {self.path}); wait for it to finish, stop it, or use another "
+                    "--workdir."
+                ),
+            )
+        except LockHeld as held:
+            raise RunDirectoryInUse(str(held)) from None
         self._fd = fd
 
     def __exit__(self, *exc) -> None:
