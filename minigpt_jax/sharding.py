@@ -239,13 +239,8 @@ def memory_available(mesh: Mesh) -> int | None:
     devices = list(mesh.devices.flat)
     if all(d.platform == "cpu" for d in devices):
         return host_memory_available()
-    limits = []
-    for device in devices:
-        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-        if not stats or "bytes_limit" not in stats:
-            return None
-        limits.append(int(stats["bytes_limit"]))
-    return sum(limits)
+    limits = _memory_limits(devices)
+    return None if limits is None else sum(limits)
 
 
 def memory_per_device(mesh: Mesh) -> tuple[int, int] | None:
@@ -256,10 +251,16 @@ def memory_per_device(mesh: Mesh) -> tuple[int, int] | None:
     if all(d.platform == "cpu" for d in local):
         free = host_memory_available()
         return None if free is None else (free, len(local))
+    limits = _memory_limits(local)
+    return None if limits is None else (min(limits), 1)
+
+
+def _memory_limits(devices) -> list[int] | None:
+    """Each accelerator's bytes_limit, None if one does not say."""
     limits = []
-    for device in local:
+    for device in devices:
         stats = device.memory_stats() if hasattr(device, "memory_stats") else None
         if not stats or "bytes_limit" not in stats:
             return None
         limits.append(int(stats["bytes_limit"]))
-    return min(limits), 1
+    return limits
