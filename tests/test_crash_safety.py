@@ -538,7 +538,7 @@ def _snapshot(directory: Path) -> dict:
         ({"data.tokenizer": "bpe", "data.vocab_size": 1}, "BPE vocab_size must be at least 256"),
         ({"data.format": "shards", "data.shard_tokens": 0}, "data.shard_tokens must be a positive"),
         ({"init_from": "/nonexistent/gpt2"}, "/nonexistent/gpt2 does not exist"),
-        # (block 30000 was refused first by memory: 57 GB of attention weights in the backward)
+        # (block 30000 is refused first by memory: at least 53.8 GiB, its attention weights)
         ({"model.block_size": 9000}, "the 'val' split has 4000 tokens but one training window"),
         ({"model.block_size": 9000, "data.format": "shards"}, "'val' split would have at most"),
     ],
