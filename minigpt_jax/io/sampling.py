@@ -374,26 +374,35 @@ def time_step_past_block(
     top_p: float | None = None,
 ) -> float:
     """Seconds of one decoding step past block_size for a batch of `plan` (learned positions),
-    through the compiled prefill and decode the sampling itself then reuses: a call of that one
-    step less a call of no step (the cost of a call, which chunked decoding spreads thin),
-    timed on their second run (a first run is several times slower)."""
+    through the compiled prefill and decode that the sampling itself then reuses: a call of k
+    steps less a call of none (a call's own cost, which chunked decoding spreads thin), over k,
+    with k raised until the steps take 50 ms (tiny models), timed after a first, slower run."""
     first = first_recomputed_token(cfg, longest_prompt)
     slots, batch = plan.slots, plan.batch_size
     prompt_BxP = np.zeros((batch, slots.prompt), np.int32)
     lengths_B = np.full((batch,), min(longest_prompt, cfg.block_size), np.int32)
     rngs_B = row_keys(jax.random.key(0), range(batch))
-    # Step `first` samples from the prefill's logits, then recomputes the window for the next.
     knobs = _knobs(cfg, temperature, top_k, top_p)
     state = prefill(params, prompt_BxP, lengths_B, cfg=cfg, slots=slots, return_logits=False)
-    seconds = {}
-    for _ in range(2):
-        for stop in (first, first + 1):
-            steps = (np.int32(first), np.int32(stop), np.int32(first + 2))
-            start = time.perf_counter()
-            state = decode(params, state, lengths_B, rngs_B, *steps, *knobs, cfg=cfg, slots=slots)
-            jax.block_until_ready(state)
-            seconds[stop - first] = time.perf_counter() - start
-    return max(seconds[1] - seconds[0], 0.0)
+
+    def timed(state: DecodeState, steps: int) -> tuple[DecodeState, float]:
+        # Steps from `first` on sample, then recompute the window for the next token.
+        bounds = (np.int32(first), np.int32(first + steps), np.int32(first + steps + 1))
+        start = time.perf_counter()
+        state = decode(params, state, lengths_B, rngs_B, *bounds, *knobs, cfg=cfg, slots=slots)
+        jax.block_until_ready(state)
+        return state, time.perf_counter() - start
+
+    most = max(1, slots.new - first - 1)  # steps that fit in the token buffer
+    steps = 1
+    for warm_up in (0, steps):  # compiles, and the slower first runs
+        state, _ = timed(state, warm_up)
+    while True:
+        state, idle = timed(state, 0)
+        state, busy = timed(state, steps)
+        if busy - idle >= 0.05 or steps == most:
+            return max(busy - idle, 0.0) / steps
+        steps = min(4 * steps, most)
 
 
 def _knobs(cfg: GPTConfig, temperature, top_k, top_p) -> tuple:
