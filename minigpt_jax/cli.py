@@ -8,7 +8,8 @@
                        train with data.format=shards prepares them itself when missing or stale)
   minigpt-jax sample (--workdir runs/X | --pretrained HF_GPT2_DIR) --prompt "ROMEO:" \
                      --max_new_tokens 500 [--temperature 0.8] [--top_k 200] [--top_p 0.95] \
-                     [--seed 0] [--num_samples 3]
+                     [--seed 0] [--num_samples 3] [--samples_per_batch 64]
+                     (text streams as it comes; Ctrl-C or SIGTERM stops it with what was sampled)
   minigpt-jax export --workdir runs/X --out HF_GPT2_DIR
   minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
@@ -47,6 +48,11 @@ _TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep only the k most likel
 _TOP_P = flags.DEFINE_float("top_p", None, "sample: keep the smallest set with mass >= p.")
 _SEED = flags.DEFINE_integer("seed", 0, "sample: random seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "sample: independent samples to print.")
+_SAMPLES_PER_BATCH = flags.DEFINE_integer(
+    "samples_per_batch",
+    None,
+    "sample: samples decoded together (default: as many as fit in half the free memory).",
+)
 _CHECKPOINT = flags.DEFINE_enum(
     "checkpoint", "latest", ["latest", "best"], "sample, export, eval: which checkpoint of a run."
 )
@@ -113,26 +119,22 @@ def _prepare() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.io.runs import sample_from_pretrained, sample_from_workdir
+    from minigpt_jax.io.runs import print_samples
 
-    settings = dict(
+    status = print_samples(
+        workdir=_WORKDIR.value,
+        pretrained=_PRETRAINED.value,
+        checkpoint=_CHECKPOINT.value,
+        prompt=_PROMPT.value,
         max_new_tokens=_MAX_NEW_TOKENS.value,
         temperature=_TEMPERATURE.value,
         top_k=_TOP_K.value,
         top_p=_TOP_P.value,
         seed=_SEED.value,
         num_samples=_NUM_SAMPLES.value,
+        samples_per_batch=_SAMPLES_PER_BATCH.value,
     )
-    if _PRETRAINED.value:
-        texts = sample_from_pretrained(_PRETRAINED.value, _PROMPT.value, **settings)
-    else:
-        texts = sample_from_workdir(
-            _WORKDIR.value, _PROMPT.value, checkpoint=_CHECKPOINT.value, **settings
-        )
-    for i, text in enumerate(texts):
-        if len(texts) > 1:
-            print(f"---------- sample {i + 1}/{len(texts)}")
-        print(text)
+    sys.exit(status)
 
 
 def _export() -> None:

@@ -1,6 +1,8 @@
-"""The command line, end to end in subprocesses: errors, SIGTERM, SIGKILL and resuming."""
+"""The command line, end to end in subprocesses: errors, SIGTERM, SIGKILL and resuming; sampling
+from a run, streamed, batched and stopped."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,3 +178,114 @@ def test_sample_without_a_trained_run_says_how_to_train(tmp_path):
     )
     assert result.returncode != 0
     assert "no checkpoints in" in result.stderr and "minigpt-jax train" in result.stderr
+
+
+def test_streamed_texts_equal_the_texts_of_one_call(trained_workdir):
+    """Pieces of one token's call at first, in batches of 2 that a memory budget asks for,
+    join to the texts of unbatched, unstreamed sampling; they come in printing order."""
+    from minigpt_jax.io.pretrained import load_run
+    from minigpt_jax.io.runs import sample_texts, stream_texts
+    from minigpt_jax.io.sampling import plan_sampling
+
+    run = load_run(trained_workdir)
+    settings = dict(max_new_tokens=30, seed=4, num_samples=3, top_k=10)
+    row = plan_sampling(run.cfg, 3, 4, 30).row_bytes
+    notices, pieces = [], []
+    for piece in stream_texts(
+        *(run.params, run.cfg, run.tokenizer), "The ", memory_bytes=int(2.5 * row),
+        chunk_seconds=1e-9, on_notice=notices.append, **settings,
+    ):  # fmt: skip
+        pieces.append(piece)
+    texts = sample_texts(run.params, run.cfg, run.tokenizer, "The ", **settings)
+    assert [p.index for p in pieces] == sorted(p.index for p in pieces)
+    assert ["".join(p.text for p in pieces if p.index == i) for i in range(3)] == texts
+    assert sum(p.index == 0 for p in pieces) > 5  # streamed, not whole
+    assert [p.index for p in pieces if p.done] == [0, 1, 2]
+    assert len(notices) == 2 and "sampling them in 2 batches of 2" in notices[0], notices
+    assert "new tokens of each sample pass block_size=16" in notices[1], notices
+
+
+def test_text_stream_never_cuts_a_character():
+    """Byte-level BPE ids of a text with 2-, 3- and 4-byte characters, cut at every place:
+    no piece ends inside a character, and the pieces join to the text."""
+    from minigpt_jax.data.tokenizers import BPETokenizer
+    from minigpt_jax.io.runs import TextStream
+
+    text = "caf\u00e9 \u2013 \U0001f600!"
+    tokenizer = BPETokenizer.train(text * 4, vocab_size=260)
+    ids = tokenizer.encode(text)
+    assert len(ids) > len(text)  # some characters span tokens
+    for cut in range(len(ids) + 1):
+        stream = TextStream(tokenizer, ids[:0])
+        first = stream.feed(ids[:cut], final=False)
+        assert "\ufffd" not in first and text.startswith(first)
+        assert first + stream.feed(ids[cut:], final=True) == text
+
+
+def _sample_args(workdir, *extra):
+    return [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(workdir), *extra]
+
+
+def test_sample_command_prints_the_library_texts_in_batches(trained_workdir):
+    """stdout equals sample_from_workdir's texts (unbatched) under their headers; stderr holds
+    the one notice: the tokens past block_size and their measured cost."""
+    from minigpt_jax.io.runs import sample_from_workdir
+
+    args = ["--prompt=The ", "--max_new_tokens=40", "--seed=2", "--num_samples=3"]
+    result = _run(_sample_args(trained_workdir, *args, "--samples_per_batch=2"))
+    assert result.returncode == 0, result.stderr
+    texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=40, seed=2, num_samples=3)
+    assert result.stdout == "".join(
+        f"---------- sample {i + 1}/3\n{t}\n" for i, t in enumerate(texts)
+    )
+    notice = result.stderr.strip()
+    assert "\n" not in notice, notice
+    assert re.fullmatch(
+        r"minigpt-jax sample: 27 of the 40 new tokens of each sample pass block_size=16, "
+        r"where learned positions have no KV cache: each recomputes the last 16 tokens, "
+        r"[\d.]+ m?s per token \(timed\), about [\d.]+ m?s for them in all \(a rope or "
+        r"sinusoidal model keeps its cache\)\.",
+        notice,
+    ), notice
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sample_streams_and_a_signal_ends_it_with_what_was_sampled(trained_workdir, sig):
+    """A million tokens: text shows up while it runs; the signal stops it with one line, and
+    the text printed is exactly the first tokens of the same sample asked for in full."""
+    from minigpt_jax.io.runs import sample_from_workdir
+
+    args = _sample_args(trained_workdir, "--prompt=The ", "--max_new_tokens=1000000", "--seed=3")
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    received, deadline = b"", time.monotonic() + 120
+    while len(received) < 200:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no streamed text within 120 s"
+        received += os.read(process.stdout.fileno(), 4096)
+    process.send_signal(sig)
+    rest, stderr = process.communicate(timeout=120)
+    stdout, stderr = (received + rest).decode(), stderr.decode()
+    assert process.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr
+    notice, stop = stderr.strip().splitlines()
+    assert "999,987 of the 1,000,000 new tokens pass block_size=16" in notice
+    match = re.fullmatch(
+        rf"minigpt-jax sample: stopped by {sig.name} after ([\d,]+) of 1,000,000 new tokens; "
+        r"the text above is all that was sampled\.",
+        stop,
+    )
+    assert match, stop
+    made = int(match.group(1).replace(",", ""))
+    assert 0 < made < 1_000_000
+    expected = sample_from_workdir(trained_workdir, "The ", max_new_tokens=made, seed=3)[0]
+    assert stdout == expected + "\n"
+
+
+def test_sample_refuses_more_tokens_than_positions_index(trained_workdir):
+    result = _run(_sample_args(trained_workdir, "--prompt=a", "--max_new_tokens=1000000000000"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "minigpt-jax sample: error: max_new_tokens=1,000,000,000,000 needs 1,099,511,627,784 "
+        "token slots, more than the 2,147,483,647 that int32 positions index: ask for fewer "
+        "new tokens."
+    )

@@ -1,4 +1,5 @@
-"""generate: cached decoding equals recomputation, sampling filters, bounded compiles, bad input."""
+"""generate: cached decoding equals recomputation, prefill buckets, streaming and batching change
+nothing, memory plans, sampling filters, bounded compiles, bad input."""
 
 import functools
 
@@ -9,7 +10,18 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.io.sampling import generate_padded, sample_token, top_k_filter, top_p_filter
+from minigpt_jax.io.sampling import (
+    decode,
+    generate_stream,
+    plan_sampling,
+    plan_slots,
+    prefill,
+    row_bytes,
+    sample_token,
+    tokens_past_block,
+    top_k_filter,
+    top_p_filter,
+)
 
 DIMS = chex.Dimensions(B=2, V=32)
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -103,6 +115,15 @@ class CachedDecodingTest(chex.TestCase):
         for seq, prompt in zip(out, prompts, strict=True):
             np.testing.assert_array_equal(seq[: len(prompt)], prompt)
 
+    @parameterized.named_parameters(("equal_lengths", (5, 5)), ("different_lengths", (3, 5)))
+    def test_learned_positions_prefill_only_the_prompt_bucket(self, lengths):
+        """Short prompts under learned positions fill an 8-slot prefill, not a block_size (16)
+        one, and still equal nanoGPT's loop over block_size-wide contexts (the unbucketed path)
+        in every token and logit, through the crop past block_size too (5 + 20 > 16)."""
+        self.assertEqual(plan_slots(CFG, max(lengths), NUM_NEW).prompt, 8)
+        prompts = [_prompts_BxT(n, seed=10 * i + n)[0] for i, n in enumerate(lengths)]
+        self._assert_matches_reference(CFG, prompts)
+
     def test_zero_new_tokens_returns_the_prompt(self):
         prompts_BxT = _prompts_BxT()
         np.testing.assert_array_equal(
@@ -187,12 +208,18 @@ class SamplingTest(chex.TestCase):
             self.assertIn(new_BxG[b, j], nucleus)
 
 
+def _compiled_count():
+    return prefill._cache_size() + decode._cache_size()
+
+
 class CompileCountTest(chex.TestCase):
-    def test_one_compile_per_prompt_length_bucket(self):
-        """Calls with different prompt lengths, new-token counts and temperatures compile once
-        per prompt-length bucket (8 and 16 here; one new-token bucket, 32)."""
-        cfg = CFG.replace(pos_encoding="rope")  # learned positions always pad to block_size
-        params, sizes, buckets_seen = _params(cfg), [generate_padded._cache_size()], set()
+    @parameterized.named_parameters(("learned", "learned"), ("rope", "rope"))
+    def test_one_compile_per_prompt_length_bucket(self, scheme):
+        """Calls with different prompt lengths, new-token counts and temperatures compile the
+        prefill and the decoding loop once per prompt-length bucket (8 and 16 here, learned
+        positions included; one new-token bucket, 32)."""
+        cfg = CFG.replace(pos_encoding=scheme)
+        params, sizes, buckets_seen = _params(cfg), [_compiled_count()], set()
         for i, length in enumerate((1, 5, 8, 9, 12, 16, 3, 15, 2)):
             prompts = [np.arange(length) % DIMS.V, np.arange(1 + i % 8) % DIMS.V]
             out, _ = generate(
@@ -200,13 +227,13 @@ class CompileCountTest(chex.TestCase):
                 return_logits=True,
             )  # fmt: skip
             self.assertLen(out[0], length + 17 + i)
-            sizes.append(generate_padded._cache_size())
+            sizes.append(_compiled_count())
             bucket = 8 if length <= 8 else 16
             if bucket in buckets_seen:  # Same bucket as an earlier call: nothing new compiled.
                 self.assertEqual(sizes[-1], sizes[-2], f"call {i} (length {length}) recompiled")
             buckets_seen.add(bucket)
         # Other tests may have compiled these entries already, hence at most.
-        self.assertLessEqual(sizes[-1] - sizes[0], 2)
+        self.assertLessEqual(sizes[-1] - sizes[0], 4)
 
     def test_sampling_values_do_not_recompile(self):
         """temperature, top_k and top_p are traced: new values reuse the compiled loop."""
@@ -215,10 +242,92 @@ class CompileCountTest(chex.TestCase):
             return_logits=True,
         )  # fmt: skip
         run(temperature=1.5, top_k=3, top_p=0.7)
-        size = generate_padded._cache_size()
+        size = _compiled_count()
         for temperature, k, p in ((0.5, 5, 0.9), (0.0, 1, 0.3), (2.0, DIMS.V + 9, 1.0)):
             run(temperature=temperature, top_k=k, top_p=p)
-        self.assertEqual(generate_padded._cache_size(), size)
+        self.assertEqual(_compiled_count(), size)
+
+
+class StreamingAndBatchingTest(chex.TestCase):
+    """Splitting the steps over compiled calls, or the prompts over batches, changes no token."""
+
+    SETTINGS = dict(temperature=1.0, top_k=20)
+
+    def _prompts(self, num=5):
+        return [_prompts_BxT(3 + i % 4, seed=i)[0] for i in range(num)]
+
+    def test_streamed_chunks_equal_generate(self):
+        """Chunks of one token at first (a near-zero time target), past block_size included."""
+        prompts, rng = self._prompts(2), jax.random.key(4)
+        whole = generate(_params(CFG), CFG, prompts, NUM_NEW, rng=rng, **self.SETTINGS)
+        chunks = list(
+            generate_stream(
+                _params(CFG), CFG, prompts, NUM_NEW, rng=rng, chunk_seconds=1e-9, **self.SETTINGS
+            )
+        )
+        self.assertGreater(len(chunks), 5)
+        self.assertEqual([c.first for c in chunks], sorted({c.first for c in chunks}))
+        streamed_BxG = np.concatenate([c.tokens_BxC for c in chunks], axis=1)
+        np.testing.assert_array_equal(streamed_BxG, np.stack([w[-NUM_NEW:] for w in whole]))
+
+    def _run(self, cfg, **kwargs):
+        """Three prompts, each step's logits too (one set of compiled shapes for the tests)."""
+        return generate(
+            _params(cfg), cfg, self._prompts(3), NUM_NEW, rng=jax.random.key(5),
+            return_logits=True, **self.SETTINGS, **kwargs,
+        )  # fmt: skip
+
+    def _assert_same(self, first, second):
+        for seq, ref in zip(first[0], second[0], strict=True):
+            np.testing.assert_array_equal(seq, ref)
+        chex.assert_trees_all_close(first[1], second[1], atol=1e-5, rtol=1e-5)
+
+    @parameterized.named_parameters(("learned", "learned"), ("rope", "rope"))
+    def test_batches_equal_one_batch(self, scheme):
+        """Prompt i draws with fold_in(rng, i) whatever its batch; the last batch is padded."""
+        cfg = CFG.replace(pos_encoding=scheme)
+        self._assert_same(self._run(cfg, batch_size=2), self._run(cfg))
+
+    def test_a_memory_budget_splits_the_prompts_into_batches(self):
+        row = plan_sampling(CFG, 3, 6, NUM_NEW, return_logits=True).row_bytes
+        budget = int(2.5 * row)
+        tight = plan_sampling(CFG, 3, 6, NUM_NEW, memory_bytes=budget, return_logits=True)
+        self.assertEqual((tight.batch_size, tight.num_batches), (2, 2))
+        self.assertTrue(tight.limited_by_memory)
+        self._assert_same(self._run(CFG, memory_bytes=budget), self._run(CFG))
+
+    def test_a_sample_that_does_not_fit_is_refused_in_one_line(self):
+        with self.assertRaisesRegex(ValueError, "one sample needs about") as caught:
+            generate(_params(CFG), CFG, self._prompts(1), 1000, rng=jax.random.key(0),
+                     memory_bytes=10_000)  # fmt: skip
+        message = str(caught.exception)
+        self.assertNotIn("\n", message)
+        self.assertIn("sampling may use 9.8 KiB (memory_bytes)", message)
+        self.assertIn("ask for fewer new tokens (max_new_tokens=1,000)", message)
+
+    @parameterized.named_parameters(("learned", "learned", False), ("rope", "rope", True))
+    def test_estimate_covers_what_decoding_holds(self, scheme, return_logits):
+        """The estimate per row is at least the bytes of the arrays carried between calls."""
+        cfg, batch = CFG.replace(pos_encoding=scheme), 3
+        slots = plan_slots(cfg, 5, NUM_NEW)
+        state = prefill(
+            _params(cfg), np.ones((batch, slots.prompt), np.int32), np.full(batch, 5, np.int32),
+            cfg=cfg, slots=slots, return_logits=return_logits,
+        )  # fmt: skip
+        held = sum(x.nbytes for x in jax.tree.leaves(state)) / batch
+        self.assertGreaterEqual(sum(row_bytes(cfg, slots, return_logits).values()), held)
+
+    def test_tokens_past_block_count_the_cropped_steps(self):
+        """Token j (j >= 1) of a prompt of n tokens sees min(n, block) + j tokens; those past
+        block_size=16 have no cache. Positions without a table never crop."""
+        for length, num_new in ((5, 20), (16, 3), (30, 4), (3, 10)):
+            cropped = sum(
+                1 for j in range(1, num_new) if min(length, CFG.block_size) + j > CFG.block_size
+            )
+            self.assertEqual(tokens_past_block(CFG, length, num_new), cropped)
+            self.assertEqual(
+                tokens_past_block(CFG.replace(pos_encoding="rope"), length, num_new), 0
+            )
 
 
 class BadInputTest(chex.TestCase):
@@ -258,6 +367,10 @@ class BadInputTest(chex.TestCase):
     def test_bad_sampling_settings(self, kwargs, message):
         with self.assertRaisesRegex(ValueError, message):
             self._generate(_prompts_BxT(), **kwargs)
+
+    def test_bad_batch_size(self):
+        with self.assertRaisesRegex(ValueError, "batch_size=0 must be a positive int"):
+            self._generate(_prompts_BxT(), batch_size=0)
 
     def test_max_len_exceeded(self):
         cfg = CFG.replace(pos_encoding="rope")
