@@ -29,6 +29,7 @@ from minigpt_jax.io.sampling import (
 )
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
+from minigpt_jax.signals import StopRequest
 
 COMMAND = "minigpt-jax sample"
 
@@ -212,35 +213,14 @@ def _duration(seconds: float) -> str:
 # ----------------------------------------------------------------------------- the command
 
 
-class _StopRequest:
+class _StopRequest(StopRequest):
     """SIGINT and SIGTERM as a flag that sampling reads between compiled calls; a second signal
     raises KeyboardInterrupt at once."""
 
-    def __init__(self):
-        self.signal_name: str | None = None
-        self.signal_number = 0
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        del frame
+    def on_signal(self, sig: signal.Signals) -> None:
         if self.signal_name is not None:
             raise KeyboardInterrupt
-        self.signal_name, self.signal_number = signal.Signals(signum).name, signum
-
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        super().on_signal(sig)
 
 
 def print_samples(

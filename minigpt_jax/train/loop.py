@@ -26,6 +26,7 @@ from minigpt_jax.io.pretrained import check_fits, load_model, params_for
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
+from minigpt_jax.signals import StopRequest
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
 from minigpt_jax.train.optimizers import make_optimizer
@@ -58,28 +59,18 @@ class StopBeforeTraining(BaseException):
         self.signal_name, self.phase = signal_name, phase
 
 
-class _StopRequest:
+class _StopRequest(StopRequest):
     """Turns SIGINT/SIGTERM into a flag the loop checks between compiled calls (and between
     evaluation batches); while `phase` names a setup step, the signal raises
     StopBeforeTraining at once instead (nothing is trained yet, so nothing needs saving)."""
 
     def __init__(self):
-        self.signal_name: str | None = None
+        super().__init__()
         self.phase: str | None = None  # set by setup_phase until the loop starts
         self.step = 0  # where a run stopped during its setup stands
-        self._previous = {}
 
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        del frame
-        self.signal_name = signal.Signals(signum).name
+    def on_signal(self, sig: signal.Signals) -> None:
+        super().on_signal(sig)
         if self.phase is not None:
             raise StopBeforeTraining(self.signal_name, self.phase)
 
@@ -89,13 +80,6 @@ class _StopRequest:
         self.phase, self.step = phase, step
         if self.signal_name is not None:
             raise StopBeforeTraining(self.signal_name, phase)
-
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclasses.dataclass
