@@ -100,6 +100,17 @@ def figure(panels: list[tuple[str, list]], target: float, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def one_trick_at_a_time(contestant: str, base_label: str, args, *, remove: bool) -> list:
+    """[(label, result)]: `contestant` as it is, then with each trick of TRICKS on its own
+    undone (remove: the speedrun) or added (the course config)."""
+    rows = [(base_label, run(contestant, {}, args))]
+    for label, undo, add in TRICKS:
+        sign, changes = ("−", undo) if remove else ("+", add)
+        rows.append((f"{sign} {label}", run(contestant, changes, args)))
+        print(rows[-1][0], rows[-1][1]["seconds"], rows[-1][1]["steps"], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -115,22 +126,13 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    removed, lines = [], []
+    removed, added, lines = [], [], []
     if not args.skip_removed:
-        speedrun = run("speedrun", {}, args)
-        removed = [("speedrun (all tricks)", speedrun)]
-        for label, undo, _ in TRICKS:
-            removed.append((f"− {label}", run("speedrun", undo, args)))
-            print(removed[-1][0], removed[-1][1]["seconds"], removed[-1][1]["steps"], flush=True)
-        lines = ["Removing one trick from the speedrun:", *table(removed, speedrun)]
-    added = []
+        removed = one_trick_at_a_time("speedrun", "speedrun (all tricks)", args, remove=True)
+        lines = ["Removing one trick from the speedrun:", *table(removed, removed[0][1])]
     if not args.skip_added:
-        course = run("course", {}, args)
-        added = [("course config", course)]
-        for label, _, add in TRICKS:
-            added.append((f"+ {label}", run("course", add, args)))
-            print(added[-1][0], added[-1][1]["seconds"], added[-1][1]["steps"], flush=True)
-        lines += ["", "Adding one trick to the course config:", *table(added, course)]
+        added = one_trick_at_a_time("course", "course config", args, remove=False)
+        lines += ["", "Adding one trick to the course config:", *table(added, added[0][1])]
     for line in lines:
         print(line)
     (out / "ablation.md").write_text("\n".join(lines) + "\n")
