@@ -233,13 +233,17 @@ def host_memory_available() -> int | None:
     return None
 
 
+def on_cpu(mesh: Mesh) -> bool:
+    """Whether the mesh's devices are CPU devices (which share the host's RAM)."""
+    return all(d.platform == "cpu" for d in mesh.devices.flat)
+
+
 def memory_available(mesh: Mesh) -> int | None:
     """Bytes the mesh's devices can hold in all: the sum of each accelerator's limit, or the
     host's free RAM for CPU devices (which share it); None if unknown."""
-    devices = list(mesh.devices.flat)
-    if all(d.platform == "cpu" for d in devices):
+    if on_cpu(mesh):
         return host_memory_available()
-    limits = _memory_limits(devices)
+    limits = _memory_limits(list(mesh.devices.flat))
     return None if limits is None else sum(limits)
 
 
@@ -248,7 +252,7 @@ def memory_per_device(mesh: Mesh) -> tuple[int, int] | None:
     the mesh: each accelerator's limit (the smallest), shared by 1; or the host's free RAM,
     shared by every local CPU device. None if unknown."""
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    if all(d.platform == "cpu" for d in local):
+    if on_cpu(mesh):
         free = host_memory_available()
         return None if free is None else (free, len(local))
     limits = _memory_limits(local)

@@ -265,7 +265,7 @@ class Trainer:
         if account is None or room is None:
             return
         (total, arguments), (available, sharing) = account, room
-        on_cpu = _on_cpu(self.mesh)
+        on_cpu = sharding.on_cpu(self.mesh)
         # CPU devices share the host's free RAM, which already holds the state and batches.
         needed = (total - arguments) * sharing if on_cpu else total
         if needed > available:
@@ -650,10 +650,6 @@ def non_finite_error(what: str, step: int, checkpointer: Checkpointer) -> Floati
             else "No checkpoint was saved yet; lower optim.lr and start again."
         )
     )
-
-
-def _on_cpu(mesh) -> bool:
-    return all(d.platform == "cpu" for d in mesh.devices.flat)
 
 
 def _finite_or_none(value: float) -> float | None:
