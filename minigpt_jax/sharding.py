@@ -233,6 +233,18 @@ def host_memory_available() -> int | None:
     return None
 
 
+def free_memory() -> tuple[int | None, str]:
+    """(bytes, where): what the default device can still allocate (bytes_limit - bytes_in_use),
+    or the host's available RAM for a CPU; None when the backend does not say."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return host_memory_available(), "host RAM"
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return None, str(device)
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), f"{device} memory"
+
+
 def on_cpu(mesh: Mesh) -> bool:
     """Whether the mesh's devices are CPU devices (which share the host's RAM)."""
     return all(d.platform == "cpu" for d in mesh.devices.flat)

@@ -20,7 +20,7 @@ from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import check_token_ids, read_out
 from minigpt_jax.model.gpt import GPT, Params, head_weight, init_cache
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.sharding import host_memory_available
+from minigpt_jax.sharding import free_memory
 
 Array = chex.Array
 
@@ -166,18 +166,6 @@ def row_bytes(cfg: GPTConfig, slots: Slots, return_logits: bool = False) -> dict
     return parts
 
 
-def free_memory() -> tuple[int | None, str]:
-    """(bytes, where): what the default device can still allocate (bytes_limit - bytes_in_use),
-    or the host's available RAM for a CPU; None when the backend does not say."""
-    device = jax.devices()[0]
-    if device.platform == "cpu":
-        return host_memory_available(), "host RAM"
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if not stats or "bytes_limit" not in stats:
-        return None, str(device)
-    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), f"{device} memory"
-
-
 class SamplingPlan(NamedTuple):
     """How `generate` splits its prompts: `batch_size` rows per compiled batch (the last one is
     padded to it), so that `row_bytes` × batch_size stays within `budget` bytes."""
@@ -202,7 +190,8 @@ def plan_sampling(
     return_logits: bool = False,
 ) -> SamplingPlan:
     """Batches of at most `batch_size` rows (default: all) that fit in `memory_bytes` (default:
-    MEMORY_FRACTION of `free_memory()`), or a ValueError naming the figures when one row does not.
+    MEMORY_FRACTION of `sharding.free_memory()`), or a ValueError naming the figures when one
+    row does not.
     """
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
         raise ValueError(f"batch_size={batch_size!r} must be a positive int, or None for all.")
