@@ -83,7 +83,7 @@ def _raised_in_orbax(error: BaseException | None) -> bool:
     while error is not None:
         traceback = error.__traceback__
         while traceback is not None:
-            if f"{os.sep}orbax{os.sep}" in traceback.tb_frame.f_code.co_filename:
+            if _orbax_code(traceback.tb_frame.f_code):
                 return True
             traceback = traceback.tb_next
         error = error.__cause__ or error.__context__
@@ -98,7 +98,11 @@ def _is_orbax_leftover(unraisable) -> bool:
             traceback = traceback.tb_next
         return traceback is not None and "asyncio" in traceback.tb_frame.f_code.co_filename
     code = getattr(unraisable.object, "cr_code", None)  # a coroutine collected unfinished
-    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+    return code is not None and _orbax_code(code)
+
+
+def _orbax_code(code) -> bool:
+    return f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 def _manager(directory: Path, items: tuple[str, ...], read_only=False):
