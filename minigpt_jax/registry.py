@@ -429,7 +429,7 @@ class Registry(Generic[Entry]):
         return (
             f"config.{self.config_key}={key!r} is not a known {self.kind}"
             + (f" (did you mean {close[0]!r}?)" if close else "")
-            + f"; the {self.kind}s are {', '.join(self.names())}{user}"
+            + f"; the {_plural(self.kind)} are {', '.join(self.names())}{user}"
         )
 
     def _unresolved(self, key: str, error: Exception) -> str:
@@ -437,8 +437,12 @@ class Registry(Generic[Entry]):
             f"config.{self.config_key}={key!r} names user code that cannot be loaded "
             f"({type(error).__name__}: {error}): put the module in the working directory or on "
             f"PYTHONPATH (a run trained with it needs it to resume, too), or pick one of the "
-            f"{self.kind}s {', '.join(self.names())}."
+            f"{_plural(self.kind)} {', '.join(self.names())}."
         )
+
+
+def _plural(kind: str) -> str:
+    return kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
 
 
 def _a(kind: str) -> str:

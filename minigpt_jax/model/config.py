@@ -14,12 +14,26 @@ import jax.numpy as jnp
 from minigpt_jax.model.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
 from minigpt_jax.model.positions import POSITION_ENCODINGS
+from minigpt_jax.registry import Registry
 from minigpt_jax.settings import MODEL, SPEED, check_values, declarations, setting
 
-_DTYPES = ("float32", "bfloat16", "float16")
-_DENSE_GRADS = ("auto", "autodiff", "direct")
+# Fixed sets of names, checked by their registries like every other choice (no module:attr).
+_DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}
+_DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
+_PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
+_DENSE_GRADS = Registry(
+    "Dense gradient",
+    "model.dense_grad",
+    {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
+    user_entries=False,
+)
 _ATTENTIONS = (AUTO, *ATTENTION_KERNELS)
-_REMATS = ("none", "dots", "full")
+_REMATS = Registry(
+    "remat policy",
+    "model.remat",
+    {"none": "keep all", "dots": "keep matmuls", "full": "keep block inputs"},  # gpt.py's policies
+    user_entries=False,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +185,9 @@ class GPTConfig:
         choices=_DTYPES,
         finetune_free=True,
     )
-    param_dtype: str = setting("float32", "parameters", MODEL, choices=_DTYPES, finetune_free=True)
+    param_dtype: str = setting(
+        "float32", "parameters", MODEL, choices=_PARAM_DTYPES, finetune_free=True
+    )
     # The values of the settings the picked entries declare (registry.declares), as sorted
     # (name, value) pairs, hashable for jit; an entry reads them as `cfg.<name>`.
     entry_settings: tuple[tuple[str, Any], ...] = ()
