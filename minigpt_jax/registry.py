@@ -8,6 +8,10 @@ without a fork:
 
     minigpt-jax train --config configs/tiny.py --config.optim.name=my_opts:lion
 
+An entry may declare the settings it reads (`declares`): they join the group of the config key
+that picks it (`--config.<group>.<name>=`), are checked, listed, recorded and resumed like the
+built-in ones (minigpt_jax.run_config).
+
 A leaf module: it imports nothing of minigpt_jax.
 """
 
@@ -25,6 +29,35 @@ Entry = TypeVar("Entry")
 
 class RegistryError(ValueError):
     """A registry key that names no entry; the message lists the entries and the user form."""
+
+
+# Every registry by the config key that picks its entries (run_config walks them).
+REGISTRIES: dict[str, Registry] = {}
+
+
+def declares(**fields: Any) -> Callable[[Entry], Entry]:
+    """Decorator: the entry reads these settings, each a `settings.setting(default, doc, kind,
+    **rules)`; they belong to the group of the config key that picks the entry. Works on
+    functions, classes and (frozen) dataclass instances; returns the entry itself."""
+
+    def attach(entry: Entry) -> Entry:
+        merged = {**(getattr(entry, "settings", None) or {}), **fields}
+        object.__setattr__(entry, "settings", merged)
+        return entry
+
+    return attach
+
+
+def declared_settings(entry: Any) -> dict[str, Any]:
+    """{name: dataclasses.Field of settings.setting} that `entry` declares ({} if none)."""
+    found = getattr(entry, "settings", None)
+    if not isinstance(found, dict):
+        return {}
+    return {
+        name: field
+        for name, field in found.items()
+        if hasattr(field, "metadata") and "setting" in field.metadata
+    }
 
 
 def is_user_key(key: str) -> bool:
@@ -63,12 +96,33 @@ class Registry(Generic[Entry]):
         entries: dict[str, Entry] | None = None,
         *,
         coerce: Callable[[Any], Entry] | None = None,
+        split: Callable[[str], list[str]] | None = None,
     ):
         self.kind = kind  # e.g. "optimizer": used in messages
         self.config_key = config_key  # e.g. "optim.name": the setting that picks an entry
         self._entries: dict[str, Entry] = dict(entries or {})
         self._coerce = coerce
         self._user: dict[str, Entry] = {}
+        self._raw: dict[str, Any] = {}  # what a user key's module holds, before coercion
+        self._split = split  # the keys one config value picks (loss.terms: several)
+        REGISTRIES[config_key] = self
+
+    @property
+    def group(self) -> str:
+        """The settings group the picking key belongs to ("" for a top-level key)."""
+        return self.config_key.rpartition(".")[0]
+
+    def keys_in(self, value: Any) -> list[str]:
+        """The entry keys a config value picks (one, or loss.terms' several)."""
+        if not isinstance(value, str):
+            return []
+        return self._split(value) if self._split else [value]
+
+    def settings_of(self, key: str) -> dict[str, Any]:
+        """{name: field} the entry picked by `key` declares (`declares`); raises RegistryError
+        for a key that picks no entry."""
+        entry = self[key]
+        return {**declared_settings(entry), **declared_settings(self._raw.get(key))}
 
     def register(self, name: str, entry: Entry) -> Entry:
         """Adds `entry` under `name` (a library extending the table from Python)."""
@@ -106,6 +160,7 @@ class Registry(Generic[Entry]):
                 value = import_attr(key)
             except (ImportError, AttributeError) as error:
                 raise RegistryError(self._unresolved(key, error)) from None
+            self._raw[key] = value
             try:
                 self._user[key] = self._coerce(value) if self._coerce else value
             except TypeError as error:

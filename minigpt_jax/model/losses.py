@@ -67,8 +67,17 @@ def _as_term(value: Any) -> LossTerm:
     )
 
 
+def _term_keys(spec: str) -> list[str]:
+    """The keys of `loss.terms`' comma-separated name[=weight] items."""
+    return [item.partition("=")[0].strip() for item in spec.split(",") if item.strip()]
+
+
 LOSS_TERMS: Registry[LossTerm] = Registry(
-    "loss term", "loss.terms", {"z_loss": LossTerm(z_loss, weight=1e-4)}, coerce=_as_term
+    "loss term",
+    "loss.terms",
+    {"z_loss": LossTerm(z_loss, weight=1e-4)},
+    coerce=_as_term,
+    split=_term_keys,
 )
 
 

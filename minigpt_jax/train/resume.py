@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.run_config import declaration
-from minigpt_jax.settings import SPEED, TRAJECTORY, declarations
+from minigpt_jax.run_config import declaration, entry_settings
+from minigpt_jax.settings import MODEL, SPEED, TRAJECTORY, declarations
 
 # GPTConfig fields that pick how the same model is computed (same params, same math within
 # float tolerance): a run may resume with other values, e.g. on another backend.
@@ -47,9 +47,19 @@ def _differences(saved: dict, current: dict, keep=lambda key: True, prefix: str 
     ]
 
 
-def _is_trajectory(dotted: str) -> bool:
+def _entry_kinds(config: dict) -> dict[str, str]:
+    """{"group.name": kind} of the settings the config's picked entries declare."""
+    return {
+        f"{group}.{name}": field.metadata["setting"].kind
+        for group, names in entry_settings(config).items()
+        for name, (field, _) in names.items()
+    }
+
+
+def _is_trajectory(dotted: str, entry_kinds: dict[str, str]) -> bool:
     spec = declaration(dotted)
-    return spec is not None and spec.kind == TRAJECTORY
+    kind = entry_kinds.get(dotted) if spec is None else spec.kind
+    return kind == TRAJECTORY
 
 
 def check_resume(
@@ -62,19 +72,29 @@ def check_resume(
     difference is an error unless allow_changes; then the accepted differences are returned
     for the caller to report.
     """
+    # Entry-owned settings are compared in the config below, each by its declared kind.
     model = _differences(
-        saved_meta.get("gpt_config", {}), meta["gpt_config"], lambda key: key not in SPEED_FIELDS
+        saved_meta.get("gpt_config", {}),
+        meta["gpt_config"],
+        lambda key: key not in SPEED_FIELDS and key != "entry_settings",
     )
+    saved_config = saved_meta.get("config")
+    entry_kinds = _entry_kinds(meta["config"])
+    if saved_config is not None:
+        model += _differences(
+            saved_config, meta["config"], lambda key: entry_kinds.get(key) == MODEL, "config."
+        )
     if model:
         raise ValueError(
             f"{checkpoint_dir} holds a different model than this config builds ("
             + "; ".join(model)
             + "). Use the saved settings to resume it, or a fresh --workdir for the new model."
         )
-    saved_config = saved_meta.get("config")
     if saved_config is None:  # written before configs were recorded: nothing to compare
         return []
-    trajectory = _differences(saved_config, meta["config"], _is_trajectory, "config.")
+    trajectory = _differences(
+        saved_config, meta["config"], lambda key: _is_trajectory(key, entry_kinds), "config."
+    )
     if trajectory and not allow_changes:
         raise ValueError(
             f"{checkpoint_dir} was trained with other settings ("
