@@ -108,12 +108,7 @@ def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
                 f"{key}={expected} is supported."
             )
     n_embd = hf.get("n_embd", 768)
-    n_inner = hf.get("n_inner") or 4 * n_embd
-    if n_inner % n_embd:
-        raise GPT2CheckpointError(
-            f"{where}: n_inner={n_inner} is not a multiple of n_embd={n_embd}; the MLP width "
-            f"here is mlp_ratio * n_embd."
-        )
+    n_inner = hf.get("n_inner") or 4 * n_embd  # any width: F = round(mlp_ratio * D)
     try:
         return GPTConfig(
             vocab_size=hf.get("vocab_size", 50257),
@@ -121,7 +116,7 @@ def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
             n_layer=hf.get("n_layer", 12),
             n_head=hf.get("n_head", 12),
             n_embd=n_embd,
-            mlp_ratio=n_inner // n_embd,
+            mlp_ratio=n_inner / n_embd,
             dropout=hf.get("resid_pdrop", 0.1),
             pos_encoding="learned",
             tie_embeddings=hf.get("tie_word_embeddings", True),

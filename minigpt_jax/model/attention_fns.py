@@ -33,7 +33,8 @@ import numpy as np
 
 from minigpt_jax.model import backend
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import Registry, declares
+from minigpt_jax.settings import MODEL, setting
 
 Array = chex.Array
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
@@ -106,6 +107,12 @@ def alibi_slopes(n_head: int, max_bias: float = 8.0) -> np.ndarray:
     return np.asarray(power_of_two(below) + extra, np.float32)
 
 
+# Press et al. (2022): slopes 2^(-8h/H); 8 is the paper's.
+@declares(
+    alibi_max_bias=setting(
+        8.0, "ALiBi's slopes are 2^(-alibi_max_bias * h / H)", MODEL, low=0.0, low_open=True
+    )
+)
 def alibi(scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg) -> Array:
     """ALiBi: scores − slope_h · |q position − k position|, slopes `alibi_slopes(H,
     cfg.alibi_max_bias)` (with causal masking, −slope · (t − s) for the keys t sees)."""
@@ -115,6 +122,12 @@ def alibi(scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array,
     return scores_BxHxTxS + bias_BxHxTxS
 
 
+# Gemma 2 (Team et al. 2024) caps attention logits at 50.
+@declares(
+    attention_softcap=setting(
+        50.0, "the cap of scores -> cap * tanh(scores / cap)", MODEL, low=0.0, low_open=True
+    )
+)
 def softcap(scores_BxHxTxS: Array, q_positions_BxT, k_positions_BxS, cfg) -> Array:
     """Gemma 2's attention-logit soft cap (Team et al. 2024): cap · tanh(scores / cap), cap
     cfg.attention_softcap."""

@@ -137,22 +137,6 @@ class GPTConfig:
         choices=ATTENTION_SCORES,
         gpt2="none",
     )
-    # Press et al. (2022): slopes 2^(-8h/H); 8 is the paper's.
-    alibi_max_bias: float = setting(
-        8.0,
-        "with attention_score alibi: slopes 2^(-alibi_max_bias * h / H)",
-        MODEL,
-        low=0.0,
-        low_open=True,
-    )
-    # Gemma 2 (Team et al. 2024) caps attention logits at 50.
-    attention_softcap: float = setting(
-        50.0,
-        "with attention_score softcap: scores -> cap * tanh(scores / cap)",
-        MODEL,
-        low=0.0,
-        low_open=True,
-    )
     # The NanoGPT speedrun zero-initialises every projection into the residual stream (and its
     # untied head): each block starts as the identity, and the first steps shape the readout.
     zero_init_proj: bool = setting(
