@@ -33,7 +33,7 @@ import numpy as np
 
 from minigpt_jax.model import backend
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import Registry, declares
+from minigpt_jax.registry import Registry, RegistryError, declares
 from minigpt_jax.settings import MODEL, setting
 
 Array = chex.Array
@@ -374,8 +374,13 @@ class KernelChoices:
         return iter([AUTO, *ATTENTION_KERNELS])
 
     def check(self, key: str) -> None:
-        if key != AUTO:
+        if key == AUTO:
+            return
+        try:
             ATTENTION_KERNELS.check(key)
+        except RegistryError as error:
+            kernels = "the attention kernels are "
+            raise RegistryError(str(error).replace(kernels, f"{kernels}{AUTO}, ", 1)) from None
 
 
 def check_kernel(cfg: GPTConfig) -> None:

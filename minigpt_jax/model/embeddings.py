@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
+
+GPTConfig = Any  # a config.GPTConfig (only named here: no import of config)
 
 Array = chex.Array
 
