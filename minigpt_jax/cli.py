@@ -45,6 +45,12 @@ _ALLOW_RESUME_CHANGES = flags.DEFINE_bool(
     False,
     "train: resume even though seed, batch_size, data or optim differ from the checkpoint's.",
 )
+_TRACEBACK = flags.DEFINE_bool(
+    "traceback",
+    False,
+    "print the whole traceback of an error (also: env MINIGPT_JAX_TRACEBACK=1); by default an "
+    "error in user code shows its config key and the user's own frames only.",
+)
 _PROMPT = flags.DEFINE_string("prompt", "\n", "sample: text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "sample: tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "sample: softmax temperature; 0 = greedy.")
@@ -204,7 +210,12 @@ def _run(argv: list[str]) -> None:
     }
     try:
         run[command]()
-    except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as error:
+    except Exception as error:
+        _exit_on_plugin_error(command, error)
+        if not isinstance(
+            error, (ValueError, TypeError, OSError, FloatingPointError, RuntimeError)
+        ):
+            raise
         # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
@@ -249,6 +260,24 @@ def _overrides(argv: list[str]) -> dict[str, str]:
                 value = argv[i + 1]
             found[match.group(1)] = value
     return found
+
+
+def _full_tracebacks() -> bool:
+    return _TRACEBACK.value or os.environ.get("MINIGPT_JAX_TRACEBACK", "") not in ("", "0")
+
+
+def _exit_on_plugin_error(command: str, error: Exception) -> None:
+    """An error raised in user code (a `module:attr` entry): exits with one header line naming
+    its config key and `module:attr`, then the user's own frames; --traceback: re-raises."""
+    from minigpt_jax.registry import PluginError, plugin_error
+
+    plugin = error if isinstance(error, PluginError) else plugin_error(error)
+    if plugin is None:
+        return
+    if _full_tracebacks():
+        raise error
+    print(f"minigpt-jax {command}: {plugin}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -28,9 +28,9 @@ from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
-from minigpt_jax.registry import REGISTRIES, RegistryError
+from minigpt_jax.registry import REGISTRIES, PluginError, RegistryError, is_user_key
 from minigpt_jax.settings import check_values, declarations
-from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax.train import optimizers  # noqa: F401 (its registries pick optim.*)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings). vocab_size is not a model key: the tokenizer decides it
@@ -88,7 +88,7 @@ def entry_settings(values: dict) -> dict[str, dict[str, tuple[Any, str]]]:
     for registry, key in picked_entries(values):
         try:
             declared = registry.settings_of(key)
-        except RegistryError:
+        except (RegistryError, PluginError):
             continue
         group = registry.group
         for name, field in declared.items():
@@ -283,11 +283,29 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
     config = complete(config)
     _check_values(config)
     _check_schedule(config)
-    OPTIMIZERS.check(config.optim.name)
-    SCHEDULES.check(config.optim.schedule)
+    for registry, key in picked_entries(config.to_dict()):
+        choices = getattr(declaration(registry.config_key), "choices", None)
+        if choices is None or key not in choices:  # e.g. model.attention's "auto"
+            registry.check(key)  # every key that picks an entry, checked by its registry
     parse_terms(config.loss.terms)
     _gpt_config(config, vocab_size=1)  # the tokenizer sets vocab_size later
+    check_entries(config)
     return config
+
+
+def check_entries(config: ml_collections.ConfigDict) -> None:
+    """Runs each picked user entry (`module:attr`) on its registry's contract's small probe
+    input (registry.Registry.check_contract), before any work: a model entry sees a GPTConfig
+    of this config's model group, the others their group's ConfigDict."""
+    model = None
+    for registry, key in picked_entries(config.to_dict()):
+        if not is_user_key(key) or registry.contract is None:
+            continue
+        if registry.group == "model":
+            model = model or _gpt_config(config, vocab_size=16)
+            registry.check_contract(key, model)
+        else:
+            registry.check_contract(key, config[registry.group] if registry.group else config)
 
 
 def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model import backend
+from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import Registry, RegistryError, declares
+from minigpt_jax.registry import ContractError, Registry, RegistryError, declares, expect_shape
 from minigpt_jax.settings import MODEL, setting
 
 Array = chex.Array
@@ -62,22 +62,36 @@ def _causal_or_full(q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConf
     return causal_mask(q_positions_BxT, k_positions_BxS) if cfg.causal else None
 
 
-def _as_mask(value: Any) -> AttentionMask:
-    if isinstance(value, AttentionMask):
-        return value
-    if callable(value):
-        return AttentionMask(value)
-    raise TypeError(
-        "an attention mask must be a function (q_positions_BxT, k_positions_BxS, cfg) -> "
-        f"mask_Bx1xTxS or an attention_fns.AttentionMask, got {type(value).__name__}."
-    )
+def _mask_contract(mask: AttentionMask, cfg: GPTConfig) -> None:
+    """mask.fn(q_positions_BxT, k_positions_BxS, cfg) is None or a bool array broadcasting to
+    (B, H, T, S) with its last two axes T and S (S > T: the KV cache's keys)."""
+    b, t, s = 2, 5, 7
+    q_positions_BxT = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    k_positions_BxS = jax.ShapeDtypeStruct((b, s), jnp.int32)
+    out = jax.eval_shape(lambda q, k: mask.fn(q, k, cfg), q_positions_BxT, k_positions_BxS)
+    if out is None:
+        return
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None or dtype != jnp.bool_:
+        raise ContractError(f"it returned {type(out).__name__} {dtype}, not a bool mask or None")
+    full = (b, cfg.n_head, t, s)
+    fits = len(shape) == 4 and tuple(shape[2:]) == (t, s)
+    if not fits or any(n not in (1, m) for n, m in zip(shape, full, strict=True)):
+        raise ContractError(
+            f"its mask has shape {tuple(shape)} for B={b}, T={t} queries and S={s} keys; it "
+            f"must broadcast to (B, H, T, S) = {full}, e.g. (B, 1, T, S)"
+        )
 
 
 ATTENTION_MASKS: Registry[AttentionMask] = Registry(
     "attention mask",
     "model.attention_mask",
     {"causal": AttentionMask(_causal_or_full, causal_triangle=True)},
-    coerce=_as_mask,
+    entry_class=AttentionMask,
+    arity=3,
+    shape="a function (q_positions_BxT, k_positions_BxS, cfg) -> mask_Bx1xTxS (bool) or None, "
+    "or an attention_fns.AttentionMask",
+    contract=_mask_contract,
 )
 
 
@@ -189,11 +203,43 @@ def _as_score(value: Any) -> Any:
     )
 
 
+def _score_contract(entry: Any, cfg: GPTConfig) -> None:
+    """entry(scores_BxHxTxS, q_positions_BxT, k_positions_BxS, cfg) is float scores of the same
+    shape (S > T: the KV cache's keys); a module entry's parameters each declare their
+    metadata."""
+    b, t, s = 2, 5, 7
+    scores = jax.ShapeDtypeStruct((b, cfg.n_head, t, s), jnp.float32)
+    q_positions = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    k_positions = jax.ShapeDtypeStruct((b, s), jnp.int32)
+    if isinstance(entry, type) and issubclass(entry, nn.Module):
+        module = entry(cfg)
+        out, variables = jax.eval_shape(
+            lambda *a: module.init_with_output(jax.random.key(0), *a, cfg),
+            scores,
+            q_positions,
+            k_positions,
+        )
+        _check_declared(variables)
+    else:
+        out = jax.eval_shape(lambda *a: entry(*a, cfg), scores, q_positions, k_positions)
+    expect_shape(out, scores.shape, "its scores (scores_BxHxTxS in)", dtype_kind="f")
+
+
+def _check_declared(variables: Any) -> None:
+    try:
+        param_meta.metadata(variables.get("params", {}), ("block_0", "attn", "score"))
+    except param_meta.UndeclaredParameterError as error:
+        raise ContractError(str(error).rstrip(".")) from None
+
+
 ATTENTION_SCORES: Registry[Any] = Registry(
     "attention score",
     "model.attention_score",
     {NO_SCORE: no_score, "alibi": alibi, "softcap": softcap, "relative": RelativeBias},
     coerce=_as_score,
+    shape="a function (scores_BxHxTxS, q_positions_BxT, k_positions_BxS, cfg) -> "
+    "scores_BxHxTxS, or a flax module class with a cfg field called so",
+    contract=_score_contract,
 )
 
 
@@ -360,8 +406,28 @@ ATTENTION_KERNELS: Registry[AttentionKernel] = Registry(
         ),
     },
     coerce=_as_kernel,
+    shape="an attention_fns.AttentionKernel, or a function (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, "
+    "mask, *, causal, score) -> out_BxTxHxK",
+    contract=lambda kernel, cfg: _kernel_contract(kernel, cfg),
 )
 AUTO = "auto"
+
+
+def _kernel_contract(kernel: AttentionKernel, cfg: GPTConfig) -> None:
+    """kernel.fn(q, k, v, mask, causal=, score=None) is out_BxTxHxK, with the causal triangle
+    and with a mask array (S > T: the KV cache's keys)."""
+    b, t, s, h, k = 2, 5, 7, cfg.n_head, cfg.head_dim
+    q = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
+    kv = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
+    out = jax.eval_shape(lambda *a: kernel.fn(*a, None, causal=True, score=None), q, kv, kv)
+    expect_shape(out, (b, t, h, k), "its output (q_BxTxHxK in)", dtype_kind="f")
+    if kernel.takes_any_mask:
+        keys = jax.ShapeDtypeStruct((b, s, h, k), cfg.compute_dtype)
+        mask = jax.ShapeDtypeStruct((b, 1, t, s), jnp.bool_)
+        out = jax.eval_shape(
+            lambda *a: kernel.fn(*a[:3], a[3], causal=False, score=None), q, keys, keys, mask
+        )
+        expect_shape(out, (b, t, h, k), "its output with a mask of S keys", dtype_kind="f")
 
 
 class KernelChoices:

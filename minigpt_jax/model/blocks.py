@@ -20,12 +20,14 @@ from typing import Any
 
 import chex
 import flax.linen as nn
+import jax
 
+from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import NORMS, activation_fn
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import ContractError, Registry, expect_shape
 
 Array = chex.Array
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
@@ -141,11 +143,30 @@ def _module_class(what: str, call: str) -> Callable[[Any], Any]:
     return coerce
 
 
+def _declared(variables: Any, prefix: tuple[str, ...]) -> None:
+    try:
+        param_meta.metadata(variables.get("params", {}), prefix)
+    except param_meta.UndeclaredParameterError as error:
+        raise ContractError(str(error).rstrip(".")) from None
+
+
+def _mlp_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
+    """entry(cfg)(x_BxTxD) is x_BxTxD's shape, and each of its matrices declares metadata."""
+    x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
+    out, variables = jax.eval_shape(
+        lambda x: entry(cfg).init_with_output(jax.random.key(0), x), x_BxTxD
+    )
+    expect_shape(out, x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
+    _declared(variables, ("block_0", "mlp"))
+
+
 MLPS: Registry[type[nn.Module]] = Registry(
     "MLP",
     "model.mlp",
     {"mlp": MLP, "swiglu": SwiGLU, "gated": GatedMLP},
     coerce=_module_class("MLP", "(x_BxTxD, deterministic=) -> out_BxTxD"),
+    shape="a flax module class with a cfg field, called (x_BxTxD, deterministic=) -> out_BxTxD",
+    contract=_mlp_contract,
 )
 
 
@@ -201,6 +222,20 @@ class ParallelBlock(nn.Module):
         return x_BxTxD + a_BxTxD + m_BxTxD, cache
 
 
+def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
+    """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None), and each of its matrices
+    declares metadata."""
+    x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
+    positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
+    out, variables = jax.eval_shape(
+        lambda x, p: entry(cfg).init_with_output(jax.random.key(0), x, p), x_BxTxD, positions_BxT
+    )
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ContractError(f"it returned {type(out).__name__}, not (x_BxTxD, cache)")
+    expect_shape(out[0], x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
+    _declared(variables, ("block_0",))
+
+
 BLOCKS: Registry[type[nn.Module]] = Registry(
     "block",
     "model.block",
@@ -208,4 +243,7 @@ BLOCKS: Registry[type[nn.Module]] = Registry(
     coerce=_module_class(
         "block", "(x_BxTxD, positions_BxT, deterministic, cache) -> (x_BxTxD, cache)"
     ),
+    shape="a flax module class with a cfg field, called (x_BxTxD, positions_BxT, "
+    "deterministic, cache) -> (x_BxTxD, cache)",
+    contract=_block_contract,
 )

@@ -21,8 +21,9 @@ only the params pytree that optax hands them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -80,15 +81,16 @@ def path_names(path) -> Path:
     return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def metadata(annotated_params: Any) -> dict[Path, ParamMeta]:
+def metadata(annotated_params: Any, prefix: Path = ()) -> dict[Path, ParamMeta]:
     """{parameter path: ParamMeta} of a boxed params tree (`init_annotated_params`'s, or its
-    `jax.eval_shape`). Raises UndeclaredParameterError for a matrix that declares none."""
+    `jax.eval_shape`; `prefix`: where a part's own tree sits in the model's). Raises
+    UndeclaredParameterError for a matrix that declares none."""
     leaves = jax.tree_util.tree_flatten_with_path(
         annotated_params, is_leaf=lambda x: isinstance(x, nn.Partitioned)
     )[0]
     found = {}
     for path, leaf in leaves:
-        names = path_names(path)
+        names = prefix + path_names(path)
         if isinstance(leaf, Declared):
             found[names] = leaf.meta
             continue
@@ -130,3 +132,16 @@ def lookup(path, leaf: Any) -> ParamMeta:
         f"decay): build the params with minigpt_jax.init_params (or init_annotated_params), "
         f"whose modules declare it with param_meta.declare."
     )
+
+
+@contextlib.contextmanager
+def using(metas: dict[Path, ParamMeta]) -> Iterator[None]:
+    """`lookup` reads `metas` instead of the recorded table while inside (a probe's params)."""
+    saved = dict(_RECORDED)
+    _RECORDED.clear()
+    _RECORDED.update(metas)
+    try:
+        yield
+    finally:
+        _RECORDED.clear()
+        _RECORDED.update(saved)

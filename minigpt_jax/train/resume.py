@@ -7,7 +7,8 @@ from each setting's declared kind (minigpt_jax.settings): MODEL settings must ma
 BOOKKEEPING ones are free (num_steps may grow: the schedule is then stretched from the resumed
 step on), TRAJECTORY ones are refused unless asked. The data itself is checked too: a checkpoint
 records the digest of the token stream it trained on (data.DataDigest), and another stream (an
-input edited, added or removed) is refused unless asked, like a trajectory setting.
+input edited, added or removed) is refused unless asked, like a trajectory setting; and the
+sha256 of every user module its `module:attr` keys import (edited plug-in code: the same).
 """
 
 from __future__ import annotations
@@ -138,3 +139,37 @@ def check_resume_data(
             "afresh: the old validation split is gone)."
         )
     return change
+
+
+def check_resume_plugins(
+    saved: dict[str, str] | None,
+    current: dict[str, str],
+    keys: dict[str, list[str]],
+    checkpoint_dir: str | Path,
+    *,
+    allow_changes: bool = False,
+) -> list[str]:
+    """Raises ValueError if a user module the run imports (registry.user_module_digests) has
+    another source than the checkpoint's; with allow_changes returns the changes to report.
+
+    saved / current: {module: sha256} of the checkpoint (None: written before digests were
+    recorded, nothing to compare) and of this run; keys: {module: [picking keys]} for the
+    message. A module only one side imports is a config difference, checked with the config.
+    """
+    if saved is None:
+        return []
+    changes = [
+        f"module {module} (sha256 {saved[module][:12]} -> {current[module][:12]}; "
+        f"{', '.join('config.' + key for key in keys.get(module, []))})"
+        for module in sorted(saved)
+        if module in current and saved[module] != current[module]
+    ]
+    if changes and not allow_changes:
+        raise ValueError(
+            f"{checkpoint_dir} was trained with other plug-in code: the source of "
+            + "; ".join(changes)
+            + " was edited since, so resuming would not continue the same run. Restore the "
+            "module, use a fresh --workdir, or pass --allow_resume_changes to continue with "
+            "the new code."
+        )
+    return [f"plug-in source {change}" for change in changes]
