@@ -159,14 +159,12 @@ def test_user_kernel_by_module_attr_trains(user_dir, tmp_path):
 
 
 def test_a_matrix_no_rule_covers_is_refused_naming_its_path(user_dir, tmp_path):
+    """Refused before training (the MLP registry's contract), naming the parameter's path,
+    the config key and what to declare."""
     result = _train(user_dir, tmp_path / "run", "--config.model.mlp=my_plain_mlp:Plain", ok=False)
-    assert "block_0/mlp/narrow/kernel" in result.stderr or "block_0/mlp/wide/kernel" in (
-        result.stderr
-    )
-    assert "param_meta.declare" in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
-        (tmp_path / "run" / "checkpoints").iterdir()
-    )
+    assert re.search(r"block_0/mlp/(narrow|wide)/kernel", result.stderr), result.stderr[-2000:]
+    assert "param_meta.declare" in result.stderr and "model.mlp" in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("kernel", ["xla", "my_kernels:KERNEL"])
