@@ -113,7 +113,7 @@ class GPTConfig:
         requirement="a positive number (8/3 = 2.6667 for LLaMA's SwiGLU)",
     )
     # LLaMA: F = 8/3 · D rounded up to a multiple of 256 (4096 -> 11008).
-    mlp_multiple: int = setting(1, "round F up to a multiple of this", MODEL, low=1, gpt2=1)
+    mlp_multiple: int = setting(1, "round F up to a multiple of this", MODEL, low=1)
     mlp: str = setting(
         "mlp",
         "the MLP: mlp (GPT-2's) | swiglu | gated, a key of blocks.MLPS or module:attr",
