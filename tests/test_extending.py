@@ -100,6 +100,10 @@ def test_the_docs_hold_every_example():
         "my_masks.py",
         "my_losses.py",
         "my_positions.py",
+        "my_mlp.py",
+        "my_blocks.py",
+        "my_scores.py",
+        "my_kernels.py",
         "to_jsonl.py",
     }
 
