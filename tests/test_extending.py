@@ -101,6 +101,8 @@ def test_the_docs_hold_every_example():
         "my_losses.py",
         "my_positions.py",
         "to_jsonl.py",
+        "my_schedule_free.py",
+        "my_metrics.py",
     }
 
 
