@@ -114,9 +114,9 @@ def _run_config(user_dir, *overrides):
 def _val_batches(config, workdir):
     """The fixed val batches every evaluation of the run uses."""
     dataset = dataset_from(config, workdir)
-    micro = config.batch_size // config.grad_accum_steps
+    micro, block = config.batch_size // config.grad_accum_steps, config.model.block_size
     return [
-        get_batch(dataset.val, micro, config.model.block_size, seed=config.seed, step=i, split="val")
+        get_batch(dataset.val, micro, block, seed=config.seed, step=i, split="val")
         for i in range(config.eval_batches)
     ]
 
