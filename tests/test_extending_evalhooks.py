@@ -283,7 +283,12 @@ def test_ema_tracks_the_moving_average_of_the_params():
 
 
 def test_ema_is_evaluated_and_resumes_bit_exactly(user_dir, tmp_path):
-    flags = ("--config.optim.eval_params=ema", "--config.optim.ema_decay=0.9")
+    # A constant schedule: the first leg's num_steps then leaves the trajectory unchanged.
+    flags = (
+        "--config.optim.eval_params=ema",
+        "--config.optim.ema_decay=0.9",
+        "--config.optim.schedule=constant",
+    )
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     _train(user_dir, whole, *flags)
     _train(user_dir, resumed, *flags, f"--config.num_steps={STEPS // 2}")
@@ -299,7 +304,12 @@ def test_ema_is_evaluated_and_resumes_bit_exactly(user_dir, tmp_path):
     chex.assert_trees_all_equal(ema, load_params(resumed)[0])
     trained = load_params(whole, trained=True)[0]
     chex.assert_trees_all_equal(trained, load_params(resumed, trained=True)[0])
-    config = _run_config(user_dir, ("optim.eval_params", "ema"), ("optim.ema_decay", 0.9))
+    config = _run_config(
+        user_dir,
+        ("optim.eval_params", "ema"),
+        ("optim.ema_decay", 0.9),
+        ("optim.schedule", "constant"),
+    )
     cfg = GPTConfig(**meta["gpt_config"])
     batches = _val_batches(config, tmp_path / "data")
     logged = [r for r in read_metrics(whole) if r["step"] == STEPS and "val_loss" in r][0]
