@@ -288,13 +288,10 @@ class Optim:
     eval_params: str = setting(
         "auto",
         "the params evaluation, best/, sampling and export use: auto (the optimizer's own: "
-        "schedule-free's x, else the trained ones) | params | ema | module:attr "
-        "(optimizers.EVAL_PARAMS)",
+        "schedule-free's x, else the trained ones) | params | ema (optim.ema_decay) | "
+        "module:attr (optimizers.EVAL_PARAMS)",
         TRAJECTORY,
         type=str,
-    )
-    ema_decay: float = setting(
-        0.999, "eval_params=ema: the moving average's decay", TRAJECTORY, low=0.0, high=1.0
     )
 
 

@@ -58,26 +58,27 @@ def embed_norm(params: Any, batch_BxT1: Array, intermediates: dict, cfg: Any) ->
     return jnp.sqrt(jnp.square(table_VxD).sum())
 
 
-def _as_metric(value: Any) -> Metric:
-    if isinstance(value, Metric):
-        return value
-    if callable(value):
-        return Metric(value)
-    raise TypeError(f"{CONTRACT}, got {type(value).__name__}.")
+def split_metrics(spec: str) -> list[str]:
+    """The keys of an `eval.metrics` value: its comma-separated items."""
+    return [part.strip() for part in spec.split(",") if part.strip()]
 
 
 METRICS: Registry[Metric] = Registry(
     "metric",
     "eval.metrics",
     {"attn_entropy": Metric(attn_entropy), "embed_norm": Metric(embed_norm)},
-    coerce=_as_metric,
+    entry_class=Metric,
+    arity=4,
+    shape="a function (params, batch_BxT1, intermediates, cfg) -> a float scalar, or an "
+    "eval_metrics.Metric",
+    split=split_metrics,
 )
 
 
 def parse_metrics(spec: str) -> tuple[str, ...]:
     """`eval.metrics` as (key, ...), every key resolved (RegistryError naming it and the fix).
     Hashable: the compiled metric step closes over it."""
-    keys = tuple(part.strip() for part in spec.split(",") if part.strip())
+    keys = tuple(split_metrics(spec))
     for key in keys:
         METRICS[key]
     names = [metric_name(key) for key in keys]

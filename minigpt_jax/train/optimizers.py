@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from minigpt_jax.registry import Registry, RegistryError
+from minigpt_jax.registry import ContractError, Registry, RegistryError, declares, expect_shape
+from minigpt_jax.settings import TRAJECTORY, setting
 
 Params = Any
 OptimizerFn = Callable[[Any, optax.Schedule], optax.GradientTransformation]
@@ -64,13 +65,43 @@ def adamw(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransforma
     )
 
 
-def _callable_entry(what: str) -> Callable[[Any], Any]:
-    def coerce(value: Any) -> Any:
-        if not callable(value):
-            raise TypeError(f"a {what} entry must be a function, got {type(value).__name__}.")
-        return value
+# A small parameter tree shaped like the model's (block and embedding paths), for the probes.
+_PROBE_PARAMS = {
+    "embed": {"tok": {"embedding": jax.ShapeDtypeStruct((16, 8), jax.numpy.float32)}},
+    "block_0": {
+        "mlp": {
+            "fc": {
+                "kernel": jax.ShapeDtypeStruct((8, 32), jax.numpy.float32),
+                "bias": jax.ShapeDtypeStruct((32,), jax.numpy.float32),
+            }
+        }
+    },
+}
 
-    return coerce
+
+def _optimizer_contract(entry: Any, optim: Any) -> None:
+    """The entry's transformation (`transformation`: a wrapper called, a factory filled) is an
+    optax.GradientTransformation whose updates have the parameters' tree and shapes."""
+    tx = transformation(optimizer_entry(entry).make, optim, optax.constant_schedule(optim.lr))
+
+    def one_update(params):
+        updates, _ = tx.update(params, tx.init(params), params)
+        return updates
+
+    updates = jax.eval_shape(one_update, _PROBE_PARAMS)
+    if jax.tree.structure(updates) != jax.tree.structure(_PROBE_PARAMS):
+        raise ContractError("its updates do not have the parameters' tree structure")
+    for update, param in zip(jax.tree.leaves(updates), jax.tree.leaves(_PROBE_PARAMS), strict=True):
+        expect_shape(update, param.shape, "each update")
+
+
+def _schedule_contract(make: ScheduleFn, optim: Any) -> None:
+    """make(optim, num_steps) is a function of the step returning a scalar learning rate."""
+    schedule = make(optim, 100)
+    if not callable(schedule):
+        raise ContractError(f"it returned {type(schedule).__name__}, not a function of the step")
+    step = jax.ShapeDtypeStruct((), jax.numpy.int32)
+    expect_shape(jax.eval_shape(schedule, step), (), "the learning rate", dtype_kind="fiu")
 
 
 def muon_dimension_numbers(params: Params) -> Params:
@@ -119,29 +150,28 @@ def muon(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformat
 class Optimizer:
     """An optimizer entry with its hooks: `make` is a wrapper `(optim, learning_rate) -> tx` or
     an optax factory; `eval_params(state, params) -> params` (None: the trained params) reads
-    the parameters to evaluate from `make`'s own state."""
+    the parameters to evaluate from `make`'s own state. Called like a wrapper."""
 
     make: Callable[..., optax.GradientTransformation]
     eval_params: EvalParamsFn | None = None
 
+    def __call__(self, optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+        return transformation(self.make, optim, learning_rate)
 
-OPTIMIZER_CONTRACT = (
-    "an optimizer entry is a function (optim, learning_rate) -> optax.GradientTransformation, "
-    "an optax factory whose first argument is learning_rate, or an optimizers.Optimizer"
+
+OPTIMIZER_SHAPE = (
+    "a function (optim, learning_rate) -> optax.GradientTransformation, an optax factory "
+    "whose first argument is learning_rate (optax:lion), or an optimizers.Optimizer"
 )
-
-
-def _as_optimizer_entry(value: Any) -> Any:
-    if isinstance(value, Optimizer) or callable(value):
-        return value
-    raise TypeError(f"{OPTIMIZER_CONTRACT} (it must be a function), got {type(value).__name__}.")
 
 
 OPTIMIZERS: Registry[OptimizerFn | Optimizer] = Registry(
     "optimizer",
     "optim.name",
     {"adamw": adamw, "muon": muon},
-    coerce=_as_optimizer_entry,
+    arity=2,
+    shape=OPTIMIZER_SHAPE,
+    contract=_optimizer_contract,
 )
 
 
@@ -168,10 +198,10 @@ NOT_FACTORY_ARGUMENTS = (
 MASK_ARGUMENTS = ("mask", "weight_decay_mask")
 
 
-def factory_kwargs(fn: Callable, optim: Any, learning_rate: optax.Schedule, key: str) -> dict:
+def factory_kwargs(fn: Callable, optim: Any, learning_rate: optax.Schedule) -> dict:
     """The keyword arguments of optax factory `fn` for this run: learning_rate <- the schedule,
     mask / weight_decay_mask <- `decay_mask`, any other parameter <- the optim setting of its
-    name (an entry-owned one too); the rest keep their defaults. Raises RegistryError naming
+    name (an entry-owned one too); the rest keep their defaults. Raises ContractError naming
     every required parameter that nothing fills, and how to supply it."""
     kwargs, missing = {}, []
     for name, parameter in inspect.signature(fn).parameters.items():
@@ -188,14 +218,13 @@ def factory_kwargs(fn: Callable, optim: Any, learning_rate: optax.Schedule, key:
                 missing.append(name)
     if missing:
         names = ", ".join(missing)
-        raise RegistryError(
-            f"config.optim.name={key!r}: the optax factory {getattr(fn, '__name__', fn)} needs "
-            f"{names}, which no optim setting fills (filled by name: learning_rate from the "
-            f"schedule, mask/weight_decay_mask from decay_mask, b1, b2, eps, weight_decay and "
-            f"the optim settings an entry declares); supply {names} in a wrapper "
-            f"`def my_opt(optim, learning_rate): return {getattr(fn, '__name__', 'factory')}"
-            f"(learning_rate, {missing[0]}=...)` in a file of your own and pass "
-            f"--config.optim.name=my_file:my_opt."
+        raise ContractError(
+            f"the optax factory {getattr(fn, '__name__', fn)} needs {names}, which no optim "
+            "setting fills (learning_rate, mask, weight_decay_mask and any argument named like "
+            "an optim setting are filled); supply it in a wrapper of your own, e.g. `def "
+            f"my_opt(optim, learning_rate): return {getattr(fn, '__name__', 'factory')}"
+            f"(learning_rate=learning_rate, {missing[0]}=...)` in my_file.py, and pass "
+            "--config.optim.name=my_file:my_opt"
         )
     return kwargs
 
@@ -208,24 +237,38 @@ def optimizer_entry(value: Any) -> Optimizer:
     return Optimizer(value, getattr(value, "eval_params", None))
 
 
+def transformation(
+    make: Callable[..., Any], optim: Any, learning_rate: optax.Schedule
+) -> optax.GradientTransformation:
+    """`make`'s transformation for this run: a factory called with `factory_kwargs`, a wrapper
+    as make(optim, learning_rate). Raises ContractError when a factory's required argument
+    cannot be filled, or when it returns anything but an optax.GradientTransformation."""
+    if is_optax_factory(make):
+        tx = make(**factory_kwargs(make, optim, learning_rate))
+    else:
+        tx = make(optim, learning_rate)
+    if not isinstance(tx, optax.GradientTransformation):
+        shown = repr(tx)
+        raise ContractError(
+            f"it returned {type(tx).__name__} "
+            f"({shown[:60] + '...' if len(shown) > 60 else shown}), not an "
+            "optax.GradientTransformation (return e.g. optax.adamw(learning_rate, ...))"
+        )
+    return tx
+
+
 def call_optimizer(
     entry: Optimizer, optim: Any, learning_rate: optax.Schedule, key: str
 ) -> optax.GradientTransformation:
-    """`entry.make`'s transformation for this run; RegistryError naming the contract when it
-    returns anything but an optax.GradientTransformation."""
-    if is_optax_factory(entry.make):
-        tx = entry.make(**factory_kwargs(entry.make, optim, learning_rate, key))
-    else:
-        tx = entry.make(optim, learning_rate)
-    if not isinstance(tx, optax.GradientTransformation):
-        shown = repr(tx)
+    """`transformation` of the entry `key` picks, its ContractError a RegistryError naming the
+    key and the contract."""
+    try:
+        return transformation(entry.make, optim, learning_rate)
+    except ContractError as error:
         raise RegistryError(
-            f"config.optim.name={key!r} returned {type(tx).__name__} "
-            f"({shown[:60] + '...' if len(shown) > 60 else shown}), not an "
-            f"optax.GradientTransformation: {OPTIMIZER_CONTRACT}; return the transformation "
-            "(e.g. optax.adamw(learning_rate, ...))."
-        )
-    return tx
+            f"config.optim.name={key!r} breaks the optimizer contract: {error}; an optimizer "
+            f"entry is {OPTIMIZER_SHAPE}."
+        ) from None
 
 
 # ----------------------------------------------------------------------------- eval params
@@ -294,23 +337,20 @@ class EvalParams:
     track: Callable[[optax.GradientTransformation, Any], optax.GradientTransformation] | None = None
 
 
-def _as_eval_params(value: Any) -> EvalParams:
-    if isinstance(value, EvalParams):
-        return value
-    if callable(value):
-        return EvalParams(value)
-    raise TypeError(
-        "an eval-params entry is a function (opt_state, params) -> params or an "
-        f"optimizers.EvalParams, got {type(value).__name__}."
+EMA = declares(
+    ema_decay=setting(
+        0.999, "eval_params=ema: the moving average's decay", TRAJECTORY, low=0.0, high=1.0
     )
-
+)(EvalParams(ema_params, track_ema))
 
 AUTO = "auto"  # the optimizer's own choice: its hook, schedule-free's x, or the trained params
 EVAL_PARAMS: Registry[EvalParams] = Registry(
     "eval-params choice",
     "optim.eval_params",
-    {AUTO: EvalParams(None), "params": EvalParams(None), "ema": EvalParams(ema_params, track_ema)},
-    coerce=_as_eval_params,
+    {AUTO: EvalParams(None), "params": EvalParams(None), "ema": EMA},
+    entry_class=EvalParams,
+    arity=2,
+    shape="a function (opt_state, params) -> params, or an optimizers.EvalParams",
 )
 
 
@@ -352,7 +392,9 @@ SCHEDULES: Registry[ScheduleFn] = Registry(
     "schedule",
     "optim.schedule",
     {"cosine": warmup_cosine, "constant": warmup_constant, "wsd": warmup_stable_decay},
-    coerce=_callable_entry("schedule"),
+    arity=2,
+    shape="a function (optim, num_steps) -> optax.Schedule",
+    contract=_schedule_contract,
 )
 
 
