@@ -285,6 +285,14 @@ class Optim:
     muon_momentum: float = setting(
         0.95, "muon: Nesterov momentum of the blocks' matrices", TRAJECTORY, low=0.0, high=1.0
     )
+    eval_params: str = setting(
+        "auto",
+        "the params evaluation, best/, sampling and export use: auto (the optimizer's own: "
+        "schedule-free's x, else the trained ones) | params | ema (optim.ema_decay) | "
+        "module:attr (optimizers.EVAL_PARAMS)",
+        TRAJECTORY,
+        type=str,
+    )
 
 
 CORPORA = ("pydoc", "shakespeare", "text")
@@ -354,5 +362,17 @@ class Loss:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Eval:
+    """config.eval: what every evaluation computes besides the losses."""
+
+    metrics: str = setting(
+        "",
+        "comma-separated metrics of eval_metrics.METRICS or module:attr, e.g. "
+        "'attn_entropy,embed_norm', logged as val_<name> and eval_train_<name>",
+        BOOKKEEPING,
+    )
+
+
 # The groups of a run config besides `model` (GPTConfig, minigpt_jax.model.config), by key.
-GROUPS: dict[str, type] = {"optim": Optim, "data": Data, "mesh": Mesh, "loss": Loss}
+GROUPS: dict[str, type] = {"optim": Optim, "data": Data, "mesh": Mesh, "loss": Loss, "eval": Eval}

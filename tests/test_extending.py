@@ -105,6 +105,8 @@ def test_the_docs_hold_every_example():
         "my_scores.py",
         "my_kernels.py",
         "to_jsonl.py",
+        "my_schedule_free.py",
+        "my_metrics.py",
     }
 
 

@@ -1,8 +1,10 @@
 """Orbax checkpoints: the latest few train states for resuming, and the best params by val loss.
 
 Layout under a run's workdir:
-  checkpoints/<step>/{state,meta}   latest `keep` train states (resume from the newest)
-  best/<step>/{params,meta}         params of the lowest val loss so far (for sampling)
+  checkpoints/<step>/{state,meta}   latest `keep` train states (resume from the newest), and
+                  .../eval_params   the params evaluation uses when they are not the trained
+                                    ones (optim.eval_params; meta["eval_params"] names them)
+  best/<step>/{params,meta}         the eval params of the lowest val loss so far (for sampling)
   <step>/sha256sums.txt             the digest of every file of the step, written after the save
                                     completes (`sha256sum -c sha256sums.txt` checks it by hand)
 Saves are synchronous and atomic (orbax writes a temporary directory, then renames it), so every
@@ -37,6 +39,8 @@ _log = logging.getLogger(__name__)
 LATEST_DIR = LATEST_DIRNAME  # the names RunDir gives checkpoints/ and best/
 BEST_DIR = BEST_DIRNAME
 DIGEST_FILENAME = "sha256sums.txt"
+LATEST_ITEMS = ("state", "meta", "eval_params")  # eval_params: only when not the trained ones
+EVAL_PARAMS_ITEM = LATEST_ITEMS[2]
 
 
 class CheckpointError(RuntimeError):
@@ -303,7 +307,7 @@ class Checkpointer:
         self._write = write_digests
         self._keep = keep
         self._writing = False
-        self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"), read_only=True)
+        self._latest = _manager(self.run_dir.checkpoints, LATEST_ITEMS, read_only=True)
         self._best = _manager(self.run_dir.best, ("params", "meta"), read_only=True)
         self._last_saved: int | None = None
         self._newest_intact: tuple[int | None] | None = None  # found once: hashing is not free
@@ -312,7 +316,7 @@ class Checkpointer:
         """Creates checkpoints/ and best/ and removes what an interrupted save left there."""
         if not self._writing:
             self.close()
-            self._latest = _manager(self.run_dir.checkpoints, ("state", "meta"))
+            self._latest = _manager(self.run_dir.checkpoints, LATEST_ITEMS)
             self._best = _manager(self.run_dir.best, ("params", "meta"))
             self._writing = True
 
@@ -324,11 +328,15 @@ class Checkpointer:
             self._newest_intact = (newest_intact_step(self._latest),)
         return self._newest_intact[0]
 
-    def save(self, state: Any, meta: dict) -> None:
-        """Saves the train state (a pytree with a `step`) and JSON metadata."""
+    def save(self, state: Any, meta: dict, eval_params: Any = None) -> None:
+        """Saves the train state (a pytree with a `step`) and JSON metadata, and the params to
+        evaluate when they are not state.params (`load_params` then reads them)."""
         self.start_writing()
         step = int(state.step)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if eval_params is not None:
+            items[EVAL_PARAMS_ITEM] = ocp.args.StandardSave(eval_params)
+        args = ocp.args.Composite(**items)
         _save(self._latest, step, args, self._write, self._keep)
         self._last_saved = step
 
@@ -395,8 +403,12 @@ def _on_one_device(manager, step: int, item: str) -> Any:
     )
 
 
-def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
-    """(params, meta) of a run for inference: `which` is 'latest' or 'best'.
+def load_params(
+    workdir: str | Path, which: str = "latest", *, trained: bool = False
+) -> tuple[Any, dict]:
+    """(params, meta) of a run for inference: `which` is 'latest' or 'best'; the params are the
+    run's eval params (meta["eval_params"] names them: schedule-free's x, an EMA, ...; 'best'
+    holds only those), or with trained=True the latest checkpoint's trained params.
 
     meta holds the run's 'gpt_config' (GPTConfig fields) and 'config' (the experiment config).
     """
@@ -408,27 +420,32 @@ def load_params(workdir: str | Path, which: str = "latest") -> tuple[Any, dict]:
             f"no checkpoints in {directory}: train first with "
             f"`minigpt-jax train --config configs/X.py --workdir {workdir}`."
         )
-    item = "state" if which == "latest" else "params"
+    if trained and which != "latest":
+        raise ValueError("best/ holds only the eval params: load which='latest' with trained.")
+    items = ("state", EVAL_PARAMS_ITEM) if which == "latest" else ("params",)
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     # orbax warns about each file a rotated-away step lacks; the retries below answer that.
     absl_logger.setLevel(logging.ERROR)
     try:
-        return _load_newest(directory, item, which)
+        return _load_newest(directory, items, trained)
     finally:
         absl_logger.setLevel(level)
 
 
-def _load_newest(directory: Path, item: str, which: str) -> tuple[Any, dict]:
+def _load_newest(directory: Path, items: tuple[str, ...], trained: bool) -> tuple[Any, dict]:
     # A trainer beside this reader may delete the step it picked (keeping only its newest):
     # then the next newest is read.
     for attempt in range(_READ_ATTEMPTS):
         manager = None
         try:
-            manager = _manager(directory, (item, "meta"), read_only=True)
+            manager = _manager(directory, (*items, "meta"), read_only=True)
             step = newest_intact_step(manager, wait_for_digest_s=_DIGEST_WAIT_S)
             if step is None:
                 raise CheckpointError(f"no complete checkpoint in {directory}.")
+            item = items[0]
+            if len(items) > 1 and not trained and (directory / str(step) / items[1]).is_dir():
+                item = items[1]  # the eval params, saved when they are not the trained ones
             try:
                 target = _on_one_device(manager, step, item)
             except Exception:  # orbax raises many types for a vanished step
@@ -449,7 +466,7 @@ def _load_newest(directory: Path, item: str, which: str) -> tuple[Any, dict]:
         finally:
             if manager is not None:
                 manager.close()
-        params = restored[item]["params"] if which == "latest" else restored[item]
+        params = restored[item]["params"] if item == "state" else restored[item]
         return params, restored["meta"]
     raise CheckpointError(
         f"the checkpoints in {directory} were removed {_READ_ATTEMPTS} times while they were "

@@ -25,21 +25,24 @@ from minigpt_jax import sharding
 from minigpt_jax.data import memory as data
 from minigpt_jax.io.pretrained import check_fits, load_model, params_for
 from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.registry import user_module_digests, user_modules
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
 from minigpt_jax.signals import StopRequest
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
-from minigpt_jax.train.optimizers import make_optimizer
+from minigpt_jax.train.optimizers import build_optimizer
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.run_lock import RunLock
 from minigpt_jax.train.step import (
     TrainState,
+    check_metrics,
     compiled_bytes,
     evaluate,
     make_eval_step,
     make_init_state,
+    make_metric_step,
     make_train_chunk,
     state_shardings,
     train_bytes_lower_bound,
@@ -146,8 +149,10 @@ class Trainer:
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
         self._on_phase("reading config.init_from", 0)
         self.pretrained = load_model(config.init_from) if config.init_from else None
-        self.tx, self.schedule = make_optimizer(config.optim, config.num_steps)
+        self.optimizer = build_optimizer(config.optim, config.num_steps)
+        self.tx, self.schedule = self.optimizer.tx, self.optimizer.schedule
         self.terms = parse_terms(config.loss.terms)
+        self.metrics = self._checked_metrics()
         self.mesh = sharding.make_mesh(config.mesh)
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
         self.micro_batch_size = config.batch_size // config.grad_accum_steps
@@ -181,12 +186,38 @@ class Trainer:
         if self.pretrained is not None and latest is None:
             check_fits(self.pretrained.cfg, self.cfg)
         self.shardings = state_shardings(self.cfg, self.tx, self.mesh)
+        # Which params evaluation, best/, sampling and export use, decided by the optimizer.
+        self.eval_params_name, select = self.optimizer.eval_params(self.shardings.opt_state)
+        self._select_eval_params = None
+        if select is not None:
+            self._select_eval_params = jax.jit(
+                lambda state: select(state.opt_state, state.params),
+                out_shardings=self.shardings.params,
+            )
         self.meta = {
             "gpt_config": dataclasses.asdict(self.cfg),
             "config": config.to_dict(),
             "data": self.dataset.digest.as_dict(),
+            "eval_params": self.eval_params_name,
             "plugins": user_module_digests(config),
         }
+
+    def _checked_metrics(self) -> tuple[str, ...]:
+        """config.eval.metrics resolved and probed against their contract (shapes only), before
+        anything is written; a name clashing with a loss term's is refused."""
+        config = self.config
+        metrics = parse_metrics(config.eval.get("metrics", ""))
+        taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in self.terms)}
+        for key in metrics:
+            if metric_name(key) in taken:
+                raise ValueError(
+                    f"config.eval.metrics: {key!r} is logged as {metric_name(key)!r}, the name "
+                    "of a loss value; rename the metric (its attr in module:attr)."
+                )
+        if metrics:
+            vocab_size = self.pretrained.cfg.vocab_size if self.pretrained else 256
+            check_metrics(gpt_config_from(config, vocab_size), metrics)
+        return metrics
 
     def _check_memory(self, vocab_size: int) -> None:
         """Refuses, before any array is allocated, a run whose state, batches, logits and
@@ -265,6 +296,11 @@ class Trainer:
         )
         self._check_compiled_memory()
         self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params, self.terms)
+        self._metric_fn = None
+        if self.metrics:
+            self._metric_fn = make_metric_step(
+                self.cfg, self.metrics, self.mesh, self.shardings.params
+            )
         self.compile_time_s = time.perf_counter() - compile_start
 
     def _check_compiled_memory(self) -> None:
@@ -355,14 +391,15 @@ class Trainer:
     def evaluate_and_keep_best(
         self, step: int, should_stop: Callable[[], bool] | None = None
     ) -> tuple[dict[str, float], dict[str, float]] | None:
-        """(val, train) results on the fixed eval batches, each {"loss": ..., term: ...}; saves
-        the params to best/ when the val loss is the lowest yet. None, with nothing recorded,
-        when should_stop() turned true between two batches."""
+        """(val, train) results of the eval params on the fixed eval batches, each {"loss": ...,
+        term: ..., metric: ...}; saves those params to best/ when the val loss is the lowest
+        yet. None, with nothing recorded, when should_stop() turned true between two batches."""
         results = []
+        params = self.eval_params()
         for tokens, split in ((self.dataset.val, "val"), (self.dataset.train, "train")):
             result = evaluate(
                 self._eval_fn,
-                self.state.params,
+                params,
                 tokens,
                 num_batches=self.config.eval_batches,
                 batch_size=self.micro_batch_size,  # what fits in memory
@@ -371,6 +408,7 @@ class Trainer:
                 split=split,
                 mesh=self.mesh,
                 should_stop=should_stop,
+                metric_fn=self._metric_fn,
             )
             if result is None:
                 return None
@@ -381,15 +419,21 @@ class Trainer:
             what = f"val loss {val_loss}"
             raise non_finite_error(what, step, self.checkpointer, self.terms, val)
         if val_loss < self.best_val:
-            self._check_params_finite(step)
+            self._check_params_finite(step, params)
             self.best_val = val_loss
-            self.checkpointer.save_best(
-                step, self.state.params, {**self.meta, "val_loss": val_loss}
-            )
+            self.checkpointer.save_best(step, params, {**self.meta, "val_loss": val_loss})
         return val, train
 
-    def _check_params_finite(self, step: int) -> None:
-        if not bool(jax.device_get(_all_finite(self.state.params))):
+    def eval_params(self) -> Any:
+        """The params evaluation, best/, sampling and export use (optim.eval_params): the
+        trained ones, or what the optimizer's hook selects from the train state."""
+        if self._select_eval_params is None:
+            return self.state.params
+        return self._select_eval_params(self.state)
+
+    def _check_params_finite(self, step: int, params: Any = None) -> None:
+        params = self.state.params if params is None else params
+        if not bool(jax.device_get(_all_finite(params))):
             raise non_finite_error("parameters", step, self.checkpointer)
 
     def save(self, pending_evaluation: bool = False) -> None:
@@ -399,7 +443,11 @@ class Trainer:
         meta = {**self.meta, "best_val_loss": _finite_or_none(self.best_val)}
         if pending_evaluation:
             meta["pending_evaluation"] = True
-        self.checkpointer.save(self.state, meta)
+        # Other eval params than the trained ones are saved beside the state, for sampling.
+        eval_params = None if self._select_eval_params is None else self.eval_params()
+        if eval_params is not None:
+            self._check_params_finite(self.step, eval_params)
+        self.checkpointer.save(self.state, meta, eval_params=eval_params)
 
 
 class RunLogger:

@@ -1,27 +1,50 @@
-"""Optimizers and learning-rate schedules: the registries `OPTIMIZERS` and `SCHEDULES`.
+"""Optimizers, learning-rate schedules and the parameters evaluation uses: the registries
+`OPTIMIZERS`, `SCHEDULES` and `EVAL_PARAMS`.
 
-An optimizer entry is one function `(optim, learning_rate) -> optax.GradientTransformation`:
-`optim` is the run config's optim group (read `optim.b1`, `optim.weight_decay`, ...) and
-`learning_rate` the schedule (a function of the step). A schedule entry is one function
-`(optim, num_steps) -> optax.Schedule`. `config.optim.name` and `config.optim.schedule` pick
-them by name, or name your own as `module:attr` (minigpt_jax.registry). Gradient clipping
+An optimizer entry is one of
+- a wrapper `(optim, learning_rate) -> optax.GradientTransformation`: `optim` is the run
+  config's optim group (read `optim.b1`, `optim.weight_decay`, ...) and `learning_rate` the
+  schedule (a function of the step);
+- an optax factory as it is (`optax:lion`, `optax.contrib:schedule_free_adamw`: a function of
+  optax's modules, or any whose first parameter is `learning_rate`): its keyword arguments are
+  filled by name (`factory_kwargs`): learning_rate <- the schedule, mask / weight_decay_mask <-
+  `decay_mask`, every other name <- the optim setting of that name (b1, b2, eps,
+  weight_decay, ...), the rest keep the factory's defaults;
+- an `Optimizer`: either of those with an `eval_params` hook (a wrapper function may carry
+  the hook as its attribute `eval_params` instead).
+Whatever it is, it must return an optax.GradientTransformation. A schedule entry is one
+function `(optim, num_steps) -> optax.Schedule`. `config.optim.name` and `config.optim.schedule`
+pick them by name, or name your own as `module:attr` (minigpt_jax.registry). Gradient clipping
 (`optim.grad_clip`) is applied before every optimizer.
+
+`config.optim.eval_params` picks the parameters that evaluation, the "best" checkpoint,
+sampling and export use (`EVAL_PARAMS`): `auto` (the optimizer's own hook; schedule-free's x
+for any optimizer whose state holds an optax.contrib.ScheduleFreeState; else the trained
+params), `params` (the trained params), `ema` (an exponential moving average of the params,
+`optim.ema_decay`, kept in the optimizer state), or `module:attr` (an `EvalParams`, or a
+function `(opt_state, params) -> params` over the whole optimizer's state).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.registry import ContractError, Registry, expect_shape
+from minigpt_jax.registry import ContractError, Registry, RegistryError, declares, expect_shape
+from minigpt_jax.settings import TRAJECTORY, setting
 
 Params = Any
 OptimizerFn = Callable[[Any, optax.Schedule], optax.GradientTransformation]
 ScheduleFn = Callable[[Any, int], optax.Schedule]
+# (an optimizer's state, params) -> the params to evaluate; optax's schedule_free_eval_params.
+EvalParamsFn = Callable[[optax.OptState, Params], Params]
 
 
 def decay_mask(params: Params) -> Params:
@@ -65,14 +88,10 @@ _PROBE_META = {
 }
 
 
-def _optimizer_contract(make: OptimizerFn, optim: Any) -> None:
-    """make(optim, schedule) is an optax.GradientTransformation whose updates have the
-    parameters' tree and shapes."""
-    tx = make(optim, optax.constant_schedule(optim.lr))
-    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
-        raise ContractError(
-            f"it returned {tx!r} ({type(tx).__name__}), not an optax.GradientTransformation"
-        )
+def _optimizer_contract(entry: Any, optim: Any) -> None:
+    """The entry's transformation (`transformation`: a wrapper called, a factory filled) is an
+    optax.GradientTransformation whose updates have the parameters' tree and shapes."""
+    tx = transformation(optimizer_entry(entry).make, optim, optax.constant_schedule(optim.lr))
 
     def one_update(params):
         updates, _ = tx.update(params, tx.init(params), params)
@@ -132,13 +151,211 @@ def muon(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformat
     )
 
 
-OPTIMIZERS: Registry[OptimizerFn] = Registry(
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """An optimizer entry with its hooks: `make` is a wrapper `(optim, learning_rate) -> tx` or
+    an optax factory; `eval_params(state, params) -> params` (None: the trained params) reads
+    the parameters to evaluate from `make`'s own state. Called like a wrapper."""
+
+    make: Callable[..., optax.GradientTransformation]
+    eval_params: EvalParamsFn | None = None
+
+    def __call__(self, optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+        return transformation(self.make, optim, learning_rate)
+
+
+OPTIMIZER_SHAPE = (
+    "a function (optim, learning_rate) -> optax.GradientTransformation, an optax factory "
+    "whose first argument is learning_rate (optax:lion), or an optimizers.Optimizer"
+)
+
+
+OPTIMIZERS: Registry[OptimizerFn | Optimizer] = Registry(
     "optimizer",
     "optim.name",
     {"adamw": adamw, "muon": muon},
     arity=2,
-    shape="a function (optim, learning_rate) -> optax.GradientTransformation",
+    shape=OPTIMIZER_SHAPE,
     contract=_optimizer_contract,
+)
+
+
+def is_optax_factory(fn: Callable) -> bool:
+    """Whether `fn` is an optax factory (called with keyword arguments filled by name) rather
+    than a wrapper (optim, learning_rate): a function of optax's modules, or one whose first
+    parameter is `learning_rate`."""
+    module = getattr(fn, "__module__", None) or ""
+    if module == "optax" or module.startswith("optax."):
+        return True
+    try:
+        parameters = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: not a factory
+        return False
+    return bool(parameters) and parameters[0] == "learning_rate"
+
+
+# Optim settings of the schedule, the clipping and the entry choice: never a factory's argument
+# (a factory's own `warmup_steps` would warm up a second time on top of the schedule's).
+NOT_FACTORY_ARGUMENTS = (
+    "name", "schedule", "lr", "min_lr", "warmup_steps", "decay_fraction", "grad_clip",
+    "eval_params", "ema_decay",
+)  # fmt: skip
+MASK_ARGUMENTS = ("mask", "weight_decay_mask")
+
+
+def factory_kwargs(fn: Callable, optim: Any, learning_rate: optax.Schedule) -> dict:
+    """The keyword arguments of optax factory `fn` for this run: learning_rate <- the schedule,
+    mask / weight_decay_mask <- `decay_mask`, any other parameter <- the optim setting of its
+    name (an entry-owned one too); the rest keep their defaults. Raises ContractError naming
+    every required parameter that nothing fills, and how to supply it."""
+    kwargs, missing = {}, []
+    for name, parameter in inspect.signature(fn).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name == "learning_rate":
+            kwargs[name] = learning_rate
+        elif name in MASK_ARGUMENTS:
+            kwargs[name] = decay_mask
+        elif name in optim and name not in NOT_FACTORY_ARGUMENTS:
+            kwargs[name] = optim[name]
+        elif parameter.default is parameter.empty or parameter.kind == parameter.POSITIONAL_ONLY:
+            if parameter.default is parameter.empty:
+                missing.append(name)
+    if missing:
+        names = ", ".join(missing)
+        raise ContractError(
+            f"the optax factory {getattr(fn, '__name__', fn)} needs {names}, which no optim "
+            "setting fills (learning_rate, mask, weight_decay_mask and any argument named like "
+            "an optim setting are filled); supply it in a wrapper of your own, e.g. `def "
+            f"my_opt(optim, learning_rate): return {getattr(fn, '__name__', 'factory')}"
+            f"(learning_rate=learning_rate, {missing[0]}=...)` in my_file.py, and pass "
+            "--config.optim.name=my_file:my_opt"
+        )
+    return kwargs
+
+
+def optimizer_entry(value: Any) -> Optimizer:
+    """Any form of optimizer entry as an `Optimizer` (a wrapper's `eval_params` attribute
+    becomes its hook)."""
+    if isinstance(value, Optimizer):
+        return value
+    return Optimizer(value, getattr(value, "eval_params", None))
+
+
+def transformation(
+    make: Callable[..., Any], optim: Any, learning_rate: optax.Schedule
+) -> optax.GradientTransformation:
+    """`make`'s transformation for this run: a factory called with `factory_kwargs`, a wrapper
+    as make(optim, learning_rate). Raises ContractError when a factory's required argument
+    cannot be filled, or when it returns anything but an optax.GradientTransformation."""
+    if is_optax_factory(make):
+        tx = make(**factory_kwargs(make, optim, learning_rate))
+    else:
+        tx = make(optim, learning_rate)
+    if not isinstance(tx, optax.GradientTransformation):
+        shown = repr(tx)
+        raise ContractError(
+            f"it returned {type(tx).__name__} "
+            f"({shown[:60] + '...' if len(shown) > 60 else shown}), not an "
+            "optax.GradientTransformation (return e.g. optax.adamw(learning_rate, ...))"
+        )
+    return tx
+
+
+def call_optimizer(
+    entry: Optimizer, optim: Any, learning_rate: optax.Schedule, key: str
+) -> optax.GradientTransformation:
+    """`transformation` of the entry `key` picks, its ContractError a RegistryError naming the
+    key and the contract."""
+    try:
+        return transformation(entry.make, optim, learning_rate)
+    except ContractError as error:
+        raise RegistryError(
+            f"config.optim.name={key!r} breaks the optimizer contract: {error}; an optimizer "
+            f"entry is {OPTIMIZER_SHAPE}."
+        ) from None
+
+
+# ----------------------------------------------------------------------------- eval params
+
+
+def schedule_free_states(opt_state: optax.OptState) -> list:
+    """The optax.contrib.ScheduleFreeState nodes of an optimizer state."""
+    kind = optax.contrib.ScheduleFreeState
+    leaves = jax.tree_util.tree_leaves(opt_state, is_leaf=lambda node: isinstance(node, kind))
+    return [leaf for leaf in leaves if isinstance(leaf, kind)]
+
+
+def schedule_free_x(opt_state: optax.OptState, params: Params) -> Params:
+    """Schedule-free's x, where it is meant to be evaluated (Defazio et al. 2024;
+    optax.contrib.schedule_free_eval_params), from the one ScheduleFreeState in opt_state; the
+    params a schedule-free optimizer trains are its y, where gradients are taken."""
+    (state,) = schedule_free_states(opt_state)
+    return optax.contrib.schedule_free_eval_params(state, params)
+
+
+class EmaState(NamedTuple):
+    """The state of `track_ema`: the wrapped optimizer's, and the params' moving average."""
+
+    count: jax.Array  # int32: updates averaged so far
+    inner: optax.OptState
+    ema: Params
+
+
+def track_ema(tx: optax.GradientTransformation, optim: Any) -> optax.GradientTransformation:
+    """`tx`, also keeping an exponential moving average of the params it produces: after
+    update t, ema <- d ema + (1 - d) params with d = min(optim.ema_decay, (1 + t) / (10 + t))
+    (the warmup of TensorFlow's ExponentialMovingAverage, so early averages are not mostly the
+    initialisation). Kept in the optimizer state, so a resumed run continues it bit-exactly."""
+    decay = optim.ema_decay
+
+    def init(params):
+        return EmaState(jnp.zeros((), jnp.int32), tx.init(params), params)
+
+    def update(updates, state, params=None, **extra_args):
+        if params is None:
+            raise ValueError("optim.eval_params=ema needs the params in tx.update.")
+        updates, inner = tx.update(updates, state.inner, params, **extra_args)
+        count = state.count + 1
+        d = jnp.minimum(decay, (1.0 + count) / (10.0 + count))
+        new_params = optax.apply_updates(params, updates)
+        ema = jax.tree_util.tree_map(
+            lambda e, p: (d * e + (1.0 - d) * p).astype(e.dtype), state.ema, new_params
+        )
+        return updates, EmaState(count, inner, ema)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def ema_params(opt_state: EmaState, params: Params) -> Params:
+    del params
+    return opt_state.ema
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParams:
+    """A choice of `optim.eval_params`: `select(opt_state, params) -> params` over the whole
+    optimizer's state (None: the trained params); `track(tx, optim) -> tx` wraps the optimizer
+    so that its state keeps what select reads (None: nothing to keep)."""
+
+    select: EvalParamsFn | None
+    track: Callable[[optax.GradientTransformation, Any], optax.GradientTransformation] | None = None
+
+
+EMA = declares(
+    ema_decay=setting(
+        0.999, "eval_params=ema: the moving average's decay", TRAJECTORY, low=0.0, high=1.0
+    )
+)(EvalParams(ema_params, track_ema))
+
+AUTO = "auto"  # the optimizer's own choice: its hook, schedule-free's x, or the trained params
+EVAL_PARAMS: Registry[EvalParams] = Registry(
+    "eval-params choice",
+    "optim.eval_params",
+    {AUTO: EvalParams(None), "params": EvalParams(None), "ema": EMA},
+    entry_class=EvalParams,
+    arity=2,
+    shape="a function (opt_state, params) -> params, or an optimizers.EvalParams",
 )
 
 
@@ -186,11 +403,47 @@ SCHEDULES: Registry[ScheduleFn] = Registry(
 )
 
 
+class OptimizerParts(NamedTuple):
+    """What `build_optimizer` makes: the transformation, its schedule, and `eval_params(opt_state)
+    -> (name, select)`: which params evaluation uses for a train state of this optimizer, its
+    name (recorded in checkpoints) and `select(opt_state, params) -> params` (None: the trained
+    params themselves)."""
+
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    eval_params: Callable[[optax.OptState], tuple[str, EvalParamsFn | None]]
+
+
+def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
+    """Global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s learning rate
+    (defaults: AdamW on linear warmup + cosine decay), wrapped as `optim.eval_params` needs.
+    Raises RegistryError for an entry that breaks its contract (before any work)."""
+    schedule = SCHEDULES[optim.get("schedule", "cosine")](optim, num_steps)
+    key = optim.get("name", "adamw")
+    entry = optimizer_entry(OPTIMIZERS[key])
+    optimizer = call_optimizer(entry, optim, schedule, key)
+    tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer)
+    choice = optim.get("eval_params", AUTO)
+    if choice != AUTO:
+        hook = EVAL_PARAMS[choice]
+        if hook.track is not None:
+            tx = hook.track(tx, optim)
+        return OptimizerParts(tx, schedule, lambda opt_state: (choice, hook.select))
+    if entry.eval_params is not None:  # the entry's hook reads its own state: (clip, entry)[1]
+        select = lambda state, params: entry.eval_params(state[1], params)  # noqa: E731
+        return OptimizerParts(tx, schedule, lambda opt_state: (key, select))
+
+    def auto(opt_state):
+        if len(schedule_free_states(opt_state)) == 1:
+            return "schedule_free", schedule_free_x
+        return "params", None
+
+    return OptimizerParts(tx, schedule, auto)
+
+
 def make_optimizer(
     optim: Any, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(tx, schedule): global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s
-    learning rate (defaults: AdamW on linear warmup + cosine decay)."""
-    schedule = SCHEDULES[optim.get("schedule", "cosine")](optim, num_steps)
-    optimizer = OPTIMIZERS[optim.get("name", "adamw")](optim, schedule)
-    return optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer), schedule
+    """(tx, schedule) of `build_optimizer`."""
+    parts = build_optimizer(optim, num_steps)
+    return parts.tx, parts.schedule
