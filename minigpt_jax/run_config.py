@@ -28,6 +28,7 @@ from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
+from minigpt_jax.registry import Registry
 from minigpt_jax.settings import check_values, declarations
 from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
 
@@ -154,6 +155,11 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
     _check_schedule(config)
     OPTIMIZERS.check(config.optim.name)
     SCHEDULES.check(config.optim.schedule)
+    data.CORPORA.check(config.data.corpus)
+    data.TOKENIZERS.check(config.data.tokenizer)
+    DATA_FORMATS.check(config.data.format)
+    if config.data.file_format:
+        data.FILE_FORMATS.check(config.data.file_format)
     parse_terms(config.loss.terms)
     GPTConfig(vocab_size=1, **config.model.to_dict())  # the tokenizer sets vocab_size later
     return config
@@ -175,31 +181,25 @@ def dataset_from(
     check_data: Callable[[data.DataDigest], None] | None = None,
 ) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
-    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there): held in RAM
-    (data.format "memory"), or memory-mapped from shards prepared on first use ("shards"). A
-    given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size.
-    check_data(digest) sees the digest of the token stream the run will train on once it is
-    known, and before_writing() is called once the data checks have passed; both come before
-    the first write, so a check_data that raises leaves every data file as it was."""
-    if config.data.format == "shards":
-        if workdir is None:
-            raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
-        prepare = functools.partial(
-            shards.sharded_dataset,
-            config.data,
-            config.model.block_size,
-            workdir,
-            tokenizer=tokenizer,
-            before_writing=before_writing,
-            check_data=check_data,
-        )
-        if jax.process_count() > 1:
-            # One process prepares the shards in the shared folder while the others wait;
-            # then every process maps them (and a host without that folder prepares its own).
-            if jax.process_index() == 0:
-                prepare(progress=progress)
-            multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
-        return prepare(progress=progress and jax.process_index() == 0)
+    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there), by the entry
+    of DATA_FORMATS that data.format picks: held in RAM ("memory"), or memory-mapped from
+    shards prepared on first use ("shards"). A given `tokenizer` (a pretrained model's)
+    replaces data.tokenizer and data.vocab_size. check_data(digest) sees the digest of the
+    token stream the run will train on once it is known, and before_writing() is called once
+    the data checks have passed; both come before the first write, so a check_data that raises
+    leaves every data file as it was."""
+    return DATA_FORMATS[config.data.format](
+        config,
+        workdir,
+        tokenizer,
+        progress=progress,
+        before_writing=before_writing,
+        check_data=check_data,
+    )
+
+
+def _memory_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+    del progress  # one call; nothing to show
     return data.prepare_dataset(
         config.data.corpus,
         config.data.path,
@@ -210,9 +210,51 @@ def dataset_from(
         config.data.val_fraction,
         tokenizer=tokenizer,
         text_field=config.data.text_field,
+        file_format=config.data.file_format,
+        data=config.data,
         before_writing=before_writing,
         check_data=check_data,
     )
+
+
+def _sharded_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+    if workdir is None:
+        raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
+    prepare = functools.partial(
+        shards.sharded_dataset,
+        config.data,
+        config.model.block_size,
+        workdir,
+        tokenizer=tokenizer,
+        before_writing=before_writing,
+        check_data=check_data,
+    )
+    if jax.process_count() > 1:
+        # One process prepares the shards in the shared folder while the others wait;
+        # then every process maps them (and a host without that folder prepares its own).
+        if jax.process_index() == 0:
+            prepare(progress=progress)
+        multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
+    return prepare(progress=progress and jax.process_index() == 0)
+
+
+def _as_data_format(value: Any) -> Callable[..., data.Dataset]:
+    if not callable(value) or isinstance(value, type):
+        raise TypeError(
+            "a data format is a function (config, workdir, tokenizer, *, progress, "
+            f"before_writing, check_data) -> data.Dataset, not {type(value).__name__}."
+        )
+    return value
+
+
+# How a run holds its tokens (data.format): each entry a function (config, workdir,
+# tokenizer, *, progress, before_writing, check_data) -> data.Dataset, as dataset_from calls it.
+DATA_FORMATS = Registry(
+    "data format",
+    "data.format",
+    {"memory": _memory_dataset, "shards": _sharded_dataset},
+    coerce=_as_data_format,
+)
 
 
 def add_config_root_to_path(config_path: str) -> None:
