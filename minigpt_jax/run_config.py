@@ -257,6 +257,30 @@ DATA_FORMATS = Registry(
 )
 
 
+# The built-in configs, shipped in the package (minigpt_jax/configs/*.py).
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_config_names() -> list[str]:
+    return sorted(p.stem for p in PACKAGED_CONFIGS.glob("*.py") if p.stem != "__init__")
+
+
+def config_file_of(spec: str) -> str:
+    """The `path[:arg]` a --config value names: a file as given; else a built-in config by
+    name (`tiny`, `tiny:arg`) or by the repository's path (`configs/tiny.py`, which then works
+    from any folder) as the packaged file."""
+    path, sep, arg = spec.partition(":")
+    if Path(path).is_file():
+        return spec
+    name = Path(path).stem if path.endswith(".py") else path
+    parent = Path(path).parent.name
+    if name in packaged_config_names() and (
+        (path == name) or (path.endswith(".py") and parent == "configs")
+    ):
+        return f"{PACKAGED_CONFIGS / name}.py{sep}{arg}"
+    return spec
+
+
 def add_config_root_to_path(config_path: str) -> None:
     """Configs import their siblings as `from configs import default`: puts the folder above
     the config file's folder on sys.path, wherever the command runs from."""
@@ -266,8 +290,9 @@ def add_config_root_to_path(config_path: str) -> None:
 
 
 def load_config_file(spec: str) -> Any:
-    """get_config(arg) of a config file given as `path[:arg]`, as the CLI's --config reads it."""
-    path, _, arg = spec.partition(":")
+    """get_config(arg) of a config file given as `path[:arg]` (or a built-in config's name:
+    `config_file_of`), as the CLI's --config reads it."""
+    path, _, arg = config_file_of(spec).partition(":")
     add_config_root_to_path(path)
     module_spec = importlib.util.spec_from_file_location("_minigpt_jax_config", path)
     module = importlib.util.module_from_spec(module_spec)
@@ -279,9 +304,13 @@ def config_file_problem(spec: str) -> str | None:
     """None if the config file `path[:arg]` loads and its get_config(arg) returns a ConfigDict;
     else one line saying what is wrong (a syntax error, no get_config, get_config raising or
     returning something else), for the command line to print instead of a traceback."""
+    spec = config_file_of(spec)
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
-        return f"--config {path}: no such file; give a config file such as configs/default.py."
+        return (
+            f"--config {path}: no such file; give a config file such as my_config.py, or a "
+            f"built-in config by name: {', '.join(packaged_config_names())}."
+        )
     try:
         config = load_config_file(spec)
     except SyntaxError as error:
