@@ -68,7 +68,7 @@ def cli(cwd: Path, site: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def train(cwd: Path, site: str, *args: str) -> subprocess.CompletedProcess:
-    result = cli(cwd, site, "train", "--workdir", "run", *FAST, *args)
+    result = cli(cwd, site, "train", "--workdir", "run", *args, *FAST)  # --config first
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -147,7 +147,7 @@ def test_csv_corpus_in_shards_resumes_and_sees_an_edit(site, tmp_path):
     assert json.loads((tmp_path / "run" / "shards" / "manifest.json").read_text()) == manifest
 
     write_csv(tmp_path / "corpus.csv", [d.replace("plain", "plane") for d in DOCUMENTS])
-    refused = cli(tmp_path, site, "train", "--workdir", "run", *FAST, *args, "--config.num_steps=4")
+    refused = cli(tmp_path, site, "train", "--workdir", "run", *args, *FAST, "--config.num_steps=4")
     assert refused.returncode != 0
     assert "was trained on other data" in refused.stderr, refused.stderr[-3000:]
     assert "--allow_resume_changes" in refused.stderr
