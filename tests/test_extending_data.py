@@ -129,6 +129,7 @@ def test_csv_corpus_in_memory_with_config_tiny(site, tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_csv_corpus_in_shards_resumes_and_sees_an_edit(site, tmp_path):
     """One document per row in the shards; a second run resumes on the prepared shards, and
     after a row is edited the resume is refused as for any changed data."""
@@ -299,3 +300,34 @@ def test_file_format_entries_are_checked():
         data.FILE_FORMATS.check("builtins:input")
     with pytest.raises(ValueError, match=r"not a known file format.*txt, jsonl, csv, parquet"):
         data.FILE_FORMATS.check("tsv")
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    write_parquet(tmp_path / "a.parquet")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` now fails
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ValueError, match=r"a.parquet: reading .parquet files needs pyarrow.*"):
+        data.load_text("text", tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=re.escape("pip install 'minigpt-jax[parquet]'")):
+        data.load_text("text", tmp_path / "a.parquet")
+
+
+def test_corpus_and_tokenizer_entries_of_your_own(tmp_path, monkeypatch):
+    """data.corpus and data.tokenizer take module:attr as the other registries do: a corpus
+    is (path, file_format) -> sources, a tokenizer (text, vocab_size, eot) -> Tokenizer."""
+    (tmp_path / "my_data.py").write_text(
+        "from minigpt_jax.data.corpus import Source\n"
+        "from minigpt_jax.data.tokenizers import CharTokenizer\n\n\n"
+        "def poem(path, file_format):\n"
+        "    return [Source.embedded('poem', 'abcab' * 40)]\n\n\n"
+        "def alphabet(text, vocab_size, eot=False):\n"
+        "    return CharTokenizer('abcdefgh', eot=eot)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dataset = data.prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
+    assert dataset.tokenizer.vocab_size == 8  # the entry's alphabet, not the text's 3 letters
+    assert dataset.tokenizer.decode(np.concatenate([dataset.train, dataset.val])) == "abcab" * 40
+    again = data.prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
+    assert again.digest == dataset.digest  # the saved tokenizer is reused on a second start
+    with pytest.raises(ValueError, match=r"data.tokenizer='my_data:nothing' names user code"):
+        data.TOKENIZERS.check("my_data:nothing")

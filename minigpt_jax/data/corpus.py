@@ -9,7 +9,7 @@ config key data.file_format), picked by its suffix:
   .parquet  one document per row of column `data.text_field`, read in record batches
             (pyarrow: the `parquet` extra).
 A file of another suffix is refused, never read as raw text, unless data.file_format picks a
-format for it (`formats_for`). `sources(path, picked)` resolves data.path to its input files:
+format for it (`format_of`). `sources(path, picked)` resolves data.path to its input files:
   - a file: that file;
   - a directory: every file below it of a known suffix, nested folders too, sorted by path;
   - anything else is a glob pattern (`**` included), sorted. A path that exists is never read as

@@ -69,7 +69,9 @@ def picked_format(key: str) -> FileFormat | None:
     if not key:
         return None
     entry = FILE_FORMATS[key]
-    return dataclasses.replace(entry, suffixes=()) if key in BUILTIN_FORMATS else entry
+    if key in BUILTIN_FORMATS:
+        return dataclasses.replace(entry, suffixes=())
+    return entry if entry.name else dataclasses.replace(entry, name=key)  # named in manifests
 
 
 def _pydoc_sources(path: str | os.PathLike | None, file_format: str) -> list[Source]:
