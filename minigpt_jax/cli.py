@@ -13,7 +13,9 @@
   minigpt-jax export --workdir runs/X --out HF_GPT2_DIR
   minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
-  minigpt-jax settings                 (every config key: default, kind and doc)
+  minigpt-jax settings [--config configs/X.py [--config.key=value ...]]
+                      (every config key: default, kind and doc, and the settings entries
+                       declare; with --config, that config's resolved values)
 
 Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) also takes
 `module:attr`, code of your own importable from the working directory (docs/extending.md).
@@ -26,8 +28,10 @@ import os
 import re
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings")
 
@@ -40,6 +44,12 @@ _ALLOW_RESUME_CHANGES = flags.DEFINE_bool(
     "allow_resume_changes",
     False,
     "train: resume even though seed, batch_size, data or optim differ from the checkpoint's.",
+)
+_TRACEBACK = flags.DEFINE_bool(
+    "traceback",
+    False,
+    "print the whole traceback of an error (also: env MINIGPT_JAX_TRACEBACK=1); by default an "
+    "error in user code shows its config key and the user's own frames only.",
 )
 _PROMPT = flags.DEFINE_string("prompt", "\n", "sample: text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "sample: tokens to generate.")
@@ -173,7 +183,8 @@ def _lab() -> None:
 def _settings() -> None:
     from minigpt_jax.run_config import settings_table
 
-    print(settings_table())
+    # With --config (and overrides): that config's resolved values and its entries' settings.
+    print(settings_table(_CONFIG.value))
 
 
 def _run(argv: list[str]) -> None:
@@ -199,7 +210,12 @@ def _run(argv: list[str]) -> None:
     }
     try:
         run[command]()
-    except (ValueError, TypeError, OSError, FloatingPointError, RuntimeError) as error:
+    except Exception as error:
+        _exit_on_plugin_error(command, error)
+        if not isinstance(
+            error, (ValueError, TypeError, OSError, FloatingPointError, RuntimeError)
+        ):
+            raise
         # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
@@ -217,9 +233,58 @@ def _run(argv: list[str]) -> None:
         sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
+class _EntrySettingsParser(ConfigFileFlagParser):
+    """Loads the --config file as ml_collections does, then adds the settings that the entries
+    it picks declare (the command line's picks included), so `--config.<group>.<name>=` finds
+    an entry's own setting."""
+
+    overrides: dict[str, str] = {}
+
+    def parse(self, path):
+        config = super().parse(path)
+        if isinstance(config, ml_collections.ConfigDict):
+            from minigpt_jax.run_config import add_entry_settings
+
+            add_entry_settings(config, self.overrides)
+        return config
+
+
+def _overrides(argv: list[str]) -> dict[str, str]:
+    """{dotted key: text} of the --config.<key>=<value> (or --config.<key> <value>) flags."""
+    found = {}
+    for i, arg in enumerate(argv):
+        match = re.match(r"--config\.([\w.]+)(?:=(.*))?$", arg, re.DOTALL)
+        if match:
+            value = match.group(2)
+            if value is None and i + 1 < len(argv):
+                value = argv[i + 1]
+            found[match.group(1)] = value
+    return found
+
+
+def _full_tracebacks() -> bool:
+    return _TRACEBACK.value or os.environ.get("MINIGPT_JAX_TRACEBACK", "") not in ("", "0")
+
+
+def _exit_on_plugin_error(command: str, error: Exception) -> None:
+    """An error raised in user code (a `module:attr` entry): exits with one header line naming
+    its config key and `module:attr`, then the user's own frames; --traceback: re-raises."""
+    from minigpt_jax.registry import PluginError, plugin_error
+
+    plugin = error if isinstance(error, PluginError) else plugin_error(error)
+    if plugin is None:
+        return
+    if _full_tracebacks():
+        raise error
+    print(f"minigpt-jax {command}: {plugin}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys, and
     a built-in config's name (`--config tiny`) turned into its packaged file."""
+    _EntrySettingsParser.overrides = _overrides(argv)
+    flags.FLAGS["config"].parser = _EntrySettingsParser("config", lock_config=True)
     config_path = _config_path(argv)
     if config_path:
         from minigpt_jax.run_config import (

@@ -8,23 +8,92 @@ without a fork:
 
     minigpt-jax train --config configs/tiny.py --config.optim.name=my_opts:lion
 
+An entry may declare the settings it reads (`declares`): they join the group of the config key
+that picks it (`--config.<group>.<name>=`), are checked, listed, recorded and resumed like the
+built-in ones (minigpt_jax.run_config).
+
+Every registry has one entry shape (`entry_class`, and/or a function of `arity` arguments)
+normalised by one coercion (`Registry.coerce`), which refuses without calling it anything else
+(a builtin such as `os:system`, a class, a constant); and a `contract(entry, probe_cfg)` run on a
+small probe input before any work (`Registry.check_contract`): a wrong output shape or type is
+refused naming the key, the `module:attr` and the contract. An exception raised by user code
+(importing it or running it) is a `PluginError` (`plugin_error`): one header line naming the
+config key and `module:attr`, then the frames of the user's own files. A run records the sha256
+of every user module it imports (`user_module_digests`).
+
 A leaf module: it imports nothing of minigpt_jax.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import importlib
+import importlib.util
+import inspect
+import linecache
 import os
 import sys
+import traceback
+import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 Entry = TypeVar("Entry")
 
 
 class RegistryError(ValueError):
-    """A registry key that names no entry; the message lists the entries and the user form."""
+    """A registry key that names no entry, or an entry that breaks its registry's contract;
+    the message names the key and what an entry must be."""
+
+
+class ContractError(Exception):
+    """Raised by a registry's contract: the probe's output is not what the model needs."""
+
+
+class PluginError(Exception):
+    """An exception raised in user code: `header` names the config key and `module:attr`,
+    `frames` the user's own frames (path:line and the source line); `__cause__` the original."""
+
+    def __init__(self, header: str, frames: list[str]):
+        super().__init__(header)
+        self.header, self.frames = header, frames
+
+    def __str__(self) -> str:
+        return "\n".join([self.header, *self.frames])
+
+
+# Every registry by the config key that picks its entries (run_config walks them).
+REGISTRIES: dict[str, Registry] = {}
+# {module name: (file, [picking keys])} of every user module a registry key imported.
+_USER_MODULES: dict[str, tuple[str | None, list[str]]] = {}
+
+
+def declares(**fields: Any) -> Callable[[Entry], Entry]:
+    """Decorator: the entry reads these settings, each a `settings.setting(default, doc, kind,
+    **rules)`; they belong to the group of the config key that picks the entry. Works on
+    functions, classes and (frozen) dataclass instances; returns the entry itself."""
+
+    def attach(entry: Entry) -> Entry:
+        merged = {**(getattr(entry, "settings", None) or {}), **fields}
+        object.__setattr__(entry, "settings", merged)
+        return entry
+
+    return attach
+
+
+def declared_settings(entry: Any) -> dict[str, Any]:
+    """{name: dataclasses.Field of settings.setting} that `entry` declares ({} if none)."""
+    found = getattr(entry, "settings", None)
+    if not isinstance(found, dict):
+        return {}
+    return {
+        name: field
+        for name, field in found.items()
+        if hasattr(field, "metadata") and "setting" in field.metadata
+    }
 
 
 def is_user_key(key: str) -> bool:
@@ -34,7 +103,8 @@ def is_user_key(key: str) -> bool:
 
 def import_attr(key: str) -> Any:
     """The attribute `attr` of module `module` for key `module:attr` (raises ImportError or
-    AttributeError). The working directory is searched too, as `python -m` would."""
+    AttributeError, or whatever the module raises while it is imported). The working directory
+    is searched too, as `python -m` would."""
     module_name, _, attr = key.partition(":")
     if not module_name or not attr:
         raise ImportError(f"{key!r} is not of the form module:attr")
@@ -48,12 +118,143 @@ def import_attr(key: str) -> Any:
     return value
 
 
+# ----------------------------------------------------------------------------- plug-in errors
+
+
+def _is_user_file(filename: str) -> bool:
+    """Whether a frame's file is user code: not the package, not an installed library, not
+    the standard library."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    package = os.path.dirname(os.path.realpath(__file__))
+    if path.startswith(package + os.sep) or "site-packages" in path or "dist-packages" in path:
+        return False
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    return not path.startswith(stdlib + os.sep)
+
+
+def _user_frames(error: BaseException) -> list[str]:
+    """`  File "path", line N, in fn` and its source line for each frame of user code in the
+    traceback (a SyntaxError's own location included)."""
+    lines = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        if _is_user_file(frame.filename):
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+            source = frame.line or linecache.getline(frame.filename, frame.lineno).strip()
+            if source:
+                lines.append(f"    {source}")
+    if isinstance(error, SyntaxError) and error.filename:
+        lines.append(f'  File "{error.filename}", line {error.lineno}')
+        if error.text:
+            lines.append(f"    {error.text.strip()}")
+    return lines
+
+
+def _user_files() -> dict[str, list[str]]:
+    """{real path of a user module's file: [picking keys]}."""
+    return {
+        os.path.realpath(file): keys for file, keys in _USER_MODULES.values() if file is not None
+    }
+
+
+def plugin_error(error: BaseException, *, where: str | None = None) -> PluginError | None:
+    """A PluginError for `error` when it was raised in user code picked by a registry key (or
+    `where` names the key), else None. Its header names the key(s) and the error."""
+    frames = _user_frames(error)
+    if where is None:
+        files = _user_files()
+        keys = [
+            key
+            for frame in traceback.extract_tb(error.__traceback__)
+            for key in files.get(os.path.realpath(frame.filename), ())
+        ]
+        if isinstance(error, SyntaxError) and error.filename:
+            keys += files.get(os.path.realpath(error.filename), [])
+        if not keys:
+            return None
+        where = " and ".join(dict.fromkeys(keys[-1:]))  # the innermost user frame's key
+    text = str(error).splitlines()[0] if str(error) else "no detail"
+    header = f"error in user code of {where}: {type(error).__name__}: {text}"
+    return PluginError(header, frames)
+
+
+# ----------------------------------------------------------------------------- digests
+
+
+def module_file(module_name: str) -> str | None:
+    """The source file of a module (a package's __init__.py), None if it has none."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if file is None:
+        spec = importlib.util.find_spec(module_name)
+        file = spec.origin if spec is not None and spec.has_location else None
+    return file
+
+
+def user_modules(config: Any) -> dict[str, list[str]]:
+    """{module: ["optim.name='my_opts:lion'", ...]}: the user modules a config's `module:attr`
+    keys import (config: a ConfigDict or nested dict), in the order the registries see them."""
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    found: dict[str, list[str]] = {}
+    for config_key, registry in REGISTRIES.items():
+        node: Any = values
+        for part in config_key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        for key in registry.keys_in(node):
+            if is_user_key(key):
+                module = key.partition(":")[0]
+                found.setdefault(module, []).append(f"{config_key}={key!r}")
+    return found
+
+
+def user_module_digests(config: Any) -> dict[str, str]:
+    """{module: sha256 of its source file} of every user module a `module:attr` key of
+    `config` imports (a run's identity: a resume on edited plug-in code is refused)."""
+    digests = {}
+    for module in user_modules(config):
+        file = module_file(module)
+        if file is not None and Path(file).is_file():
+            digests[module] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    return digests
+
+
+# ----------------------------------------------------------------------------- the one coercion
+
+
+def _is_function(value: Any) -> bool:
+    """A function of Python code or a wrapper of one (functools.partial, jax.jit, custom_jvp,
+    a callable instance): not a builtin, a class or a module."""
+    if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType)):
+        return False
+    if isinstance(value, functools.partial):
+        return _is_function(value.func) or isinstance(value.func, types.BuiltinFunctionType)
+    return callable(value) and not inspect.isbuiltin(value)
+
+
+def _arity_problem(value: Any, arity: int) -> str | None:
+    """None if `value` takes `arity` positional arguments, else what its signature is."""
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return None  # no signature to read (a C extension): the probe decides
+    try:
+        signature.bind(*range(arity))
+    except TypeError:
+        return f"its signature is {getattr(value, '__name__', 'it')}{signature}"
+    return None
+
+
 class Registry(Generic[Entry]):
     """A table of named entries of one kind of part.
 
-    `registry[key]` is the entry for a table name or for `module:attr`; `coerce` turns what a
-    user module holds (often a bare function) into an entry, and may raise TypeError naming what
-    the entry must be. Resolved user entries are cached, so a key imports its module once.
+    `registry[key]` is the entry for a table name or for `module:attr`. Entries have one shape:
+    an instance of `entry_class`, or (arity given) a function of `arity` positional arguments,
+    wrapped into `entry_class` when there is one (`shape` says it in words, for messages);
+    `coerce` replaces that rule for a registry whose entries need another. `contract(entry,
+    probe_cfg)` checks an entry on a small probe input, raising ContractError. `split` gives the
+    keys one config value picks (loss.terms: several). Resolved user entries are cached, so a
+    key imports its module once.
     """
 
     def __init__(
@@ -62,13 +263,50 @@ class Registry(Generic[Entry]):
         config_key: str,
         entries: dict[str, Entry] | None = None,
         *,
+        entry_class: type | None = None,
+        arity: int | None = None,
+        shape: str = "",
         coerce: Callable[[Any], Entry] | None = None,
+        contract: Callable[[Entry, Any], None] | None = None,
+        split: Callable[[str], list[str]] | None = None,
+        user_entries: bool = True,
     ):
         self.kind = kind  # e.g. "optimizer": used in messages
         self.config_key = config_key  # e.g. "optim.name": the setting that picks an entry
+        self.entry_class, self.arity, self.contract = entry_class, arity, contract
+        self.shape = shape or self._default_shape()
+        self.user_entries = user_entries  # False: a fixed set of names (dtypes, remat policies)
         self._entries: dict[str, Entry] = dict(entries or {})
         self._coerce = coerce
         self._user: dict[str, Entry] = {}
+        self._raw: dict[str, Any] = {}  # what a user key's module holds, before coercion
+        self._split = split
+        REGISTRIES[config_key] = self
+
+    def _default_shape(self) -> str:
+        parts = []
+        if self.arity is not None:
+            parts.append(f"a function of {self.arity} arguments")
+        if self.entry_class is not None:
+            parts.append(f"a {self.entry_class.__module__}.{self.entry_class.__qualname__}")
+        return " or ".join(parts) or "an object"
+
+    @property
+    def group(self) -> str:
+        """The settings group the picking key belongs to ("" for a top-level key)."""
+        return self.config_key.rpartition(".")[0]
+
+    def keys_in(self, value: Any) -> list[str]:
+        """The entry keys a config value picks (one, or loss.terms' several)."""
+        if not isinstance(value, str):
+            return []
+        return self._split(value) if self._split else [value]
+
+    def settings_of(self, key: str) -> dict[str, Any]:
+        """{name: field} the entry picked by `key` declares (`declares`); raises RegistryError
+        for a key that picks no entry."""
+        entry = self[key]
+        return {**declared_settings(entry), **declared_settings(self._raw.get(key))}
 
     def register(self, name: str, entry: Entry) -> Entry:
         """Adds `entry` under `name` (a library extending the table from Python)."""
@@ -90,39 +328,108 @@ class Registry(Generic[Entry]):
             return True
         try:
             self[key]
-        except RegistryError:
+        except (RegistryError, PluginError):
             return False
         return True
+
+    def coerce(self, value: Any) -> Entry:
+        """The entry for what a user module holds; raises TypeError saying what it must be,
+        without calling it."""
+        if self._coerce is not None:
+            return self._coerce(value)
+        if self.entry_class is not None and isinstance(value, self.entry_class):
+            return value
+        if self.arity is not None and _is_function(value):
+            problem = _arity_problem(value, self.arity)
+            if problem:
+                raise TypeError(f"{_a(self.kind)} entry is {self.shape}, but {problem}.")
+            return self.entry_class(value) if self.entry_class is not None else value
+        raise TypeError(
+            f"{_a(self.kind)} entry is {self.shape}, got {type(value).__name__} "
+            f"{_describe(value)}; it was not called."
+        )
 
     def __getitem__(self, key: str) -> Entry:
         if not isinstance(key, str):
             raise RegistryError(self._unknown(key))
         if key in self._entries:
             return self._entries[key]
-        if not is_user_key(key):
+        if not is_user_key(key) or not self.user_entries:
             raise RegistryError(self._unknown(key))
         if key not in self._user:
+            where = f"config.{self.config_key}={key!r}"
+            module_name = key.partition(":")[0]
             try:
                 value = import_attr(key)
-            except (ImportError, AttributeError) as error:
+            except ModuleNotFoundError as error:
+                if error.name is not None and module_name.startswith(error.name):
+                    raise RegistryError(self._unresolved(key, error)) from None
+                raise _from_user(error, where) from error
+            except AttributeError as error:
+                if module_name in sys.modules:
+                    self._note_module(module_name, key)
+                plugin = plugin_error(error, where=where)
+                if plugin.frames:  # raised by the module's own code
+                    raise plugin from error
                 raise RegistryError(self._unresolved(key, error)) from None
+            except Exception as error:  # SyntaxError included: the module's own code
+                raise _from_user(error, where) from error
+            self._note_module(module_name, key)
+            self._raw[key] = value
             try:
-                self._user[key] = self._coerce(value) if self._coerce else value
+                self._user[key] = self.coerce(value)
             except TypeError as error:
-                raise RegistryError(f"config.{self.config_key}={key!r}: {error}") from None
+                raise RegistryError(f"{where}: {error}") from None
         return self._user[key]
+
+    def _note_module(self, module_name: str, key: str) -> None:
+        file, keys = _USER_MODULES.get(module_name, (None, []))
+        where = f"config.{self.config_key}={key!r}"
+        if where not in keys:
+            keys.append(where)
+        _USER_MODULES[module_name] = (file or module_file(module_name), keys)
 
     def check(self, key: str) -> None:
         """Raises RegistryError when `key` picks no entry (before a run writes anything)."""
         self[key]
 
+    def check_contract(self, key: str, probe_cfg: Any) -> None:
+        """Runs the registry's contract on the entry `key` picks (a small probe input, before
+        any work): raises RegistryError naming the key and the contract when the entry breaks
+        it, PluginError when the entry's own code raises."""
+        entry = self[key]
+        if self.contract is None:
+            return
+        where = f"config.{self.config_key}={key!r}"
+        try:
+            self.contract(entry, probe_cfg)
+        except ContractError as error:
+            raise RegistryError(
+                f"{where} breaks the {self.kind} contract: {error}; {_a(self.kind)} entry is "
+                f"{self.shape}."
+            ) from None
+        except Exception as error:
+            plugin = plugin_error(error, where=where)
+            if not plugin.frames:
+                raise RegistryError(
+                    f"{where} fails on a probe input ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else 'no detail'}); "
+                    f"{_a(self.kind)} entry is {self.shape}."
+                ) from None
+            raise plugin from error
+
     def _unknown(self, key: object) -> str:
         close = difflib.get_close_matches(str(key), self.names(), n=1)
+        user = (
+            ", or name your own code as module:attr (a module importable from the working "
+            "directory or PYTHONPATH)."
+            if self.user_entries
+            else "."
+        )
         return (
             f"config.{self.config_key}={key!r} is not a known {self.kind}"
             + (f" (did you mean {close[0]!r}?)" if close else "")
-            + f"; the {self.kind}s are {', '.join(self.names())}, or name your own code as "
-            f"module:attr (a module importable from the working directory or PYTHONPATH)."
+            + f"; the {_plural(self.kind)} are {', '.join(self.names())}{user}"
         )
 
     def _unresolved(self, key: str, error: Exception) -> str:
@@ -130,5 +437,39 @@ class Registry(Generic[Entry]):
             f"config.{self.config_key}={key!r} names user code that cannot be loaded "
             f"({type(error).__name__}: {error}): put the module in the working directory or on "
             f"PYTHONPATH (a run trained with it needs it to resume, too), or pick one of the "
-            f"{self.kind}s {', '.join(self.names())}."
+            f"{_plural(self.kind)} {', '.join(self.names())}."
         )
+
+
+def _plural(kind: str) -> str:
+    return kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
+
+
+def _from_user(error: BaseException, where: str) -> PluginError:
+    return plugin_error(error, where=where)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, types.BuiltinFunctionType):
+        return f"({getattr(value, '__module__', None) or 'builtins'}.{value.__name__}, a builtin)"
+    if isinstance(value, type):
+        return f"(the class {value.__qualname__})"
+    return ""
+
+
+def expect_shape(out: Any, shape: tuple[int, ...], what: str, *, dtype_kind: str = "") -> None:
+    """Raises ContractError unless `out` (an array or jax.ShapeDtypeStruct) has `shape` (and a
+    dtype of one of the numpy kinds in `dtype_kind`, e.g. "f" float, "b" bool); `what` names
+    the output in the message."""
+    got = getattr(out, "shape", None)
+    if got is None:
+        raise ContractError(f"{what} must be an array of shape {shape}, got {type(out).__name__}")
+    if tuple(got) != tuple(shape):
+        raise ContractError(f"{what} must have shape {tuple(shape)}, got {tuple(got)}")
+    kind = getattr(getattr(out, "dtype", None), "kind", "")
+    if dtype_kind and kind not in dtype_kind:
+        raise ContractError(f"{what} must have a dtype of kind {dtype_kind!r}, got {out.dtype}")

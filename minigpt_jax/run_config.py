@@ -28,9 +28,9 @@ from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import REGISTRIES, PluginError, Registry, RegistryError, is_user_key
 from minigpt_jax.settings import check_values, declarations
-from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES
+from minigpt_jax.train import optimizers  # noqa: F401 (its registries pick optim.*)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings). vocab_size is not a model key: the tokenizer decides it
@@ -44,11 +44,100 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def declaration(dotted: str) -> settings.Setting | None:
-    """The declaration of the setting `group.key` (or a top-level `key`), None if unknown."""
+def declaration(dotted: str, config: Any = None) -> settings.Setting | None:
+    """The declaration of the setting `group.key` (or a top-level `key`), None if unknown;
+    with `config`, the settings its picked entries declare count too."""
     group, _, key = dotted.rpartition(".")
     cls = GROUP_SETTINGS.get(group) if group else settings.Loop
-    return None if cls is None else declarations(cls).get(key)
+    found = None if cls is None else declarations(cls).get(key)
+    if found is None and config is not None:
+        field = entry_settings(_as_dict(config)).get(group, {}).get(key)
+        found = field[0].metadata["setting"] if field else None
+    return found
+
+
+# ----------------------------------------------------------------------------- entry settings
+
+
+def _as_dict(config: Any) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def picked_entries(values: dict) -> list[tuple[Any, str]]:
+    """(registry, key) of every entry the config's values pick (a registry key the config does
+    not hold takes its declared default)."""
+    picks = []
+    for config_key, registry in REGISTRIES.items():
+        group, _, name = config_key.rpartition(".")
+        node = values.get(group) if group else values
+        if not isinstance(node, dict) or name not in node:
+            spec = declaration(config_key)
+            if spec is None:
+                continue
+            node = {name: settings.defaults(GROUP_SETTINGS.get(group, settings.Loop))[name]}
+        picks.extend((registry, key) for key in registry.keys_in(node[name]))
+    return picks
+
+
+def entry_settings(values: dict) -> dict[str, dict[str, tuple[Any, str]]]:
+    """{group: {name: (field, "optim.name='mod:attr'")}}: the settings the picked entries
+    declare (registry.declares), in the group of the key that picks each. Raises ValueError for
+    a name that clashes with a built-in setting of the group, or that two entries declare
+    differently. A key that picks no entry is skipped (the checks name it)."""
+    found: dict[str, dict[str, tuple[Any, str]]] = {}
+    for registry, key in picked_entries(values):
+        try:
+            declared = registry.settings_of(key)
+        except (RegistryError, PluginError):
+            continue
+        group = registry.group
+        for name, field in declared.items():
+            where = f"config.{registry.config_key}={key!r}"
+            if name in EXPERIMENT_KEYS.get(group, ()) or name in ("vocab_size", "entry_settings"):
+                raise ValueError(
+                    f"{where} declares a setting {name!r}, which clashes with the built-in "
+                    f"config.{group}.{name}: rename the entry's setting (e.g. "
+                    f"{key.rpartition(':')[2]}_{name})."
+                )
+            previous = found.setdefault(group, {}).get(name)
+            if previous is not None and (previous[0].default, previous[0].metadata) != (
+                field.default,
+                field.metadata,
+            ):
+                raise ValueError(
+                    f"config.{group}.{name} is declared differently by {previous[1]} and by "
+                    f"{where}: rename one of them."
+                )
+            found[group].setdefault(name, (field, where))
+    return {group: names for group, names in found.items() if names}
+
+
+def add_entry_settings(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
+    """Adds to `config` (in place) the settings its picked entries declare, at their defaults,
+    so that `--config.<group>.<name>=` overrides find them; `overrides` ({dotted key: text} of
+    the command line) may pick other entries than the file does. Problems are left for the
+    checks to name."""
+    values = _as_dict(config)
+    for dotted, text in overrides.items():
+        if dotted in REGISTRIES:
+            group, _, name = dotted.rpartition(".")
+            node = values.setdefault(group, {}) if group else values
+            if isinstance(node, dict):
+                node[name] = text
+    try:
+        declared = entry_settings(values)
+    except ValueError:
+        return
+    with config.unlocked():
+        for group, names in declared.items():
+            if group not in config:
+                config[group] = ml_collections.ConfigDict()
+            node = config[group]
+            for name, (field, _) in names.items():
+                if name not in node:
+                    spec = field.metadata["setting"]
+                    default = field.default
+                    node[name] = config_dict.placeholder(spec.type) if default is None else default
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -69,22 +158,47 @@ def _defaults_of(cls: type) -> dict[str, Any]:
     }
 
 
-def settings_table() -> str:
-    """Every setting as `key  default  kind  doc`, group by group (`minigpt-jax settings`)."""
+def settings_table(config: Any = None) -> str:
+    """Every setting as `key  default  kind  doc`, group by group (`minigpt-jax settings`),
+    each group followed by the settings its built-in entries declare. With `config`, the
+    values of that (completed) config instead of the defaults, and the settings of the
+    entries it picks."""
+    if config is not None:
+        config = complete(config)
+        declared = entry_settings(config.to_dict())
+    else:
+        declared = _builtin_entry_settings()
     lines = []
     for group, cls in (("", settings.Loop), *GROUP_SETTINGS.items()):
         lines.append(f"config.{group}" if group else "config")
+        node = config if config is None or not group else config[group]
         for name, spec in declarations(cls).items():
             if cls is GPTConfig and name == "vocab_size":
                 continue
-            default = settings.defaults(cls)[name]
-            lines.append(f"  {name:<24} {default!r:<12} {spec.kind:<12} {spec.doc}")
+            value = settings.defaults(cls)[name] if config is None else node[name]
+            lines.append(f"  {name:<24} {value!r:<12} {spec.kind:<12} {spec.doc}")
+        for name, (field, where) in declared.get(group, {}).items():
+            spec = field.metadata["setting"]
+            value = field.default if config is None else node[name]
+            lines.append(f"  {name:<24} {value!r:<12} {spec.kind:<12} {spec.doc} ({where})")
     return "\n".join(lines)
 
 
-def unknown_key_message(path: str, key: str) -> str:
-    """Names an unknown config key `path.key` and lists the valid keys at that level."""
-    valid = EXPERIMENT_KEYS.get(path, ())
+def _builtin_entry_settings() -> dict[str, dict[str, tuple[Any, str]]]:
+    """The settings every built-in entry declares, by group (for the defaults' table)."""
+    found: dict[str, dict[str, tuple[Any, str]]] = {}
+    for config_key, registry in REGISTRIES.items():
+        for name in registry.names():
+            for setting_name, field in registry.settings_of(name).items():
+                where = f"with {config_key}={name!r}"
+                found.setdefault(registry.group, {}).setdefault(setting_name, (field, where))
+    return found
+
+
+def unknown_key_message(path: str, key: str, extra: tuple[str, ...] = ()) -> str:
+    """Names an unknown config key `path.key` and lists the valid keys at that level (`extra`:
+    the picked entries' own settings)."""
+    valid = (*EXPERIMENT_KEYS.get(path, ()), *extra)
     close = difflib.get_close_matches(key, valid, n=1)
     where = f"config.{path}" if path else "config"
     return (
@@ -97,8 +211,9 @@ def unknown_key_message(path: str, key: str) -> str:
 def complete(config: Any) -> ml_collections.ConfigDict:
     """`config` over the declared defaults: a config file need only state what differs. Raises
     ValueError naming an unknown key (with "did you mean") or a group that is not a group."""
-    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    values = _as_dict(config)
     merged = default_config().to_dict()
+    others: dict[tuple[str, str], Any] = {}  # keys the picked entries may declare
     for key, value in values.items():
         if key not in EXPERIMENT_KEYS[""]:
             raise ValueError(unknown_key_message("", key))
@@ -106,11 +221,19 @@ def complete(config: Any) -> ml_collections.ConfigDict:
             if not isinstance(value, dict):
                 raise ValueError(f"config.{key} must be a group of settings, got {value!r}.")
             for name, item in value.items():
-                if name not in EXPERIMENT_KEYS[key]:
-                    raise ValueError(unknown_key_message(key, name))
-                merged[key][name] = item
+                if name in EXPERIMENT_KEYS[key]:
+                    merged[key][name] = item
+                else:
+                    others[key, name] = item
         else:
             merged[key] = value
+    declared = entry_settings(merged)
+    for group, name in others:
+        if name not in declared.get(group, {}):
+            raise ValueError(unknown_key_message(group, name, tuple(declared.get(group, ()))))
+    for group, names in declared.items():
+        for name, (field, _) in names.items():
+            merged[group][name] = others.get((group, name), field.default)
     return ml_collections.ConfigDict(merged)
 
 
@@ -118,6 +241,13 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
     check_values(settings.Loop, {k: config[k] for k in declarations(settings.Loop)}, "config")
     for group, cls in settings.GROUPS.items():
         check_values(cls, config[group].to_dict(), f"config.{group}")
+    for group, names in entry_settings(config.to_dict()).items():
+        for name, (field, where) in names.items():
+            message = field.metadata["setting"].problem(
+                f"config.{group}.{name}", config[group][name]
+            )
+            if message:
+                raise ValueError(f"{message} (a setting of {where})")
 
 
 def _check_schedule(config: Any) -> None:
@@ -153,22 +283,42 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
     config = complete(config)
     _check_values(config)
     _check_schedule(config)
-    OPTIMIZERS.check(config.optim.name)
-    SCHEDULES.check(config.optim.schedule)
-    data.CORPORA.check(config.data.corpus)
-    data.TOKENIZERS.check(config.data.tokenizer)
-    DATA_FORMATS.check(config.data.format)
-    if config.data.file_format:
-        data.FILE_FORMATS.check(config.data.file_format)
+    for registry, key in picked_entries(config.to_dict()):
+        choices = getattr(declaration(registry.config_key), "choices", None)
+        if choices is None or key not in choices:  # e.g. model.attention's "auto"
+            registry.check(key)  # every key that picks an entry, checked by its registry
     parse_terms(config.loss.terms)
-    GPTConfig(vocab_size=1, **config.model.to_dict())  # the tokenizer sets vocab_size later
+    _gpt_config(config, vocab_size=1)  # the tokenizer sets vocab_size later
+    check_entries(config)
     return config
+
+
+def check_entries(config: ml_collections.ConfigDict) -> None:
+    """Runs each picked user entry (`module:attr`) on its registry's contract's small probe
+    input (registry.Registry.check_contract), before any work: a model entry sees a GPTConfig
+    of this config's model group, the others their group's ConfigDict."""
+    model = None
+    for registry, key in picked_entries(config.to_dict()):
+        if not is_user_key(key) or registry.contract is None:
+            continue
+        if registry.group == "model":
+            model = model or _gpt_config(config, vocab_size=16)
+            registry.check_contract(key, model)
+        else:
+            registry.check_contract(key, config[registry.group] if registry.group else config)
 
 
 def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
     """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees
-    (unknown model keys are errors; missing ones take their defaults)."""
-    return GPTConfig(vocab_size=vocab_size, **complete({"model": config.model.to_dict()}).model)
+    (unknown model keys are errors; missing ones take their defaults; the picked entries' own
+    settings go to GPTConfig.entry_settings)."""
+    return _gpt_config(complete({"model": config.model.to_dict()}), vocab_size)
+
+
+def _gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
+    model = config.model.to_dict()
+    own = {name: model.pop(name) for name in list(model) if name not in MODEL_KEYS}
+    return GPTConfig(vocab_size=vocab_size, entry_settings=tuple(own.items()), **model)
 
 
 def dataset_from(
@@ -238,22 +388,13 @@ def _sharded_dataset(config, workdir, tokenizer, *, progress, before_writing, ch
     return prepare(progress=progress and jax.process_index() == 0)
 
 
-def _as_data_format(value: Any) -> Callable[..., data.Dataset]:
-    if not callable(value) or isinstance(value, type):
-        raise TypeError(
-            "a data format is a function (config, workdir, tokenizer, *, progress, "
-            f"before_writing, check_data) -> data.Dataset, not {type(value).__name__}."
-        )
-    return value
-
-
-# How a run holds its tokens (data.format): each entry a function (config, workdir,
-# tokenizer, *, progress, before_writing, check_data) -> data.Dataset, as dataset_from calls it.
 DATA_FORMATS = Registry(
     "data format",
     "data.format",
     {"memory": _memory_dataset, "shards": _sharded_dataset},
-    coerce=_as_data_format,
+    arity=3,
+    shape="a function (config, workdir, tokenizer, *, progress, before_writing, check_data) -> "
+    "data.Dataset",
 )
 
 

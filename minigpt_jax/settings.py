@@ -62,8 +62,8 @@ class Setting:
             if isinstance(value, str) and value in self.choices:
                 return None
             check = getattr(self.choices, "check", None)
-            if check is not None and isinstance(value, str):
-                check(value)  # a registry's own error: its entries and the module:attr form
+            if check is not None:
+                check(value)  # any registry's own error: its entries (and the module:attr form)
             return f"{where}={value!r} is unknown; allowed: {list(self.choices)}."
         if not _has_type(value, self.type):
             words = self.requirement or _type_words(self.type)

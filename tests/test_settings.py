@@ -34,7 +34,9 @@ def test_default_config_is_every_declared_default():
     config = default_config()
     assert config.seed == 0 and config.optim.lr == 1e-3 and config.data.path is None
     assert dict(config.model) == {
-        f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"
+        f.name: f.default
+        for f in dataclasses.fields(GPTConfig)
+        if f.name != "vocab_size" and "setting" in f.metadata  # not entry_settings
     }
     assert set(config) == set(EXPERIMENT_KEYS[""])
     assert set(settings_table().split()) >= {"lr", "attention_mask", "terms", "trajectory"}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import dataclasses
 import glob
 import io
 import json
@@ -56,25 +55,13 @@ class FileFormat:
     sized: bool = False
     pieces: Callable[..., Iterator[Piece]] | None = None
 
-
-def as_file_format(value: Any, name: str = "") -> FileFormat:
-    """The FileFormat a user module holds: a FileFormat, or a function (path, data) ->
-    iterable of document strings, with an optional `suffixes` attribute (the registry's
-    coercion; TypeError naming the shape otherwise)."""
-    if isinstance(value, FileFormat):
-        return value if value.name or not name else dataclasses.replace(value, name=name)
-    if isinstance(value, types.FunctionType):
-        suffixes = getattr(value, "suffixes", ())
-        if isinstance(suffixes, str):
-            suffixes = (suffixes,)
+    def __post_init__(self):
+        # FileFormat(fn) of a bare function (the registry's coercion) takes fn.suffixes.
+        suffixes = self.suffixes or getattr(self.read, "suffixes", ())
+        suffixes = (suffixes,) if isinstance(suffixes, str) else tuple(suffixes)
         if not all(isinstance(s, str) and s.startswith(".") for s in suffixes):
-            raise TypeError(f"its suffixes must be strings such as '.tsv', got {suffixes!r}.")
-        return FileFormat(read=value, suffixes=tuple(suffixes), name=name)
-    raise TypeError(
-        f"a file format is a function (path, data) -> iterable of document strings (with an "
-        f"optional `suffixes` attribute such as ('.tsv',)) or a "
-        f"minigpt_jax.data.corpus.FileFormat, not {type(value).__name__}."
-    )
+            raise TypeError(f"a file format's suffixes are strings like '.tsv', not {suffixes!r}.")
+        object.__setattr__(self, "suffixes", suffixes)
 
 
 @dataclass(frozen=True)

@@ -98,36 +98,32 @@ def _text_sources(path: str | os.PathLike | None, file_format: str) -> list[Sour
     return corpus_files.sources(path, picked_format(file_format))
 
 
-def _as_corpus(value: Any) -> Callable[[Any, str], list[Source]]:
-    if not callable(value) or isinstance(value, type):
-        raise TypeError(
-            f"a corpus is a function (path, file_format) -> list of "
-            f"minigpt_jax.data.corpus.Source, not {type(value).__name__}."
-        )
-    return value
-
-
-def _as_tokenizer(value: Any) -> Callable[..., Tokenizer]:
-    if not callable(value) or isinstance(value, type):
-        raise TypeError(
-            f"a tokenizer entry is a function (text, vocab_size, eot) -> a tokenizer "
-            f"(minigpt_jax.data.tokenizers.CharTokenizer or BPETokenizer, which save and load), "
-            f"not {type(value).__name__}."
-        )
-    return value
-
-
 # The registries of the data group's choices (the settings in minigpt_jax.settings.Data).
 CORPORA = Registry(
     "corpus kind",
     "data.corpus",
     {"pydoc": _pydoc_sources, "shakespeare": _shakespeare_sources, "text": _text_sources},
-    coerce=_as_corpus,
+    arity=2,
+    shape="a function (path, file_format) -> list of minigpt_jax.data.corpus.Source",
 )
 FILE_FORMATS = Registry(
-    "file format", "data.file_format", BUILTIN_FORMATS, coerce=corpus_files.as_file_format
+    "file format",
+    "data.file_format",
+    BUILTIN_FORMATS,
+    entry_class=FileFormat,
+    arity=2,
+    shape="a function (path, data) -> iterable of document strings (its `suffixes` such as "
+    "('.tsv',) an attribute) or a minigpt_jax.data.corpus.FileFormat",
+    split=lambda value: [value] if value else [],  # "": no format beside the suffixes' own
 )
-TOKENIZERS = Registry("tokenizer", "data.tokenizer", BUILDERS, coerce=_as_tokenizer)
+TOKENIZERS = Registry(
+    "tokenizer",
+    "data.tokenizer",
+    BUILDERS,
+    arity=3,
+    shape="a function (text, vocab_size, eot) -> a minigpt_jax.data.tokenizers.CharTokenizer "
+    "or BPETokenizer (the types that save and load)",
+)
 
 
 def load_text(

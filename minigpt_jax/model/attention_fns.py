@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model import backend
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import ContractError, Registry
 
 Array = chex.Array
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
@@ -47,22 +47,36 @@ def _causal_or_full(q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConf
     return causal_mask(q_positions_BxT, k_positions_BxS) if cfg.causal else None
 
 
-def _as_mask(value: Any) -> AttentionMask:
-    if isinstance(value, AttentionMask):
-        return value
-    if callable(value):
-        return AttentionMask(value)
-    raise TypeError(
-        "an attention mask must be a function (q_positions_BxT, k_positions_BxS, cfg) -> "
-        f"mask_Bx1xTxS or an attention_fns.AttentionMask, got {type(value).__name__}."
-    )
+def _mask_contract(mask: AttentionMask, cfg: GPTConfig) -> None:
+    """mask.fn(q_positions_BxT, k_positions_BxS, cfg) is None or a bool array broadcasting to
+    (B, H, T, S) with its last two axes T and S (S > T: the KV cache's keys)."""
+    b, t, s = 2, 5, 7
+    q_positions_BxT = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    k_positions_BxS = jax.ShapeDtypeStruct((b, s), jnp.int32)
+    out = jax.eval_shape(lambda q, k: mask.fn(q, k, cfg), q_positions_BxT, k_positions_BxS)
+    if out is None:
+        return
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None or dtype != jnp.bool_:
+        raise ContractError(f"it returned {type(out).__name__} {dtype}, not a bool mask or None")
+    full = (b, cfg.n_head, t, s)
+    fits = len(shape) == 4 and tuple(shape[2:]) == (t, s)
+    if not fits or any(n not in (1, m) for n, m in zip(shape, full, strict=True)):
+        raise ContractError(
+            f"its mask has shape {tuple(shape)} for B={b}, T={t} queries and S={s} keys; it "
+            f"must broadcast to (B, H, T, S) = {full}, e.g. (B, 1, T, S)"
+        )
 
 
 ATTENTION_MASKS: Registry[AttentionMask] = Registry(
     "attention mask",
     "model.attention_mask",
     {"causal": AttentionMask(_causal_or_full, causal_triangle=True)},
-    coerce=_as_mask,
+    entry_class=AttentionMask,
+    arity=3,
+    shape="a function (q_positions_BxT, k_positions_BxS, cfg) -> mask_Bx1xTxS (bool) or None, "
+    "or an attention_fns.AttentionMask",
+    contract=_mask_contract,
 )
 
 

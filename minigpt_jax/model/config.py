@@ -14,12 +14,26 @@ import jax.numpy as jnp
 from minigpt_jax.model.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.settings import MODEL, SPEED, check_values, setting
+from minigpt_jax.registry import Registry
+from minigpt_jax.settings import MODEL, SPEED, check_values, declarations, setting
 
-_DTYPES = ("float32", "bfloat16", "float16")
-_DENSE_GRADS = ("auto", "autodiff", "direct")
+# Fixed sets of names, checked by their registries like every other choice (no module:attr).
+_DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}
+_DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
+_PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
+_DENSE_GRADS = Registry(
+    "Dense gradient",
+    "model.dense_grad",
+    {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
+    user_entries=False,
+)
 _ATTENTIONS = (AUTO, *ATTENTION_KERNELS)
-_REMATS = ("none", "dots", "full")
+_REMATS = Registry(
+    "remat policy",
+    "model.remat",
+    {"none": "keep all", "dots": "keep matmuls", "full": "keep block inputs"},  # gpt.py's policies
+    user_entries=False,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,9 +185,16 @@ class GPTConfig:
         choices=_DTYPES,
         finetune_free=True,
     )
-    param_dtype: str = setting("float32", "parameters", MODEL, choices=_DTYPES, finetune_free=True)
+    param_dtype: str = setting(
+        "float32", "parameters", MODEL, choices=_PARAM_DTYPES, finetune_free=True
+    )
+    # The values of the settings the picked entries declare (registry.declares), as sorted
+    # (name, value) pairs, hashable for jit; an entry reads them as `cfg.<name>`.
+    entry_settings: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
+        pairs = tuple(sorted((str(k), v) for k, v in self.entry_settings))
+        object.__setattr__(self, "entry_settings", pairs)  # a checkpoint's JSON holds lists
         check_values(GPTConfig, dataclasses.asdict(self), "GPTConfig")
         if self.n_embd % self.n_head:
             raise ValueError(
@@ -194,6 +215,24 @@ class GPTConfig:
                 f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
                 f"use attention='auto', which falls back to XLA."
             )
+
+    def __getattr__(self, name: str) -> Any:
+        """An entry-owned setting (`entry_settings`) by name, as `cfg.window`."""
+        if name.startswith("__") or name == "entry_settings":
+            raise AttributeError(name)
+        for key, value in self.__dict__.get("entry_settings", ()):
+            if key == name:
+                return value
+        for field_name, spec in declarations(GPTConfig).items():  # a picked entry's default
+            settings_of = getattr(spec.choices, "settings_of", None)
+            if settings_of is not None and field_name in self.__dict__:
+                declared = settings_of(self.__dict__[field_name]).get(name)
+                if declared is not None:
+                    return declared.default
+        raise AttributeError(
+            f"GPTConfig has no setting {name!r}: a model entry that reads cfg.{name} declares "
+            f"it (registry.declares({name}=setting(...))), and the config must pick that entry."
+        )
 
     @property
     def head_dim(self) -> int:

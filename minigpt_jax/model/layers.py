@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import ContractError, Registry, expect_shape
 
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
@@ -48,17 +48,23 @@ def rms_normalize(x, eps: float = 1e-6):
     return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def _callable(what: str) -> Callable[[Any], Any]:
-    def coerce(value: Any) -> Any:
-        if not callable(value):
-            raise TypeError(f"a {what} entry must be a function, got {type(value).__name__}.")
-        return value
-
-    return coerce
+def _norm_contract(make: Callable[[GPTConfig, str], nn.Module], cfg: GPTConfig) -> None:
+    """make(cfg, name) is a flax module mapping x_BxTxD to an output of the same shape."""
+    module = make(cfg, "ln_probe")
+    if not isinstance(module, nn.Module):
+        raise ContractError(f"it returned {type(module).__name__}, not a flax module")
+    x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
+    out, _ = jax.eval_shape(lambda x: module.init_with_output(jax.random.key(0), x), x_BxTxD)
+    expect_shape(out, x_BxTxD.shape, "its module's output (x_BxTxD in)", dtype_kind="f")
 
 
 NORMS: Registry[Callable[[GPTConfig, str], nn.Module]] = Registry(
-    "norm", "model.norm", {"layernorm": layer_norm, "rmsnorm": rms_norm}, coerce=_callable("norm")
+    "norm",
+    "model.norm",
+    {"layernorm": layer_norm, "rmsnorm": rms_norm},
+    arity=2,
+    shape="a function (cfg, name) -> flax module normalising the last axis (D)",
+    contract=_norm_contract,
 )
 
 
@@ -76,8 +82,16 @@ ACTIVATIONS: Registry[Callable[[Any], Any]] = Registry(
         "relu": nn.relu,
         "relu2": relu_squared,
     },
-    coerce=_callable("activation"),
+    arity=1,
+    shape="a function x -> x applied elementwise (output shape = input shape)",
+    contract=lambda fn, cfg: _activation_contract(fn, cfg),
 )
+
+
+def _activation_contract(fn: Callable[[Any], Any], cfg: GPTConfig) -> None:
+    """fn maps the MLP's hidden units h_BxTxF to an array of the same shape."""
+    h_BxTxF = jax.ShapeDtypeStruct((2, 3, cfg.mlp_dim), cfg.compute_dtype)
+    expect_shape(jax.eval_shape(fn, h_BxTxF), h_BxTxF.shape, "its output", dtype_kind="f")
 
 
 def activation_fn(cfg: GPTConfig) -> Callable[[Any], Any]:

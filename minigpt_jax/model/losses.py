@@ -22,7 +22,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry, is_user_key
+from minigpt_jax.registry import Registry, expect_shape, is_user_key
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]
@@ -56,19 +56,29 @@ def z_loss(logits_ExV: Array, targets_E: Array) -> Array:
     return jnp.square(jax.nn.logsumexp(logits_ExV, axis=-1))
 
 
-def _as_term(value: Any) -> LossTerm:
-    if isinstance(value, LossTerm):
-        return value
-    if callable(value):
-        return LossTerm(value)
-    raise TypeError(
-        f"a loss term must be a function (logits_ExV, targets_E) -> values_E or a "
-        f"losses.LossTerm, got {type(value).__name__}."
-    )
+def _term_contract(term: LossTerm, loss: Any) -> None:
+    """term.per_token(logits_ExV, targets_E) is values_E: one float per scored token."""
+    del loss
+    logits_ExV = jax.ShapeDtypeStruct((6, 11), jnp.float32)
+    targets_E = jax.ShapeDtypeStruct((6,), jnp.int32)
+    values = jax.eval_shape(term.per_token, logits_ExV, targets_E)
+    expect_shape(values, (6,), "its values_E (logits_ExV (6, 11) in)", dtype_kind="f")
+
+
+def _term_keys(spec: str) -> list[str]:
+    """The keys of `loss.terms`' comma-separated name[=weight] items."""
+    return [item.partition("=")[0].strip() for item in spec.split(",") if item.strip()]
 
 
 LOSS_TERMS: Registry[LossTerm] = Registry(
-    "loss term", "loss.terms", {"z_loss": LossTerm(z_loss, weight=1e-4)}, coerce=_as_term
+    "loss term",
+    "loss.terms",
+    {"z_loss": LossTerm(z_loss, weight=1e-4)},
+    entry_class=LossTerm,
+    arity=2,
+    shape="a function (logits_ExV, targets_E) -> values_E (one value per token) or a LossTerm",
+    contract=_term_contract,
+    split=_term_keys,
 )
 
 

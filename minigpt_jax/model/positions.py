@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import chex
+import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import Registry, expect_shape
 
 Array = chex.Array
 
@@ -84,14 +85,16 @@ class PositionEncoding:
             )
 
 
-def _as_encoding(value: Any) -> PositionEncoding:
-    if not isinstance(value, PositionEncoding):
-        raise TypeError(
-            "a position encoding must be a positions.PositionEncoding (e.g. "
-            f"PositionEncoding(additive=fn) or PositionEncoding(rotary=fn)), got "
-            f"{type(value).__name__}."
-        )
-    return value
+def _encoding_contract(scheme: PositionEncoding, cfg: Any) -> None:
+    """additive(positions_BxT, D) is BxTxD; rotary(x_BxTxHxK, positions_BxT) is BxTxHxK."""
+    positions_BxT = jax.ShapeDtypeStruct((2, 5), jnp.int32)
+    if scheme.additive is not None:
+        out = jax.eval_shape(lambda p: scheme.additive(p, cfg.n_embd), positions_BxT)
+        expect_shape(out, (2, 5, cfg.n_embd), "additive's output", dtype_kind="f")
+    if scheme.rotary is not None:
+        x_BxTxHxK = jax.ShapeDtypeStruct((2, 5, cfg.n_head, cfg.head_dim), jnp.float32)
+        out = jax.eval_shape(scheme.rotary, x_BxTxHxK, positions_BxT)
+        expect_shape(out, x_BxTxHxK.shape, "rotary's output", dtype_kind="f")
 
 
 POSITION_ENCODINGS: Registry[PositionEncoding] = Registry(
@@ -103,5 +106,8 @@ POSITION_ENCODINGS: Registry[PositionEncoding] = Registry(
         "rope": PositionEncoding(rotary=apply_rope, even="head_dim"),
         "none": PositionEncoding(),
     },
-    coerce=_as_encoding,
+    entry_class=PositionEncoding,
+    shape="a positions.PositionEncoding (e.g. PositionEncoding(additive=fn) or "
+    "PositionEncoding(rotary=fn))",
+    contract=_encoding_contract,
 )

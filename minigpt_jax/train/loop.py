@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import math
+import shutil
 import signal
 import statistics
 import time
@@ -24,13 +25,14 @@ from minigpt_jax import sharding
 from minigpt_jax.data import memory as data
 from minigpt_jax.io.pretrained import check_fits, load_model, params_for
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.losses import parse_terms
+from minigpt_jax.model.losses import parse_terms, term_name
+from minigpt_jax.registry import user_module_digests, user_modules
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
 from minigpt_jax.signals import StopRequest
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
 from minigpt_jax.train.optimizers import make_optimizer
-from minigpt_jax.train.resume import check_resume, check_resume_data
+from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.run_lock import RunLock
 from minigpt_jax.train.step import (
     TrainState,
@@ -183,6 +185,7 @@ class Trainer:
             "gpt_config": dataclasses.asdict(self.cfg),
             "config": config.to_dict(),
             "data": self.dataset.digest.as_dict(),
+            "plugins": user_module_digests(config),
         }
 
     def _check_memory(self, vocab_size: int) -> None:
@@ -212,6 +215,13 @@ class Trainer:
         changes = check_resume(
             saved_meta,
             meta,
+            self.checkpointer.run_dir.checkpoints / str(latest),
+            allow_changes=self.allow_resume_changes,
+        )
+        changes += check_resume_plugins(
+            saved_meta.get("plugins"),
+            user_module_digests(self.config),
+            user_modules(self.config),
             self.checkpointer.run_dir.checkpoints / str(latest),
             allow_changes=self.allow_resume_changes,
         )
@@ -368,7 +378,8 @@ class Trainer:
         val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
-            raise non_finite_error(f"val loss {val_loss}", step, self.checkpointer)
+            what = f"val loss {val_loss}"
+            raise non_finite_error(what, step, self.checkpointer, self.terms, val)
         if val_loss < self.best_val:
             self._check_params_finite(step)
             self.best_val = val_loss
@@ -404,6 +415,7 @@ class RunLogger:
         self.steps_per_call, self.log_every = config.steps_per_call, config.log_every
         self.tokens_per_chunk = config.steps_per_call * config.batch_size * config.model.block_size
         self.checkpointer = trainer.checkpointer  # named in the non-finite-loss error
+        self.terms = trainer.terms  # a term's own non-finite value is named as the cause
         is_main_process = jax.process_index() == 0
         self.writer = MetricsWriter(workdir, resume_step=trainer.step, enabled=is_main_process)
         self.bar = tqdm(
@@ -443,8 +455,9 @@ class RunLogger:
             step = first_step + i + 1
             loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                values = {k: float(v[i]) for k, v in metrics.items()}
                 what = f"training loss {loss} (grad norm {grad_norm})"
-                raise non_finite_error(what, step, self.checkpointer)
+                raise non_finite_error(what, step, self.checkpointer, self.terms, values)
             # Every metric the step returns (the loss's aux values too), under its own name.
             row = {"train_loss": loss}
             row.update({k: float(v[i]) for k, v in metrics.items() if k != "loss"})
@@ -523,6 +536,7 @@ def train_and_evaluate(
     stop = _StopRequest()
     # Nothing is created until every check has passed (RunLock.create, called by the Trainer).
     lock = RunLock(workdir, jax.process_index(), create=False)
+    before = _fresh_workdir_entries(workdir)
     with stop, lock:
         trainer = log = None
         try:
@@ -540,6 +554,13 @@ def train_and_evaluate(
             if trainer is not None:
                 trainer.checkpointer.close()
             return _stopped_before_training(stopped, stop.step, wall_start)
+        except Exception:
+            # A fresh run whose setup failed (e.g. a plug-in failing when the step is traced)
+            # leaves its workdir as it was: what it created goes, run.lock (released) too.
+            if before is not None and jax.process_index() == 0:
+                lock.__exit__(None, None, None)
+                _remove_created(workdir, before)
+            raise
         try:
             if trainer.pending_evaluation:
                 if _evaluate(trainer, log, trainer.step, stop):
@@ -599,6 +620,32 @@ def train_and_evaluate(
     )
 
 
+def _fresh_workdir_entries(workdir: Path) -> set[str] | None:
+    """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
+    not exist), for `_remove_created`; None for a workdir with a run in it (never cleaned)."""
+    if not workdir.exists():
+        return set()
+    if (workdir / "checkpoints").exists() or (workdir / "best").exists():
+        return None
+    return {p.name for p in workdir.iterdir()} | {"."}  # "." : the workdir existed
+
+
+def _remove_created(workdir: Path, before: set[str]) -> None:
+    """Removes what a failed setup created in `workdir` (the workdir too if it created it)."""
+    if not workdir.exists():
+        return
+    created = (
+        [workdir]
+        if "." not in before
+        else [path for path in workdir.iterdir() if path.name not in before]
+    )
+    for path in created:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _evaluate(trainer: Trainer, log: RunLogger, step: int, stop: _StopRequest) -> bool:
     """Evaluates at `step` and records it; False if a signal stopped it between batches."""
     results = trainer.evaluate_and_keep_best(step, should_stop=stop.requested)
@@ -636,10 +683,30 @@ def _all_finite(tree: Any) -> Array:
     return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)]))
 
 
-def non_finite_error(what: str, step: int, checkpointer: Checkpointer) -> FloatingPointError:
+def non_finite_error(
+    what: str,
+    step: int,
+    checkpointer: Checkpointer,
+    terms: tuple[tuple[str, float], ...] = (),
+    values: dict[str, float] | None = None,
+) -> FloatingPointError:
     """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
-    one, since nothing non-finite is ever saved."""
+    one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
+    step's aux values by name) is non-finite is named as the cause instead of the lr."""
     good = checkpointer.latest_step()
+    for key, _ in terms:
+        value = (values or {}).get(term_name(key))
+        if value is not None and not math.isfinite(value):
+            return FloatingPointError(
+                f"the loss term {key} gave {value} at step {step} (config.loss.terms; {what}); "
+                "nothing of it was saved. Fix the term so it stays finite"
+                + (
+                    f", then rerun the same command with --allow_resume_changes (its code "
+                    f"changed) to resume from step {good}, kept in {checkpointer.workdir}."
+                    if good is not None
+                    else ", then start again."
+                )
+            )
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (

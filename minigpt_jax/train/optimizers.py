@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optax
 
-from minigpt_jax.registry import Registry
+from minigpt_jax.registry import ContractError, Registry, expect_shape
 
 Params = Any
 OptimizerFn = Callable[[Any, optax.Schedule], optax.GradientTransformation]
@@ -42,13 +42,47 @@ def adamw(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransforma
     )
 
 
-def _callable_entry(what: str) -> Callable[[Any], Any]:
-    def coerce(value: Any) -> Any:
-        if not callable(value):
-            raise TypeError(f"a {what} entry must be a function, got {type(value).__name__}.")
-        return value
+# A small parameter tree shaped like the model's (block and embedding paths), for the probes.
+_PROBE_PARAMS = {
+    "embed": {"tok": {"embedding": jax.ShapeDtypeStruct((16, 8), jax.numpy.float32)}},
+    "block_0": {
+        "mlp": {
+            "fc": {
+                "kernel": jax.ShapeDtypeStruct((8, 32), jax.numpy.float32),
+                "bias": jax.ShapeDtypeStruct((32,), jax.numpy.float32),
+            }
+        }
+    },
+}
 
-    return coerce
+
+def _optimizer_contract(make: OptimizerFn, optim: Any) -> None:
+    """make(optim, schedule) is an optax.GradientTransformation whose updates have the
+    parameters' tree and shapes."""
+    tx = make(optim, optax.constant_schedule(optim.lr))
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise ContractError(
+            f"it returned {tx!r} ({type(tx).__name__}), not an optax.GradientTransformation"
+        )
+
+    def one_update(params):
+        updates, _ = tx.update(params, tx.init(params), params)
+        return updates
+
+    updates = jax.eval_shape(one_update, _PROBE_PARAMS)
+    if jax.tree.structure(updates) != jax.tree.structure(_PROBE_PARAMS):
+        raise ContractError("its updates do not have the parameters' tree structure")
+    for update, param in zip(jax.tree.leaves(updates), jax.tree.leaves(_PROBE_PARAMS), strict=True):
+        expect_shape(update, param.shape, "each update")
+
+
+def _schedule_contract(make: ScheduleFn, optim: Any) -> None:
+    """make(optim, num_steps) is a function of the step returning a scalar learning rate."""
+    schedule = make(optim, 100)
+    if not callable(schedule):
+        raise ContractError(f"it returned {type(schedule).__name__}, not a function of the step")
+    step = jax.ShapeDtypeStruct((), jax.numpy.int32)
+    expect_shape(jax.eval_shape(schedule, step), (), "the learning rate", dtype_kind="fiu")
 
 
 def muon_dimension_numbers(params: Params) -> Params:
@@ -97,7 +131,9 @@ OPTIMIZERS: Registry[OptimizerFn] = Registry(
     "optimizer",
     "optim.name",
     {"adamw": adamw, "muon": muon},
-    coerce=_callable_entry("optimizer"),
+    arity=2,
+    shape="a function (optim, learning_rate) -> optax.GradientTransformation",
+    contract=_optimizer_contract,
 )
 
 
@@ -139,7 +175,9 @@ SCHEDULES: Registry[ScheduleFn] = Registry(
     "schedule",
     "optim.schedule",
     {"cosine": warmup_cosine, "constant": warmup_constant, "wsd": warmup_stable_decay},
-    coerce=_callable_entry("schedule"),
+    arity=2,
+    shape="a function (optim, num_steps) -> optax.Schedule",
+    contract=_schedule_contract,
 )
 
 

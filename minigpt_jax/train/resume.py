@@ -7,7 +7,8 @@ from each setting's declared kind (minigpt_jax.settings): MODEL settings must ma
 BOOKKEEPING ones are free (num_steps may grow: the schedule is then stretched from the resumed
 step on), TRAJECTORY ones are refused unless asked. The data itself is checked too: a checkpoint
 records the digest of the token stream it trained on (data.DataDigest), and another stream (an
-input edited, added or removed) is refused unless asked, like a trajectory setting.
+input edited, added or removed) is refused unless asked, like a trajectory setting; and the
+sha256 of every user module its `module:attr` keys import (edited plug-in code: the same).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.run_config import declaration
-from minigpt_jax.settings import SPEED, TRAJECTORY, declarations
+from minigpt_jax.run_config import declaration, entry_settings
+from minigpt_jax.settings import MODEL, SPEED, TRAJECTORY, declarations
 
 # GPTConfig fields that pick how the same model is computed (same params, same math within
 # float tolerance): a run may resume with other values, e.g. on another backend.
@@ -47,9 +48,19 @@ def _differences(saved: dict, current: dict, keep=lambda key: True, prefix: str 
     ]
 
 
-def _is_trajectory(dotted: str) -> bool:
+def _entry_kinds(config: dict) -> dict[str, str]:
+    """{"group.name": kind} of the settings the config's picked entries declare."""
+    return {
+        f"{group}.{name}": field.metadata["setting"].kind
+        for group, names in entry_settings(config).items()
+        for name, (field, _) in names.items()
+    }
+
+
+def _is_trajectory(dotted: str, entry_kinds: dict[str, str]) -> bool:
     spec = declaration(dotted)
-    return spec is not None and spec.kind == TRAJECTORY
+    kind = entry_kinds.get(dotted) if spec is None else spec.kind
+    return kind == TRAJECTORY
 
 
 def check_resume(
@@ -62,19 +73,29 @@ def check_resume(
     difference is an error unless allow_changes; then the accepted differences are returned
     for the caller to report.
     """
+    # Entry-owned settings are compared in the config below, each by its declared kind.
     model = _differences(
-        saved_meta.get("gpt_config", {}), meta["gpt_config"], lambda key: key not in SPEED_FIELDS
+        saved_meta.get("gpt_config", {}),
+        meta["gpt_config"],
+        lambda key: key not in SPEED_FIELDS and key != "entry_settings",
     )
+    saved_config = saved_meta.get("config")
+    entry_kinds = _entry_kinds(meta["config"])
+    if saved_config is not None:
+        model += _differences(
+            saved_config, meta["config"], lambda key: entry_kinds.get(key) == MODEL, "config."
+        )
     if model:
         raise ValueError(
             f"{checkpoint_dir} holds a different model than this config builds ("
             + "; ".join(model)
             + "). Use the saved settings to resume it, or a fresh --workdir for the new model."
         )
-    saved_config = saved_meta.get("config")
     if saved_config is None:  # written before configs were recorded: nothing to compare
         return []
-    trajectory = _differences(saved_config, meta["config"], _is_trajectory, "config.")
+    trajectory = _differences(
+        saved_config, meta["config"], lambda key: _is_trajectory(key, entry_kinds), "config."
+    )
     if trajectory and not allow_changes:
         raise ValueError(
             f"{checkpoint_dir} was trained with other settings ("
@@ -118,3 +139,37 @@ def check_resume_data(
             "afresh: the old validation split is gone)."
         )
     return change
+
+
+def check_resume_plugins(
+    saved: dict[str, str] | None,
+    current: dict[str, str],
+    keys: dict[str, list[str]],
+    checkpoint_dir: str | Path,
+    *,
+    allow_changes: bool = False,
+) -> list[str]:
+    """Raises ValueError if a user module the run imports (registry.user_module_digests) has
+    another source than the checkpoint's; with allow_changes returns the changes to report.
+
+    saved / current: {module: sha256} of the checkpoint (None: written before digests were
+    recorded, nothing to compare) and of this run; keys: {module: [picking keys]} for the
+    message. A module only one side imports is a config difference, checked with the config.
+    """
+    if saved is None:
+        return []
+    changes = [
+        f"module {module} (sha256 {saved[module][:12]} -> {current[module][:12]}; "
+        f"{', '.join('config.' + key for key in keys.get(module, []))})"
+        for module in sorted(saved)
+        if module in current and saved[module] != current[module]
+    ]
+    if changes and not allow_changes:
+        raise ValueError(
+            f"{checkpoint_dir} was trained with other plug-in code: the source of "
+            + "; ".join(changes)
+            + " was edited since, so resuming would not continue the same run. Restore the "
+            "module, use a fresh --workdir, or pass --allow_resume_changes to continue with "
+            "the new code."
+        )
+    return [f"plug-in source {change}" for change in changes]
