@@ -173,10 +173,11 @@ def test_parquet_corpus(site, tmp_path, data_format):
 
 
 def test_a_file_format_of_your_own(site, tmp_path):
-    """docs' my_formats.py reads .tsv files (module:attr from the working directory); the
-    repository's `--config configs/tiny.py` works from this folder too."""
+    """docs' my_formats.py reads .tsv files (module:attr from the working directory), here
+    with its own setting data.delimiter overridden; the repository's `--config
+    configs/tiny.py` works from this folder too."""
     (tmp_path / "my_formats.py").write_text(doc_file("my_formats.py"))
-    rows = ["text\tid"] + [f"{d.replace(chr(10), ' ')}\t{i}" for i, d in enumerate(DOCUMENTS)]
+    rows = ["text;id"] + [f"{d.replace(chr(10), ' ')};{i}" for i, d in enumerate(DOCUMENTS)]
     (tmp_path / "corpus.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     train(
         tmp_path,
@@ -186,8 +187,10 @@ def test_a_file_format_of_your_own(site, tmp_path):
         "--config.data.corpus=text",
         "--config.data.path=corpus.tsv",
         "--config.data.file_format=my_formats:tsv",
+        "--config.data.delimiter=;",
     )
-    assert memory_text(tmp_path / "run")[0] == "\n".join(d.replace("\n", " ") for d in DOCUMENTS)
+    expected = "\n".join(d.replace("\n", " ") for d in DOCUMENTS)
+    assert memory_text(tmp_path / "run")[0] == expected
 
 
 def test_unknown_suffix_is_refused_before_anything_is_written(site, tmp_path):

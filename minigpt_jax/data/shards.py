@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from minigpt_jax.data.corpus import Piece, Source, read_pieces
 from minigpt_jax.data.memory import (
+    FILE_FORMATS,
     SPLITS,
     TOKENIZERS,
     DataDigest,
@@ -281,7 +282,7 @@ def prepare_shards(
             "sharded corpora put an end-of-text id between documents, but this tokenizer has "
             "none (it was made for an in-memory corpus); use a fresh workdir."
         )
-    wanted = _wanted(sources, settings, data_config.file_format)
+    wanted = _wanted(sources, settings, data_config)
     manifest, check = _prepared(directory, wanted, tokenizer)
     if manifest is not None:
         _write_stamp(directory, check)
@@ -290,12 +291,17 @@ def prepare_shards(
         return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
 
 
-def _wanted(sources: list[Source], settings: ShardSettings, file_format: str = "") -> dict:
+def _wanted(sources: list[Source], settings: ShardSettings, data_config: Any = None) -> dict:
     """What a manifest must record for its shards to be these inputs' under these settings
-    (and data.file_format's key, where one is set: older manifests have none)."""
+    (and, where data.file_format is set, its key and the settings the entry declares: older
+    manifests have none)."""
     recorded = settings.as_dict()
-    if file_format:
-        recorded["file_format"] = file_format
+    key = data_config.file_format if data_config is not None else ""
+    if key:
+        recorded["file_format"] = key
+        declared = FILE_FORMATS.settings_of(key)
+        if declared:
+            recorded["file_format_settings"] = {name: data_config[name] for name in declared}
     return {
         "format": FORMAT,
         "inputs_fingerprint": inputs_fingerprint(sources),
@@ -913,7 +919,7 @@ def sharded_dataset(
             f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
             f"or data.format='memory' as the run that created it."
         )
-    wanted = _wanted(sources, settings, data_config.file_format)
+    wanted = _wanted(sources, settings, data_config)
     manifest, check = _prepared(directory, wanted, run_tokenizer)
     checked = planned = None
     if check_data is not None:
