@@ -1,36 +1,7 @@
-"""Character-level Tiny Shakespeare: the well-known CPU recipe (nanoGPT's shakespeare_char, CPU).
+"""The built-in config `shakespeare_char`, re-exported from the package:
+minigpt_jax/configs/shakespeare_char.py says what it runs;
+`--config shakespeare_char` names it from any folder."""
 
-Run:      MINIGPT_JAX_DATA=/dir/with/tinyshakespeare.txt \
-            minigpt-jax train --config configs/shakespeare_char.py --workdir runs/sc
-Needs:    tinyshakespeare.txt (1,115,394 bytes) in $MINIGPT_JAX_DATA or at --config.data.path;
-          downloaded (sha256-checked) when online and absent.
-Expect:   val loss <= 1.90 at step 2000 (the PyTorch recipe reaches about 1.88); measured:
-          train 1.7409, val 1.8742, in 122 s on a 2-core AMD EPYC (median 50 ms/step).
-Variant:  `configs/shakespeare_char.py:nanogpt` is nanoGPT's own recipe exactly (exact GELU, no
-          biases), the PyTorch twin's in benchmarks/time_to_loss.py.
+from minigpt_jax.configs.shakespeare_char import get_config
 
-The model, optimizer and schedule are the defaults (configs/default.py: 4 x 4 heads x 128,
-context 64, AdamW 1e-3 -> 1e-4 on a 100-step warmup + cosine); this file states what differs.
-"""
-
-import ml_collections
-
-from configs import default
-
-
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    config = default.get_config()
-    config.batch_size = 12
-    config.num_steps = 2000
-    config.model.dropout = 0.0
-    config.model.gelu_approximate = True  # GPT-2's tanh GELU: its gradient is cheaper on CPU
-    config.data.corpus = "shakespeare"
-    config.data.tokenizer = "char"
-    if arg == "nanogpt":  # nanoGPT's train.py defaults: exact GELU, bias=False
-        config.model.gelu_approximate = False
-        config.model.use_bias = False
-    elif arg:
-        raise ValueError(
-            f"configs/shakespeare_char.py takes no argument or 'nanogpt', not {arg!r}."
-        )
-    return config
+__all__ = ["get_config"]

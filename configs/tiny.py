@@ -1,29 +1,7 @@
-"""A tiny model for tests and CI: compiles and trains in seconds.
+"""The built-in config `tiny`, re-exported from the package:
+minigpt_jax/configs/tiny.py says what it runs;
+`--config tiny` names it from any folder."""
 
-Run:      minigpt-jax train --config configs/tiny.py --workdir runs/tiny
-Expect:   a few seconds on a 2-core CPU; the loss falls from about log(V).
-"""
+from minigpt_jax.configs.tiny import get_config
 
-import ml_collections
-
-from configs import default
-
-
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    config = default.get_config(arg)
-    config.batch_size = 4
-    config.num_steps = 40
-    config.steps_per_call = 1  # tests override step counts freely
-    config.eval_every = 20
-    config.eval_batches = 2
-    config.log_every = 5
-    config.checkpoint_every = 20
-    config.model.block_size = 16
-    config.model.n_layer = 2
-    config.model.n_head = 2
-    config.model.n_embd = 32
-    config.model.dropout = 0.0
-    config.optim.warmup_steps = 5
-    config.optim.lr = 3e-3  # a tiny model tolerates, and needs, a larger step
-    config.data.tokenizer = "char"
-    return config
+__all__ = ["get_config"]

@@ -281,12 +281,20 @@ def _exit_on_plugin_error(command: str, error: Exception) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, with a config-key typo turned into a message listing the valid keys."""
+    """absl's parser, with a config-key typo turned into a message listing the valid keys, and
+    a built-in config's name (`--config tiny`) turned into its packaged file."""
     _EntrySettingsParser.overrides = _overrides(argv)
     flags.FLAGS["config"].parser = _EntrySettingsParser("config", lock_config=True)
     config_path = _config_path(argv)
     if config_path:
-        from minigpt_jax.run_config import add_config_root_to_path, config_file_problem
+        from minigpt_jax.run_config import (
+            add_config_root_to_path,
+            config_file_of,
+            config_file_problem,
+        )
+
+        argv = _with_config_path(argv, config_file_of(config_path))
+        config_path = _config_path(argv)
 
         add_config_root_to_path(config_path.split(":")[0])
         problem = config_file_problem(config_path)
@@ -320,6 +328,19 @@ def _key_missing(argv: list[str], dotted: str) -> bool:
             return True
         node = node[part]
     return False
+
+
+def _with_config_path(argv: list[str], spec: str) -> list[str]:
+    """argv with the --config value replaced by `spec`."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            argv[i] = f"--config={spec}"
+            break
+        if arg == "--config" and i + 1 < len(argv):
+            argv[i + 1] = spec
+            break
+    return argv
 
 
 def _config_path(argv: list[str]) -> str | None:

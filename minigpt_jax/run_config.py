@@ -28,7 +28,7 @@ from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
-from minigpt_jax.registry import REGISTRIES, PluginError, RegistryError, is_user_key
+from minigpt_jax.registry import REGISTRIES, PluginError, Registry, RegistryError, is_user_key
 from minigpt_jax.settings import check_values, declarations
 from minigpt_jax.train import optimizers  # noqa: F401 (its registries pick optim.*)
 
@@ -331,31 +331,25 @@ def dataset_from(
     check_data: Callable[[data.DataDigest], None] | None = None,
 ) -> data.Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
-    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there): held in RAM
-    (data.format "memory"), or memory-mapped from shards prepared on first use ("shards"). A
-    given `tokenizer` (a pretrained model's) replaces data.tokenizer and data.vocab_size.
-    check_data(digest) sees the digest of the token stream the run will train on once it is
-    known, and before_writing() is called once the data checks have passed; both come before
-    the first write, so a check_data that raises leaves every data file as it was."""
-    if config.data.format == "shards":
-        if workdir is None:
-            raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
-        prepare = functools.partial(
-            shards.sharded_dataset,
-            config.data,
-            config.model.block_size,
-            workdir,
-            tokenizer=tokenizer,
-            before_writing=before_writing,
-            check_data=check_data,
-        )
-        if jax.process_count() > 1:
-            # One process prepares the shards in the shared folder while the others wait;
-            # then every process maps them (and a host without that folder prepares its own).
-            if jax.process_index() == 0:
-                prepare(progress=progress)
-            multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
-        return prepare(progress=progress and jax.process_index() == 0)
+    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there), by the entry
+    of DATA_FORMATS that data.format picks: held in RAM ("memory"), or memory-mapped from
+    shards prepared on first use ("shards"). A given `tokenizer` (a pretrained model's)
+    replaces data.tokenizer and data.vocab_size. check_data(digest) sees the digest of the
+    token stream the run will train on once it is known, and before_writing() is called once
+    the data checks have passed; both come before the first write, so a check_data that raises
+    leaves every data file as it was."""
+    return DATA_FORMATS[config.data.format](
+        config,
+        workdir,
+        tokenizer,
+        progress=progress,
+        before_writing=before_writing,
+        check_data=check_data,
+    )
+
+
+def _memory_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+    del progress  # one call; nothing to show
     return data.prepare_dataset(
         config.data.corpus,
         config.data.path,
@@ -366,9 +360,66 @@ def dataset_from(
         config.data.val_fraction,
         tokenizer=tokenizer,
         text_field=config.data.text_field,
+        file_format=config.data.file_format,
+        data=config.data,
         before_writing=before_writing,
         check_data=check_data,
     )
+
+
+def _sharded_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+    if workdir is None:
+        raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
+    prepare = functools.partial(
+        shards.sharded_dataset,
+        config.data,
+        config.model.block_size,
+        workdir,
+        tokenizer=tokenizer,
+        before_writing=before_writing,
+        check_data=check_data,
+    )
+    if jax.process_count() > 1:
+        # One process prepares the shards in the shared folder while the others wait;
+        # then every process maps them (and a host without that folder prepares its own).
+        if jax.process_index() == 0:
+            prepare(progress=progress)
+        multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
+    return prepare(progress=progress and jax.process_index() == 0)
+
+
+DATA_FORMATS = Registry(
+    "data format",
+    "data.format",
+    {"memory": _memory_dataset, "shards": _sharded_dataset},
+    arity=3,
+    shape="a function (config, workdir, tokenizer, *, progress, before_writing, check_data) -> "
+    "data.Dataset",
+)
+
+
+# The built-in configs, shipped in the package (minigpt_jax/configs/*.py).
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_config_names() -> list[str]:
+    return sorted(p.stem for p in PACKAGED_CONFIGS.glob("*.py") if p.stem != "__init__")
+
+
+def config_file_of(spec: str) -> str:
+    """The `path[:arg]` a --config value names: a file as given; else a built-in config by
+    name (`tiny`, `tiny:arg`) or by the repository's path (`configs/tiny.py`, which then works
+    from any folder) as the packaged file."""
+    path, sep, arg = spec.partition(":")
+    if Path(path).is_file():
+        return spec
+    name = Path(path).stem if path.endswith(".py") else path
+    parent = Path(path).parent.name
+    if name in packaged_config_names() and (
+        (path == name) or (path.endswith(".py") and parent == "configs")
+    ):
+        return f"{PACKAGED_CONFIGS / name}.py{sep}{arg}"
+    return spec
 
 
 def add_config_root_to_path(config_path: str) -> None:
@@ -380,8 +431,9 @@ def add_config_root_to_path(config_path: str) -> None:
 
 
 def load_config_file(spec: str) -> Any:
-    """get_config(arg) of a config file given as `path[:arg]`, as the CLI's --config reads it."""
-    path, _, arg = spec.partition(":")
+    """get_config(arg) of a config file given as `path[:arg]` (or a built-in config's name:
+    `config_file_of`), as the CLI's --config reads it."""
+    path, _, arg = config_file_of(spec).partition(":")
     add_config_root_to_path(path)
     module_spec = importlib.util.spec_from_file_location("_minigpt_jax_config", path)
     module = importlib.util.module_from_spec(module_spec)
@@ -393,9 +445,13 @@ def config_file_problem(spec: str) -> str | None:
     """None if the config file `path[:arg]` loads and its get_config(arg) returns a ConfigDict;
     else one line saying what is wrong (a syntax error, no get_config, get_config raising or
     returning something else), for the command line to print instead of a traceback."""
+    spec = config_file_of(spec)
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
-        return f"--config {path}: no such file; give a config file such as configs/default.py."
+        return (
+            f"--config {path}: no such file; give a config file such as my_config.py, or a "
+            f"built-in config by name: {', '.join(packaged_config_names())}."
+        )
     try:
         config = load_config_file(spec)
     except SyntaxError as error:

@@ -295,22 +295,33 @@ class Optim:
     )
 
 
-CORPORA = ("pydoc", "shakespeare", "text")
-TOKENIZERS = ("char", "bpe")
-DATA_FORMATS = ("memory", "shards")
-
-
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """config.data: the corpus, its tokenizer and split, and how a run holds it."""
+    """config.data: the corpus, its tokenizer and split, and how a run holds it. The keys that
+    pick a part (corpus, file_format, tokenizer, format) name an entry of their registry
+    (data.memory's CORPORA, FILE_FORMATS, TOKENIZERS; run_config.DATA_FORMATS) or module:attr."""
 
     corpus: str = setting(
-        "pydoc", "pydoc (embedded) | shakespeare | text (data.path)", TRAJECTORY, choices=CORPORA
+        "pydoc",
+        "pydoc (embedded) | shakespeare | text (data.path), or module:attr",
+        TRAJECTORY,
+        type=str,
     )
     path: str | None = setting(
-        None, "a .txt/.jsonl file, a directory or a glob", TRAJECTORY, type=str, nullable=True
+        None,
+        "a .txt/.jsonl/.csv/.parquet file, a directory or a glob",
+        TRAJECTORY,
+        type=str,
+        nullable=True,
     )
-    tokenizer: str = setting("bpe", "char | bpe (byte-level)", TRAJECTORY, choices=TOKENIZERS)
+    file_format: str = setting(
+        "",
+        "'': each file by its suffix, others refused; txt | jsonl | csv | parquet: also files "
+        "of any other suffix; module:attr: the files of its suffixes (any other, without)",
+        TRAJECTORY,
+        type=str,
+    )
+    tokenizer: str = setting("bpe", "char | bpe (byte-level), or module:attr", TRAJECTORY, type=str)
     vocab_size: int = setting(
         512, "BPE vocabulary (256 bytes + merges); char ignores it", TRAJECTORY, low=1
     )
@@ -327,13 +338,15 @@ class Data:
         "memory: read, encoded and held in RAM (workdir/tokens.npy); shards: streamed into "
         "memory-mapped token shards, any size",
         TRAJECTORY,
-        choices=DATA_FORMATS,
+        type=str,
     )
     shards_dir: str | None = setting(
         None, "shards: their folder (default workdir/shards)", TRAJECTORY, type=str, nullable=True
     )
     text_field: str = setting(
-        "text", "shards: the field of a .jsonl line with its text", TRAJECTORY
+        "text",
+        "the field of a .jsonl line, the column of a .csv/.parquet file, with the text",
+        TRAJECTORY,
     )
     shard_tokens: int = setting(1 << 27, "shards: tokens per shard file", TRAJECTORY, low=1)
     tokenizer_sample_bytes: int = setting(

@@ -122,7 +122,11 @@ def test_text_file_and_directory(tmp_path):
     (tmp_path / "ignored.md").write_text("not text")
     assert data.load_text("text", tmp_path / "a.txt") == "first ünïcode"
     assert data.load_text("text", tmp_path) == "first ünïcode\nsecond\n"
-    assert data.load_text("text", tmp_path / "ignored.md") == "not text", "a named file is read"
+    with pytest.raises(ValueError, match=r"ignored.md: no file format reads .md; the known suffix"):
+        data.load_text("text", tmp_path / "ignored.md")  # never read as raw text (issue 26)
+    assert data.load_text("text", tmp_path / "ignored.md", file_format="txt") == "not text"
+    in_path_order = "first ünïcode\nsecond\n\nnot text"
+    assert data.load_text("text", tmp_path, file_format="txt") == in_path_order
 
 
 def test_directory_reads_nested_txt_and_jsonl_documents_in_path_order(tmp_path):
@@ -161,12 +165,12 @@ def test_text_errors(tmp_path):
         data.load_text("text")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         data.load_text("text", tmp_path / "missing.txt")
-    with pytest.raises(ValueError, match=r"names no .txt or .jsonl files"):
+    with pytest.raises(ValueError, match=r"names no .txt, .jsonl, .csv, .parquet files"):
         data.load_text("text", tmp_path)
-    with pytest.raises(ValueError, match=r"names no .txt or .jsonl files"):
+    with pytest.raises(ValueError, match=r"names no .txt, .jsonl, .csv, .parquet files"):
         data.load_text("text", str(tmp_path / "*.txt"))
     (tmp_path / "notes.md").write_text("a note")
-    with pytest.raises(ValueError, match=r"notes.md is neither .txt nor .jsonl"):
+    with pytest.raises(ValueError, match=r"notes.md: no file format reads .md.*data.file_format"):
         data.load_text("text", str(tmp_path / "notes.*"))
 
 
@@ -185,7 +189,8 @@ def test_empty_file(tmp_path):
 
 
 def test_unknown_corpus_and_pydoc_with_path():
-    with pytest.raises(ValueError, match=r"unknown corpus 'wiki'.*'pydoc', 'shakespeare', 'text'"):
+    unknown = r"data.corpus='wiki' is not a known corpus kind.*pydoc, shakespeare, text"
+    with pytest.raises(ValueError, match=unknown):
         data.load_text("wiki")
     with pytest.raises(ValueError, match="takes no path"):
         data.load_text("pydoc", "some/file.txt")

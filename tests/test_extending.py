@@ -2,7 +2,6 @@
 folder outside the package, train through the command line's `module:attr` form, show up in
 the metrics and resume bit-exactly; and each one computes what it says."""
 
-import json
 import re
 import struct
 import subprocess
@@ -104,9 +103,10 @@ def test_the_docs_hold_every_example():
         "my_blocks.py",
         "my_scores.py",
         "my_kernels.py",
-        "to_jsonl.py",
         "my_schedule_free.py",
         "my_metrics.py",
+        "my_formats.py",
+        "my_config.py",
     }
 
 
@@ -230,22 +230,3 @@ def test_user_position_encoding_adds_half_sinusoids(user_dir):
     expected_BxTxD = table_VxD[tokens_BxT] + 0.5 * sinusoidal_at(jnp.arange(12), 32)[None]
     np.testing.assert_allclose(x_BxTxD, expected_BxTxD, rtol=1e-6, atol=1e-6)
     assert "pos" not in variables["params"]
-
-
-def test_dataset_conversion_example_trains_from_jsonl(user_dir, tmp_path):
-    """docs' to_jsonl.py turns CSV rows into JSON lines the in-memory format reads."""
-    from to_jsonl import convert
-
-    from minigpt_jax.run_config import dataset_from
-
-    csv_path = tmp_path / "rows.csv"
-    csv_path.write_text('text\n"first, row"\nsecond row\n' + "more text\n" * 200)
-    convert(csv_path, tmp_path / "corpus.jsonl")
-    lines = [json.loads(line) for line in (tmp_path / "corpus.jsonl").read_text().splitlines()]
-    assert lines[:2] == [{"text": "first, row"}, {"text": "second row"}]
-    config = default_config()
-    config.data.corpus, config.data.path = "text", str(tmp_path / "corpus.jsonl")
-    config.data.tokenizer, config.model.block_size = "char", 8
-    dataset = dataset_from(config, tmp_path / "run")
-    text = dataset.tokenizer.decode(np.concatenate([dataset.train, dataset.val]))
-    assert "first, row" in text and "second row" in text and '"text"' not in text

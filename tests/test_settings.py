@@ -104,7 +104,7 @@ def test_a_config_states_only_what_differs():
         ("optim.lr", math.nan, "config.optim.lr=nan is out of range"),
         ("seed", -1, "config.seed=-1 is out of range: it must be an integer >= 0"),
         ("data.val_fraction", 0.0, "config.data.val_fraction=0.0 is out of range"),
-        ("data.format", "disk", "config.data.format='disk' is unknown; allowed: ['memory'"),
+        ("data.format", "disk", "config.data.format='disk' is not a known data format"),
         ("optim.name", "lamb", "config.optim.name='lamb' is not a known optimizer"),
         ("loss.terms", "zloss", "config.loss.terms='zloss' is not a known loss term"),
         ("model.norm", "batchnorm", "config.model.norm='batchnorm' is not a known norm"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -15,16 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from minigpt_jax.data.corpus import Source, read_documents, text_files
-from minigpt_jax.data.tokenizers import MAX_UINT16_VOCAB, Tokenizer, load_tokenizer, make_tokenizer
+from minigpt_jax.data import corpus as corpus_files
+from minigpt_jax.data.corpus import BUILTIN_FORMATS, FileFormat, Source, read_documents
+from minigpt_jax.data.tokenizers import BUILDERS, MAX_UINT16_VOCAB, Tokenizer, load_tokenizer
 from minigpt_jax.digests import sha256_file
+from minigpt_jax.registry import Registry, is_user_key
 from minigpt_jax.run_dir import TOKENIZER_FILENAME as TOKENIZER_FILENAME  # re-exported
 from minigpt_jax.run_dir import TOKENS_FILENAME as TOKENS_FILENAME  # re-exported
 from minigpt_jax.run_dir import RunDir, fingerprint_path
 
 _log = logging.getLogger(__name__)
 
-CORPORA = ("pydoc", "shakespeare", "text")
 SPLITS = ("train", "val")
 
 SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
@@ -44,43 +46,103 @@ DOCUMENT_SEPARATOR = "\n"
 # Text
 
 
-def find_sources(corpus: str, path: str | os.PathLike | None) -> list[Source]:
+def find_sources(
+    corpus: str, path: str | os.PathLike | None, file_format: str = ""
+) -> list[Source]:
     """The inputs of a corpus, in a fixed order: the same for data.format "memory" and "shards".
 
-    corpus:
+    corpus (a key of CORPORA, or module:attr of a function (path, file_format) -> list of
+    corpus.Source):
       "pydoc": CPython's bundled English docs (pydoc_data.topics); no path, no download.
       "shakespeare": Tiny Shakespeare, found at `path` (file or directory), in
         $MINIGPT_JAX_DATA, or in the cache dir, else downloaded into the cache dir.
-      "text": `path` is a file, a directory (every .txt/.jsonl file below it) or a glob, as
-        corpus.text_files resolves it.
+      "text": `path` is a file, a directory (every file below it of a known suffix) or a glob,
+        as corpus.sources resolves it, each file read by its format (file_format: the key of
+        FILE_FORMATS data.file_format picks beside the suffixes, "" for none).
     """
-    if corpus == "pydoc":
-        if path is not None:
-            raise ValueError(
-                f"corpus 'pydoc' is built in and takes no path (got {str(path)!r}); drop the "
-                f"path, or use corpus 'text' to train on your own files."
-            )
-        return [Source.embedded("pydoc_data.topics", _pydoc_text())]
-    if corpus == "shakespeare":
-        return [Source.of_file(_find_or_download_shakespeare(path))]
-    if corpus == "text":
-        if path is None:
-            raise ValueError(
-                "corpus 'text' needs a path: a .txt/.jsonl file, a directory or a glob of them."
-            )
-        return [Source.of_file(file) for file in text_files(path)]
-    raise ValueError(f"unknown corpus {corpus!r}; choose one of {list(CORPORA)}.")
+    return CORPORA[corpus](path, file_format)
 
 
-def load_text(corpus: str, path: str | os.PathLike | None = None, text_field: str = "text") -> str:
+def picked_format(key: str) -> FileFormat | None:
+    """The entry data.file_format picks (None for ""): a built-in name reads every file whose
+    suffix no built-in claims; a user entry the files of its suffixes (all such, without)."""
+    if not key:
+        return None
+    entry = FILE_FORMATS[key]
+    if key in BUILTIN_FORMATS:
+        return dataclasses.replace(entry, suffixes=())
+    return entry if entry.name else dataclasses.replace(entry, name=key)  # named in manifests
+
+
+def _pydoc_sources(path: str | os.PathLike | None, file_format: str) -> list[Source]:
+    del file_format
+    if path is not None:
+        raise ValueError(
+            f"corpus 'pydoc' is built in and takes no path (got {str(path)!r}); drop the "
+            f"path, or use corpus 'text' to train on your own files."
+        )
+    return [Source.embedded("pydoc_data.topics", _pydoc_text())]
+
+
+def _shakespeare_sources(path: str | os.PathLike | None, file_format: str) -> list[Source]:
+    del file_format
+    return [Source.of_file(_find_or_download_shakespeare(path))]
+
+
+def _text_sources(path: str | os.PathLike | None, file_format: str) -> list[Source]:
+    if path is None:
+        raise ValueError(
+            "corpus 'text' needs a path: a file (.txt, .jsonl, .csv, .parquet), a directory or "
+            "a glob of them."
+        )
+    return corpus_files.sources(path, picked_format(file_format))
+
+
+# The registries of the data group's choices (the settings in minigpt_jax.settings.Data).
+CORPORA = Registry(
+    "corpus kind",
+    "data.corpus",
+    {"pydoc": _pydoc_sources, "shakespeare": _shakespeare_sources, "text": _text_sources},
+    arity=2,
+    shape="a function (path, file_format) -> list of minigpt_jax.data.corpus.Source",
+)
+FILE_FORMATS = Registry(
+    "file format",
+    "data.file_format",
+    BUILTIN_FORMATS,
+    entry_class=FileFormat,
+    arity=2,
+    shape="a function (path, data) -> iterable of document strings (its `suffixes` such as "
+    "('.tsv',) an attribute) or a minigpt_jax.data.corpus.FileFormat",
+    split=lambda value: [value] if value else [],  # "": no format beside the suffixes' own
+)
+TOKENIZERS = Registry(
+    "tokenizer",
+    "data.tokenizer",
+    BUILDERS,
+    arity=3,
+    shape="a function (text, vocab_size, eot) -> a minigpt_jax.data.tokenizers.CharTokenizer "
+    "or BPETokenizer (the types that save and load)",
+)
+
+
+def load_text(
+    corpus: str,
+    path: str | os.PathLike | None = None,
+    text_field: str = "text",
+    *,
+    file_format: str = "",
+    data: Any = None,
+) -> str:
     """Returns the text of a corpus (the inputs of find_sources) for an in-memory dataset.
 
-    A .txt file is one document, a .jsonl line one document (the string in its `text_field`);
-    the documents are joined with DOCUMENT_SEPARATOR ("\\n") in find_sources' order, so a
-    corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text unchanged.
+    Each file's documents (a .txt file is one, a .jsonl line one, a .csv or .parquet row one:
+    the text in its `text_field`) are joined with DOCUMENT_SEPARATOR ("\\n") in find_sources'
+    order, so a corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text
+    unchanged. data: config.data, what a file format reads (default: text_field alone).
     """
-    sources = find_sources(corpus, path)
-    text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field))
+    sources = find_sources(corpus, path, file_format)
+    text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field if data is None else data))
     if not text.strip():
         raise ValueError(
             f"corpus {corpus!r} from {describe_sources(sources, path)} is empty (no "
@@ -392,6 +454,8 @@ def prepare_dataset(
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
     *,
+    file_format: str = "",
+    data: Any = None,
     before_writing: Callable[[], None] | None = None,
     check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
@@ -400,7 +464,9 @@ def prepare_dataset(
     With a workdir, an existing workdir/tokenizer.json is reused (a resumed run keeps its
     vocabulary), else the new tokenizer is saved there; tokens are cached in
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
-    replaces tokenizer_kind and vocab_size. text_field: the field of a .jsonl line's text.
+    replaces tokenizer_kind and vocab_size. text_field: the field (.jsonl) or column (.csv,
+    .parquet) of the text; file_format: data.file_format's key; data: config.data, what a file
+    format reads (default: text_field alone).
     Everything that can fail happens in memory first: nothing is written (and before_writing,
     e.g. taking the run lock, is not called) unless the dataset is good and check_data(digest)
     (a resumed run's comparison with its checkpoint) has returned.
@@ -409,9 +475,9 @@ def prepare_dataset(
     run_dir = RunDir(workdir) if workdir is not None else None
     if run_dir is None or not run_dir.tokens.exists():
         _check_fits_in_memory(
-            find_sources(corpus, path), tokenizer_kind if tokenizer is None else "bpe"
+            find_sources(corpus, path, file_format), tokenizer_kind if tokenizer is None else "bpe"
         )
-    text = load_text(corpus, path, text_field)
+    text = load_text(corpus, path, text_field, file_format=file_format, data=data)
     tokenizer_path = run_dir.tokenizer if run_dir is not None else None
     new_tokenizer = tokenizer_path is None or not tokenizer_path.exists()
     if not new_tokenizer:
@@ -425,7 +491,7 @@ def prepare_dataset(
             )
         tokenizer = saved
     else:
-        tokenizer = tokenizer or make_tokenizer(tokenizer_kind, text, vocab_size)
+        tokenizer = tokenizer or TOKENIZERS[tokenizer_kind](text, vocab_size, eot=False)
     cache_path = run_dir.tokens if run_dir is not None else None
     tokens = None
     if cache_path is not None and not new_tokenizer:
@@ -442,7 +508,7 @@ def prepare_dataset(
     if check_data is not None:
         check_data(digest)
     if single:
-        where = describe_sources(find_sources(corpus, path), path)
+        where = describe_sources(find_sources(corpus, path, file_format), path)
         warn_if_degenerate(where, single, tokenizer.vocab_size)
     if before_writing is not None and (new_tokenizer or write_cache):
         before_writing()
@@ -478,6 +544,8 @@ def _check_fits_in_memory(sources: list[Source], tokenizer_kind: str) -> None:
 def _check_reused_tokenizer(
     tokenizer: Tokenizer, path: Path, tokenizer_kind: str, vocab_size: int
 ) -> None:
+    if is_user_key(tokenizer_kind):
+        return  # a user entry's tokenizer saves as one of the built-in types
     if tokenizer.kind != tokenizer_kind or (
         tokenizer_kind == "bpe" and tokenizer.vocab_size != vocab_size
     ):

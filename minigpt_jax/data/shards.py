@@ -1,10 +1,11 @@
 """Corpora of any size: stream text into memory-mapped token shards with a JSON manifest.
 
 `prepare_shards` reads a corpus (the inputs data.find_sources names: a file, a directory or a
-glob of .txt / .jsonl files, the same files an in-memory corpus reads) through corpus.read_pieces
-in bounded pieces, encodes them in multi-threaded batches and appends the tokens, an end-of-text
-id after every document, to fixed-size shards of raw little-endian uint16 (uint32 when the
-vocabulary does not fit). A .txt file is one document; a .jsonl line is one document (its
+glob of .txt / .jsonl / .csv / .parquet files or of data.file_format's, the same files an
+in-memory corpus reads) through corpus.read_pieces in bounded pieces, encodes them in
+multi-threaded batches and appends the tokens, an end-of-text id after every document, to
+fixed-size shards of raw little-endian uint16 (uint32 when the vocabulary does not fit). A .txt
+file is one document; a .jsonl line, a .csv or .parquet row is one document (its
 `text_field`). The stream's first int(n * (1 - val_fraction)) tokens are the train split, the
 rest the validation split, as for in-memory corpora (data.split_tokens).
 
@@ -49,7 +50,9 @@ from tqdm.auto import tqdm
 
 from minigpt_jax.data.corpus import Piece, Source, read_pieces
 from minigpt_jax.data.memory import (
+    FILE_FORMATS,
     SPLITS,
+    TOKENIZERS,
     DataDigest,
     Dataset,
     _check_reused_tokenizer,
@@ -60,7 +63,6 @@ from minigpt_jax.data.memory import (
 )
 from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
-    TOKENIZER_KINDS,
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
@@ -86,21 +88,24 @@ _BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds eve
 
 
 def inputs_fingerprint(sources: list[Source]) -> str:
-    """sha256 of every input's path, size and mtime (of the text itself for embedded data)."""
+    """sha256 of every input's path, size and mtime (of the text itself for embedded data),
+    and of its file format's name unless it is .txt or .jsonl (as older manifests have it)."""
     digest = hashlib.sha256()
     for source in sources:
         stamp = hashlib.sha256(source.data).hexdigest() if source.data is not None else ""
+        if source.format.name not in ("txt", "jsonl"):
+            stamp += f"\0{source.format.name}"
         digest.update(f"{source.path}\0{source.size}\0{source.mtime_ns}\0{stamp}\n".encode())
     return digest.hexdigest()
 
 
-def sample_texts(sources: list[Source], text_field: str, sample_bytes: int) -> Iterator[str]:
+def sample_texts(sources: list[Source], data: Any, sample_bytes: int) -> Iterator[str]:
     """About sample_bytes of text spread over the inputs: the head of each file in proportion
     to its size (for training a BPE tokenizer on a corpus too large to read twice)."""
     total = sum(source.size for source in sources) or 1
     for index, source in enumerate(sources):
         budget = max(1, round(sample_bytes * source.size / total))
-        for piece in read_pieces(sources[: index + 1], text_field, (index, 0)):
+        for piece in read_pieces(sources[: index + 1], data, (index, 0)):
             yield piece.text[:budget]
             budget -= len(piece.text.encode())
             if budget <= 0:
@@ -125,11 +130,8 @@ class ShardSettings:
     @classmethod
     def from_config(cls, data_config: Any) -> ShardSettings:
         settings = cls(**{field.name: data_config[field.name] for field in fields(cls)})
-        if settings.tokenizer not in TOKENIZER_KINDS:
-            raise ValueError(
-                f"config.data.tokenizer={settings.tokenizer!r} is unknown; choose one of "
-                f"{list(TOKENIZER_KINDS)}."
-            )
+        object.__setattr__(settings, "reading", data_config)  # what file formats read
+        TOKENIZERS.check(settings.tokenizer)
         for name in ("shard_tokens", "tokenizer_sample_bytes"):
             value = getattr(settings, name)
             if not isinstance(value, int) or value < 1:
@@ -141,7 +143,7 @@ class ShardSettings:
         return settings
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 def shard_name(index: int) -> str:
@@ -236,9 +238,11 @@ class _ShardWriter:
 
 def _build_tokenizer(sources: list[Source], settings: ShardSettings, progress: bool) -> Tokenizer:
     """char: the alphabet of the whole corpus (one streaming pass); bpe: trained on a sample."""
-    if settings.tokenizer == "bpe":
-        sample = sample_texts(sources, settings.text_field, settings.tokenizer_sample_bytes)
-        return BPETokenizer.train(sample, settings.vocab_size, eot=True)
+    if settings.tokenizer != "char":  # bpe, or a user entry: trained on a sample
+        sample = sample_texts(sources, settings.reading, settings.tokenizer_sample_bytes)
+        if settings.tokenizer == "bpe":
+            return BPETokenizer.train(sample, settings.vocab_size, eot=True)
+        return TOKENIZERS[settings.tokenizer](list(sample), settings.vocab_size, eot=True)
     seen = np.zeros(0x110000, bool)
     bar = tqdm(
         total=sum(s.size for s in sources),
@@ -248,7 +252,7 @@ def _build_tokenizer(sources: list[Source], settings: ShardSettings, progress: b
         disable=not progress,
     )
     with bar:
-        for piece in read_pieces(sources, settings.text_field):
+        for piece in read_pieces(sources, settings.reading):
             seen[_codepoints(piece.text)] = True
             bar.update(len(piece.text.encode("utf-8", errors="surrogatepass")))
     if not seen.any():
@@ -272,13 +276,13 @@ def prepare_shards(
     end-of-text id."""
     directory = Path(directory)
     settings = ShardSettings.from_config(data_config)
-    sources = find_sources(data_config.corpus, data_config.path)
+    sources = find_sources(data_config.corpus, data_config.path, data_config.file_format)
     if tokenizer is not None and tokenizer.eot_id is None:
         raise ValueError(
             "sharded corpora put an end-of-text id between documents, but this tokenizer has "
             "none (it was made for an in-memory corpus); use a fresh workdir."
         )
-    wanted = _wanted(sources, settings)
+    wanted = _wanted(sources, settings, data_config)
     manifest, check = _prepared(directory, wanted, tokenizer)
     if manifest is not None:
         _write_stamp(directory, check)
@@ -287,12 +291,21 @@ def prepare_shards(
         return _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
 
 
-def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
-    """What a manifest must record for its shards to be these inputs' under these settings."""
+def _wanted(sources: list[Source], settings: ShardSettings, data_config: Any = None) -> dict:
+    """What a manifest must record for its shards to be these inputs' under these settings
+    (and, where data.file_format is set, its key and the settings the entry declares: older
+    manifests have none)."""
+    recorded = settings.as_dict()
+    key = data_config.file_format if data_config is not None else ""
+    if key:
+        recorded["file_format"] = key
+        declared = FILE_FORMATS.settings_of(key)
+        if declared:
+            recorded["file_format_settings"] = {name: data_config[name] for name in declared}
     return {
         "format": FORMAT,
         "inputs_fingerprint": inputs_fingerprint(sources),
-        "settings": settings.as_dict(),
+        "settings": recorded,
     }
 
 
@@ -525,7 +538,10 @@ class _EncodingPass:
         )
 
     def _bytes_before(self, cursor: tuple[int, int]) -> int:
-        return sum(s.size for s in self._sources[: cursor[0]]) + cursor[1]
+        index, offset = cursor
+        within = index < len(self._sources) and self._sources[index].format.pieces is not None
+        # A cursor into a file read by documents (.csv, .parquet, ...) counts documents.
+        return sum(s.size for s in self._sources[:index]) + (offset if within else 0)
 
     def add(self, piece: Piece) -> None:
         self.batch.append(piece)
@@ -620,7 +636,7 @@ def _encode_all(
     encoding = _EncodingPass(progress_path, sources, tokenizer, writer, saved, progress)
     start = time.perf_counter()
     try:
-        encoding.run(read_pieces(sources, settings.text_field, encoding.cursor, tokenizer.safe_cut))
+        encoding.run(read_pieces(sources, settings.reading, encoding.cursor, tokenizer.safe_cut))
         shard_counts = writer.finish()
     finally:
         writer.close()
@@ -753,7 +769,7 @@ def _planned_shards(
     hasher = _ShardHasher(token_dtype(tokenizer.vocab_size), settings.shard_tokens)
     start = {"cursor": [0, 0], "tokens": 0, "documents": 0}
     encoding = _EncodingPass(None, sources, tokenizer, hasher, start, progress)
-    encoding.run(read_pieces(sources, settings.text_field, (0, 0), tokenizer.safe_cut))
+    encoding.run(read_pieces(sources, settings.reading, (0, 0), tokenizer.safe_cut))
     return hasher.finish(), encoding.documents
 
 
@@ -879,11 +895,12 @@ def sharded_dataset(
     run_dir = RunDir(workdir)
     directory = Path(data_config.shards_dir or run_dir.shards)
     settings = ShardSettings.from_config(data_config)
-    sources = find_sources(data_config.corpus, data_config.path)
-    # At most one token per byte plus an end-of-text id per document (at most one per byte).
+    sources = find_sources(data_config.corpus, data_config.path, data_config.file_format)
+    # At most one token per byte plus an end-of-text id per document (at most one per byte),
+    # where a file's size bounds its text (not a compressed .parquet file's).
     most_tokens = 2 * sum(source.size for source in sources)
     most_val = most_tokens - int(most_tokens * (1.0 - data_config.val_fraction))
-    if most_val < block_size + 1:
+    if all(source.format.sized for source in sources) and most_val < block_size + 1:
         raise ValueError(
             f"the inputs of data.path hold {most_tokens // 2} bytes, so the 'val' split would "
             f"have at most {most_val} tokens, but one training window needs block_size + 1 = "
@@ -902,7 +919,7 @@ def sharded_dataset(
             f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
             f"or data.format='memory' as the run that created it."
         )
-    wanted = _wanted(sources, settings)
+    wanted = _wanted(sources, settings, data_config)
     manifest, check = _prepared(directory, wanted, run_tokenizer)
     checked = planned = None
     if check_data is not None:

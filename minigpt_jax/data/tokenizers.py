@@ -17,7 +17,7 @@ import numpy as np
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-TOKENIZER_KINDS = ("char", "bpe")
+TOKENIZER_KINDS = ("char", "bpe")  # the types of a saved tokenizer (its JSON "type")
 # The largest vocabulary whose ids fit uint16: token caches and shards store ids as uint16 up to
 # it (shards switch to uint32 beyond it; the in-memory cache refuses a larger vocabulary).
 MAX_UINT16_VOCAB = 1 << 16
@@ -353,13 +353,21 @@ def load_gpt2_tokenizer(directory: str | Path) -> BPETokenizer:
     return BPETokenizer(hf)
 
 
+def _char(text: str | Iterable[str], vocab_size: int, eot: bool = False) -> Tokenizer:
+    del vocab_size  # the alphabet decides it
+    return CharTokenizer.from_text(text if isinstance(text, str) else "".join(text), eot=eot)
+
+
+# The built-in tokenizers by name, each a function (text, vocab_size, eot) -> Tokenizer: the
+# table of the registry data.tokenizer picks from (memory.TOKENIZERS).
+BUILDERS = {"char": _char, "bpe": BPETokenizer.train}
+
+
 def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = False) -> Tokenizer:
-    """Builds a tokenizer of `kind` from `text`; vocab_size is used by 'bpe' only."""
-    if kind == "char":
-        return CharTokenizer.from_text(text, eot=eot)
-    if kind == "bpe":
-        return BPETokenizer.train(text, vocab_size, eot=eot)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(TOKENIZER_KINDS)}.")
+    """Builds a built-in tokenizer of `kind` from `text`; vocab_size is used by 'bpe' only."""
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(BUILDERS)}.")
+    return BUILDERS[kind](text, vocab_size, eot=eot)
 
 
 # The fields a saved tokenizer of each type needs, with their JSON types.
