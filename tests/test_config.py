@@ -80,9 +80,7 @@ class GPTConfigTest(chex.TestCase):
         self.assertIn(message, str(ctx.exception))
 
     def test_unknown_dense_grad_is_named(self):
-        with self.assertRaisesRegex(
-            ValueError, r"dense_grad='jvp'.*are auto, autodiff, direct"
-        ):
+        with self.assertRaisesRegex(ValueError, r"dense_grad='jvp'.*are auto, autodiff, direct"):
             GPTConfig(dense_grad="jvp")
 
 
