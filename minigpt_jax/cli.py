@@ -1,4 +1,4 @@
-"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
+r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
 `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
@@ -21,9 +21,12 @@ Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) 
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import errno
 import os
 import re
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -84,14 +87,18 @@ def _train() -> None:
             allow_resume_changes=_ALLOW_RESUME_CHANGES.value,
         )
     fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
-    print(
-        f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
-        f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
-        f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
-        f"median {fmt(summary.median_step_ms)} ms/step"
-        + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
-        + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
-    )
+    if not summary.before_training:  # a run stopped in its setup said so in one line
+        print(
+            f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
+            f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
+            f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
+            f"median {fmt(summary.median_step_ms)} ms/step"
+            + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
+            + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
+        )
+    if summary.interrupted_by:
+        # 128 + the signal, as a shell reports it: a scheduler tells a preempted run apart.
+        sys.exit(128 + signal.Signals[summary.interrupted_by].value)
 
 
 def _prepare() -> None:
@@ -108,9 +115,15 @@ def _prepare() -> None:
             f"config's data.format is {config.data.format!r}; add --config.data.format=shards "
             "here and to `train`, or just run `train` (it encodes a memory corpus itself)."
         )
-    dataset = sharded_dataset(
-        config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
-    )
+    shards_dir = config.data.shards_dir or os.path.join(_WORKDIR.value, "shards")
+    with _stopped_says(
+        "prepare",
+        f"what was written is kept in {shards_dir}; rerun the same command to resume where it "
+        "stopped.",
+    ):
+        dataset = sharded_dataset(
+            config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
+        )
     print(
         f"{len(dataset.train) + len(dataset.val):,} tokens ({len(dataset.train):,} train, "
         f"{len(dataset.val):,} val), {dataset.tokenizer.kind} tokenizer with "
@@ -151,22 +164,45 @@ def _eval() -> None:
 
     if _TEXT.value is None:
         raise app.UsageError("eval needs --text, a UTF-8 text file, e.g. --text valid.txt.")
-    result = perplexity_of(
-        _PRETRAINED.value or _WORKDIR.value,
-        _TEXT.value,
-        stride=_STRIDE.value,
-        checkpoint=_CHECKPOINT.value,
-    )
+    with _stopped_says("eval", "nothing was measured or written; rerun the same command."):
+        result = perplexity_of(
+            _PRETRAINED.value or _WORKDIR.value,
+            _TEXT.value,
+            stride=_STRIDE.value,
+            checkpoint=_CHECKPOINT.value,
+        )
     print(result.summary())
 
 
+@contextlib.contextmanager
+def _stopped_says(command: str, what_now: str):
+    """SIGINT/SIGTERM end `command` with one line (`what_now`: what was done, how to go on)
+    and the shell's status for the signal (130, 143), not a traceback."""
+    from minigpt_jax.signals import Interrupted, RaiseOnSignal
+
+    try:
+        with RaiseOnSignal():
+            yield
+    except Interrupted as stop:
+        print(
+            f"minigpt-jax {command}: stopped by {stop.signal_name}; {what_now}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(stop.exit_status)
+
+
 def _lab() -> None:
+    from minigpt_jax.lab.serving import bound_the_log, check_port
+
+    check_port(_PORT.value)  # before Gradio's 10 s of retries and its traceback
     try:
         from minigpt_jax.lab.app import launch
     except ImportError as error:
         raise RuntimeError(
             f"the lab needs the `lab` extra ({error}); install it with pip install -e '.[lab]'."
         ) from None
+    bound_the_log()  # a malformed request's payload would fill it
     launch(port=_PORT.value, open_browser=_OPEN.value, lang=_LANG.value)
 
 
@@ -188,6 +224,8 @@ def _run(argv: list[str]) -> None:
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
     if _WORKDIR.value is not None and not _WORKDIR.value.strip():
         raise app.UsageError("--workdir is empty: name a run directory, e.g. --workdir runs/x.")
+    if _WORKDIR.value is not None:
+        _check_workdir_path(_WORKDIR.value)
     run = {
         "train": _train,
         "prepare": _prepare,
@@ -217,8 +255,49 @@ def _run(argv: list[str]) -> None:
         sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
+def _check_workdir_path(workdir: str) -> None:
+    """Refuses a --workdir that is, or lies inside, a file (mkdir would say `File exists`)."""
+    path = os.path.abspath(workdir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        where = "names" if path == os.path.abspath(workdir) else f"lies inside {path},"
+        raise app.UsageError(
+            f"--workdir {workdir} {where} a file, not a directory: give a run directory, "
+            "e.g. --workdir runs/x."
+        )
+
+
+# `minigpt-jax --help`: one line per command (the module docstring has their flags).
+COMMAND_HELP = {
+    "train": "train a model (resumes from the run's last checkpoint)",
+    "prepare": "write the token shards of config.data (data.format=shards)",
+    "sample": "print text a run (or a Hugging Face GPT-2 directory) continues",
+    "eval": "perplexity and bits per byte of a model on a text file",
+    "export": "write a run as a Hugging Face GPT-2 directory",
+    "settings": "every config key: default, kind and doc",
+    "lab": "the browser lab: tokenizer, attention and training views",
+    "sweep": "train many configs of a search space and rank them",
+}
+
+
+def _help() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = [f"  {c:<{width}}  {COMMAND_HELP.get(c, '')}".rstrip() for c in COMMANDS]
+    return (
+        "usage: minigpt-jax COMMAND [--flag=value ...]\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + (__doc__ or "").strip()
+        + "\n\nEvery flag with its doc: minigpt-jax --helpfull"
+    )
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys."""
+    if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
+        print(_help())
+        sys.exit(0)
     config_path = _config_path(argv)
     if config_path:
         from minigpt_jax.run_config import add_config_root_to_path, config_file_problem
@@ -236,10 +315,29 @@ def _parse_flags(argv: list[str]) -> list[str]:
             match = re.match(r"--config\.([\w.]+)", arg)
             if match and _key_missing(argv, match.group(1)):
                 path, _, key = match.group(1).rpartition(".")
-                sys.exit(f"minigpt-jax: error: {unknown_key_message(path, key)}")
+                problem = _unknown_group(match.group(1)) or unknown_key_message(path, key)
+                sys.exit(f"minigpt-jax: error: {problem}")
         raise error
     except flags.Error as error:
         sys.exit(f"minigpt-jax: error: {error}\nRun `minigpt-jax --help` for the flags.")
+
+
+def _unknown_group(dotted: str) -> str | None:
+    """The message for a key `group.name` whose group does not exist (a typo of the group),
+    suggesting the group that has `name`; None when the group exists."""
+    from minigpt_jax.run_config import EXPERIMENT_KEYS
+
+    group, _, name = dotted.partition(".")
+    groups = [g for g in EXPERIMENT_KEYS if g]
+    if not name or group in EXPERIMENT_KEYS:
+        return None
+    holding = [g for g in groups if name.split(".")[0] in EXPERIMENT_KEYS[g]]
+    close = difflib.get_close_matches(group, holding or groups, n=1, cutoff=0.5)
+    return (
+        f"unknown config group config.{group} (in --config.{dotted})"
+        + (f": did you mean config.{close[0]}.{name}?" if close else ".")
+        + f" The groups are {', '.join(groups)}."
+    )
 
 
 def _key_missing(argv: list[str], dotted: str) -> bool:
