@@ -116,14 +116,21 @@ def _prepare() -> None:
             "here and to `train`, or just run `train` (it encodes a memory corpus itself)."
         )
     shards_dir = config.data.shards_dir or os.path.join(_WORKDIR.value, "shards")
-    with _stopped_says(
-        "prepare",
-        f"what was written is kept in {shards_dir}; rerun the same command to resume where it "
-        "stopped.",
-    ):
-        dataset = sharded_dataset(
-            config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
-        )
+    kept = f"what was written is kept in {shards_dir}"
+    resume = "rerun the same command to resume where it stopped"
+    with _stopped_says("prepare", f"{kept}; {resume}."):
+        try:
+            dataset = sharded_dataset(
+                config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
+            )
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on the device of {shards_dir} while writing its shards; "
+                f"{kept}: free some space, then {resume} (the last batch is encoded again)",
+            ) from None
     print(
         f"{len(dataset.train) + len(dataset.val):,} tokens ({len(dataset.train):,} train, "
         f"{len(dataset.val):,} val), {dataset.tokenizer.kind} tokenizer with "
@@ -242,7 +249,9 @@ def _run(argv: list[str]) -> None:
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            if "rerun" not in str(error):
+            if "rerun" in str(error):
+                error = error.strerror or error  # ours: the message without "[Errno 28]"
+            else:
                 where = f" ({error.filename})" if error.filename else ""
                 error = (
                     f"no space left on the device{where}; free some space, then rerun the same "
