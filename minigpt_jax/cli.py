@@ -98,7 +98,7 @@ def _train() -> None:
         )
     if summary.interrupted_by:
         # 128 + the signal, as a shell reports it: a scheduler tells a preempted run apart.
-        sys.exit(128 + signal.Signals[summary.interrupted_by].value)
+        _exit_stopped(128 + signal.Signals[summary.interrupted_by].value)
 
 
 def _prepare() -> None:
@@ -196,7 +196,20 @@ def _stopped_says(command: str, what_now: str):
             file=sys.stderr,
             flush=True,
         )
-        sys.exit(stop.exit_status)
+        _exit_stopped(stop.exit_status)
+
+
+def _exit_stopped(status: int) -> None:
+    """Ends a command that a signal stopped, once its work is closed (checkpoints saved and
+    their managers closed, files flushed): the output flushed, then at once, without the
+    interpreter's teardown, which a signal can catch with native threads (XLA's, tensorstore's)
+    still tied to half-finished Python state."""
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.distributed.is_initialized():
+        jax.distributed.shutdown()  # what the teardown would have done for the other hosts
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _lab() -> None:
