@@ -175,8 +175,8 @@ def corpus_dir(tmp_path):
 
 @pytest.mark.parametrize("sig, status", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_prepare_stopped_by_a_signal_is_one_line_and_resumes(corpus_dir, tmp_path, sig, status):
-    """Issue: a 25-line KeyboardInterrupt traceback; SIGTERM silent. Stopped after its first
-    recorded batch, prepare says what is kept; the rerun's shards equal an uninterrupted
+    """Issue: a 25-line KeyboardInterrupt traceback; SIGTERM silent. Stopped as it records its
+    first batch, prepare says what is kept; the rerun's shards equal an uninterrupted
     prepare's."""
     workdir = tmp_path / "run"
     args = _prepare_args(corpus_dir, workdir)
