@@ -298,7 +298,7 @@ COMMAND_HELP = {
     "eval": "perplexity and bits per byte of a model on a text file",
     "export": "write a run as a Hugging Face GPT-2 directory",
     "settings": "every config key: default, kind and doc",
-    "lab": "the browser lab: tokenizer, attention and training views",
+    "lab": "the course's embedding lab as a local web page",
     "sweep": "train many configs of a search space and rank them",
 }
 
