@@ -485,7 +485,7 @@ def export_run(workdir: str | Path, out: str | Path, checkpoint: str = "latest")
             raise OSError(
                 errno.ENOSPC,
                 f"no space left on the device of {out.parent} while writing {out} (about "
-                f"{_weights_bytes(params) / 2**20:,.0f} MiB of weights); nothing was left "
+                f"{_weights_bytes(params) / 2**20:,.1f} MiB of weights); nothing was left "
                 "behind: free some space, then rerun the same command",
             ) from None
         raise
