@@ -122,7 +122,7 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
         outcomes.append((result.returncode, "Fatal Python error" in result.stderr))
         assert result.returncode == 128 + getattr(signal, sig), result.stderr[-3000:]
         assert "Fatal" not in result.stderr and "Traceback" not in result.stderr
-        shutil.rmtree(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)  # a fresh run stopped here writes nothing
     assert all(status in (130, 143) and not fatal for status, fatal in outcomes)
 
 
