@@ -1,4 +1,4 @@
-"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
+r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
 `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
@@ -23,9 +23,12 @@ Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) 
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import errno
 import os
 import re
+import signal
 import sys
 
 import ml_collections
@@ -94,14 +97,18 @@ def _train() -> None:
             allow_resume_changes=_ALLOW_RESUME_CHANGES.value,
         )
     fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
-    print(
-        f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
-        f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
-        f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
-        f"median {fmt(summary.median_step_ms)} ms/step"
-        + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
-        + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
-    )
+    if not summary.before_training:  # a run stopped in its setup said so in one line
+        print(
+            f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
+            f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
+            f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
+            f"median {fmt(summary.median_step_ms)} ms/step"
+            + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
+            + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
+        )
+    if summary.interrupted_by:
+        # 128 + the signal, as a shell reports it: a scheduler tells a preempted run apart.
+        _exit_stopped(128 + signal.Signals[summary.interrupted_by].value)
 
 
 def _prepare() -> None:
@@ -118,9 +125,22 @@ def _prepare() -> None:
             f"config's data.format is {config.data.format!r}; add --config.data.format=shards "
             "here and to `train`, or just run `train` (it encodes a memory corpus itself)."
         )
-    dataset = sharded_dataset(
-        config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
-    )
+    shards_dir = config.data.shards_dir or os.path.join(_WORKDIR.value, "shards")
+    kept = f"what was written is kept in {shards_dir}"
+    resume = "rerun the same command to resume where it stopped"
+    with _stopped_says("prepare", f"{kept}; {resume}."):
+        try:
+            dataset = sharded_dataset(
+                config.data, config.model.block_size, _WORKDIR.value, progress=_PROGRESS.value
+            )
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on the device of {shards_dir} while writing its shards; "
+                f"{kept}: free some space, then {resume} (the last batch is encoded again)",
+            ) from None
     print(
         f"{len(dataset.train) + len(dataset.val):,} tokens ({len(dataset.train):,} train, "
         f"{len(dataset.val):,} val), {dataset.tokenizer.kind} tokenizer with "
@@ -161,22 +181,58 @@ def _eval() -> None:
 
     if _TEXT.value is None:
         raise app.UsageError("eval needs --text, a UTF-8 text file, e.g. --text valid.txt.")
-    result = perplexity_of(
-        _PRETRAINED.value or _WORKDIR.value,
-        _TEXT.value,
-        stride=_STRIDE.value,
-        checkpoint=_CHECKPOINT.value,
-    )
+    with _stopped_says("eval", "nothing was measured or written; rerun the same command."):
+        result = perplexity_of(
+            _PRETRAINED.value or _WORKDIR.value,
+            _TEXT.value,
+            stride=_STRIDE.value,
+            checkpoint=_CHECKPOINT.value,
+        )
     print(result.summary())
 
 
+@contextlib.contextmanager
+def _stopped_says(command: str, what_now: str):
+    """SIGINT/SIGTERM end `command` with one line (`what_now`: what was done, how to go on)
+    and the shell's status for the signal (130, 143), not a traceback."""
+    from minigpt_jax.signals import Interrupted, RaiseOnSignal
+
+    try:
+        with RaiseOnSignal():
+            yield
+    except Interrupted as stop:
+        print(
+            f"minigpt-jax {command}: stopped by {stop.signal_name}; {what_now}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _exit_stopped(stop.exit_status)
+
+
+def _exit_stopped(status: int) -> None:
+    """Ends a command that a signal stopped, once its work is closed (checkpoints saved and
+    their managers closed, files flushed): the output flushed, then at once, without the
+    interpreter's teardown, which a signal can catch with native threads (XLA's, tensorstore's)
+    still tied to half-finished Python state."""
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.distributed.is_initialized():
+        jax.distributed.shutdown()  # what the teardown would have done for the other hosts
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def _lab() -> None:
+    from minigpt_jax.lab.serving import bound_the_log, check_port
+
+    check_port(_PORT.value)  # before Gradio's 10 s of retries and its traceback
     try:
         from minigpt_jax.lab.app import launch
     except ImportError as error:
         raise RuntimeError(
             f"the lab needs the `lab` extra ({error}); install it with pip install -e '.[lab]'."
         ) from None
+    bound_the_log()  # a malformed request's payload would fill it
     launch(port=_PORT.value, open_browser=_OPEN.value, lang=_LANG.value)
 
 
@@ -199,6 +255,8 @@ def _run(argv: list[str]) -> None:
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
     if _WORKDIR.value is not None and not _WORKDIR.value.strip():
         raise app.UsageError("--workdir is empty: name a run directory, e.g. --workdir runs/x.")
+    if _WORKDIR.value is not None:
+        _check_workdir_path(_WORKDIR.value)
     run = {
         "train": _train,
         "prepare": _prepare,
@@ -220,7 +278,9 @@ def _run(argv: list[str]) -> None:
         if type(error).__module__.startswith(("jax", "flax", "orbax")):
             raise
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            if "rerun" not in str(error):
+            if "rerun" in str(error):
+                error = error.strerror or error  # ours: the message without "[Errno 28]"
+            else:
                 where = f" ({error.filename})" if error.filename else ""
                 error = (
                     f"no space left on the device{where}; free some space, then rerun the same "
@@ -280,9 +340,50 @@ def _exit_on_plugin_error(command: str, error: Exception) -> None:
     sys.exit(1)
 
 
+def _check_workdir_path(workdir: str) -> None:
+    """Refuses a --workdir that is, or lies inside, a file (mkdir would say `File exists`)."""
+    path = os.path.abspath(workdir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        where = "names" if path == os.path.abspath(workdir) else f"lies inside {path},"
+        raise app.UsageError(
+            f"--workdir {workdir} {where} a file, not a directory: give a run directory, "
+            "e.g. --workdir runs/x."
+        )
+
+
+# `minigpt-jax --help`: one line per command (the module docstring has their flags).
+COMMAND_HELP = {
+    "train": "train a model (resumes from the run's last checkpoint)",
+    "prepare": "write the token shards of config.data (data.format=shards)",
+    "sample": "print text a run (or a Hugging Face GPT-2 directory) continues",
+    "eval": "perplexity and bits per byte of a model on a text file",
+    "export": "write a run as a Hugging Face GPT-2 directory",
+    "settings": "every config key: default, kind and doc",
+    "lab": "the course's embedding lab as a local web page",
+    "sweep": "train many configs of a search space and rank them",
+}
+
+
+def _help() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = [f"  {c:<{width}}  {COMMAND_HELP.get(c, '')}".rstrip() for c in COMMANDS]
+    return (
+        "usage: minigpt-jax COMMAND [--flag=value ...]\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + (__doc__ or "").strip()
+        + "\n\nEvery flag with its doc: minigpt-jax --helpfull"
+    )
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys, and
     a built-in config's name (`--config tiny`) turned into its packaged file."""
+    if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
+        print(_help())
+        sys.exit(0)
     _EntrySettingsParser.overrides = _overrides(argv)
     flags.FLAGS["config"].parser = _EntrySettingsParser("config", lock_config=True)
     config_path = _config_path(argv)
@@ -309,10 +410,29 @@ def _parse_flags(argv: list[str]) -> list[str]:
             match = re.match(r"--config\.([\w.]+)", arg)
             if match and _key_missing(argv, match.group(1)):
                 path, _, key = match.group(1).rpartition(".")
-                sys.exit(f"minigpt-jax: error: {unknown_key_message(path, key)}")
+                problem = _unknown_group(match.group(1)) or unknown_key_message(path, key)
+                sys.exit(f"minigpt-jax: error: {problem}")
         raise error
     except flags.Error as error:
         sys.exit(f"minigpt-jax: error: {error}\nRun `minigpt-jax --help` for the flags.")
+
+
+def _unknown_group(dotted: str) -> str | None:
+    """The message for a key `group.name` whose group does not exist (a typo of the group),
+    suggesting the group that has `name`; None when the group exists."""
+    from minigpt_jax.run_config import EXPERIMENT_KEYS
+
+    group, _, name = dotted.partition(".")
+    groups = [g for g in EXPERIMENT_KEYS if g]
+    if not name or group in EXPERIMENT_KEYS:
+        return None
+    holding = [g for g in groups if name.split(".")[0] in EXPERIMENT_KEYS[g]]
+    close = difflib.get_close_matches(group, holding or groups, n=1, cutoff=0.5)
+    return (
+        f"unknown config group config.{group} (in --config.{dotted})"
+        + (f": did you mean config.{close[0]}.{name}?" if close else ".")
+        + f" The groups are {', '.join(groups)}."
+    )
 
 
 def _key_missing(argv: list[str], dotted: str) -> bool:

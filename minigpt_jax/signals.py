@@ -38,3 +38,22 @@ class StopRequest:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM during work with no step boundary of its own to stop at (reading and
+    scoring a text, preparing shards): a BaseException, like KeyboardInterrupt, so no
+    `except Exception` swallows it."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(sig.name)
+        self.signal_name, self.exit_status = sig.name, 128 + int(sig)
+
+
+class RaiseOnSignal(StopRequest):
+    """SIGINT and SIGTERM raise `Interrupted` at once, in the main thread, where the work can
+    end with one line saying what was done (minigpt_jax.cli)."""
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        super().on_signal(sig)
+        raise Interrupted(sig)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minigpt_jax.data.memory import MEMORY_BYTES_PER_TEXT_BYTE
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.io.pretrained import load_model
 from minigpt_jax.model.config import GPTConfig
@@ -124,9 +125,28 @@ def perplexity_of(
     text_path = Path(text_path)
     if not text_path.is_file():
         raise FileNotFoundError(f"no text file at {text_path}: give a UTF-8 .txt file.")
+    cfg, params, tokenizer = load_model(model, checkpoint)
+    check_fits_in_memory(text_path, tokenizer.kind)
     try:
         text = text_path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{text_path} is not UTF-8 text ({error}); convert it first.") from None
-    cfg, params, tokenizer = load_model(model, checkpoint)
     return perplexity(params, cfg, tokenizer, text, stride=stride, batch_size=batch_size)
+
+
+def check_fits_in_memory(text_path: Path, tokenizer_kind: str) -> None:
+    """Refuses, before reading it, a text whose in-memory encoding would not fit in RAM (the
+    same account as a data.format=memory corpus: data.memory.MEMORY_BYTES_PER_TEXT_BYTE)."""
+    from minigpt_jax.sharding import host_memory_available
+
+    available = host_memory_available()
+    text_bytes = text_path.stat().st_size
+    needed = text_bytes * MEMORY_BYTES_PER_TEXT_BYTE.get(tokenizer_kind, 95)
+    if available is not None and needed > available:
+        part = max(int(available / MEMORY_BYTES_PER_TEXT_BYTE.get(tokenizer_kind, 95)) // 2, 1)
+        raise ValueError(
+            f"{text_path} holds {text_bytes / 2**20:,.0f} MiB of text; reading and encoding it "
+            f"at once would need about {needed / 2**30:,.1f} GiB of RAM, but "
+            f"{available / 2**30:,.1f} GiB are available; score a part of it, e.g. "
+            f"`head -c {part // 2**20 or 1}M {text_path} > part.txt`, then --text part.txt."
+        )

@@ -20,8 +20,12 @@ Each parameter declares its GPT-2 name where the model creates it (`param_meta.d
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -462,9 +466,39 @@ def export_run(workdir: str | Path, out: str | Path, checkpoint: str = "latest")
         raise ValueError(f"{workdir} is already a Hugging Face directory; copy it instead.")
     cfg, params, tokenizer = load_model(workdir, checkpoint)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty: choose a new --out directory.")
-    return save_gpt2(params, cfg, out, tokenizer)
+    # Written into a sibling folder and renamed into place: `out` is complete or absent.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
+        save_gpt2(params, cfg, part, tokenizer)
+        os.replace(part, out)  # an empty `out` is replaced
+    except BaseException as error:
+        shutil.rmtree(part, ignore_errors=True)
+        if _no_space(error):
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on the device of {out.parent} while writing {out} (about "
+                f"{_weights_bytes(params) / 2**20:,.1f} MiB of weights); nothing was left "
+                "behind: free some space, then rerun the same command",
+            ) from None
+        raise
+    return out
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether a write failed for want of space (safetensors says so only in its message)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def _weights_bytes(params: Params) -> int:
+    return sum(4 * math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:

@@ -152,8 +152,14 @@ def check_digest(step_dir: Path) -> str | None:
     if not digest_path.is_file():
         return UNVERIFIED
     expected = {}
-    for line in digest_path.read_text(encoding="ascii", errors="replace").splitlines():
+    lines = digest_path.read_text(encoding="ascii", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
         hexdigest, _, name = line.partition("  ")
+        if not (len(hexdigest) == 64 and name and all(c in "0123456789abcdef" for c in hexdigest)):
+            return (
+                f"damaged: line {number} of {DIGEST_FILENAME} is not '<sha256>  <file>' (the "
+                "digest file is truncated or overwritten)"
+            )
         expected[name] = hexdigest
     actual = {p.relative_to(step_dir).as_posix(): p for p in _step_files(step_dir)}
     for name, hexdigest in expected.items():
@@ -163,20 +169,26 @@ def check_digest(step_dir: Path) -> str | None:
             return f"damaged: {name} does not match its sha256"
     extra = sorted(set(actual) - set(expected))
     if extra:
-        return f"damaged: {extra[0]} is not part of the saved checkpoint"
+        return (
+            f"damaged: {extra[0]} has no line in {DIGEST_FILENAME} (the digest file is "
+            "truncated, or the file was added)"
+        )
     return None
 
 
-def newest_intact_step(manager, wait_for_digest_s: float = 0.0) -> int | None:
+def newest_intact_step(
+    manager, wait_for_digest_s: float = 0.0, below: int | None = None
+) -> int | None:
     """The newest step of `manager` whose files match their digest, warning about each newer
     step it skips. Raises CheckpointError if steps exist but every one is damaged.
 
     A step removed while it is checked (a trainer rotating its checkpoints) is passed over
     silently. wait_for_digest_s: how long a reader beside a live trainer waits for the digest
     of a step that was just renamed into place, when the run's other steps have digests.
+    below: only steps before it (a newer one matched its digest but could not be read).
     """
     skipped, vanished = [], False
-    steps = sorted(manager.all_steps(), reverse=True)
+    steps = sorted((s for s in manager.all_steps() if below is None or s < below), reverse=True)
     directory = Path(manager.directory)
     for step in steps:
         step_dir = directory / str(step)
@@ -352,18 +364,36 @@ class Checkpointer:
         return _restore(self._latest, step, ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
     def restore(self, target_state: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Restores (state, meta) at `step` (default: latest) into the structure of target_state."""
+        """Restores (state, meta) at `step` (default: latest) into the structure of target_state;
+        a step that matches its digest but cannot be read (damaged before its digest was
+        written) is passed over, with a warning, for the newest intact step before it."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.run_dir.checkpoints}.")
-        restored = _restore(
-            self._latest,
-            step,
-            ocp.args.Composite(
-                state=ocp.args.StandardRestore(target_state), meta=ocp.args.JsonRestore()
-            ),
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(target_state), meta=ocp.args.JsonRestore()
         )
-        return restored.state, restored.meta
+        while True:
+            try:
+                restored = _restore(self._latest, step, args)
+            except CheckpointVanished:
+                raise
+            except CheckpointError as error:
+                older = newest_intact_step(self._latest, below=step)
+                if older is None:
+                    raise
+                _log.warning(
+                    "skipping %s (it matches its %s but cannot be read: %s); using step %d, "
+                    "the newest intact checkpoint before it.",
+                    self.run_dir.checkpoints / str(step),
+                    DIGEST_FILENAME,
+                    error.detail,
+                    older,
+                )
+                step = older
+                continue
+            self._newest_intact = (step,)
+            return restored.state, restored.meta
 
     def close(self) -> None:
         self._latest.close()
@@ -380,12 +410,17 @@ def _restore(manager, step: int, args) -> Any:
                 f"{step_dir} was removed while it was read (a trainer keeps only its newest "
                 "checkpoints); read again."
             ) from error
-        raise CheckpointError(
-            f"checkpoint {step_dir} matches its sha256sums.txt but cannot be read "
-            f"({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:200] if str(error) else 'no detail'}); it was "
-            "written by a different version or model. Train in a fresh --workdir."
-        ) from error
+        detail = (
+            f"{type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200] if str(error) else 'no detail'}"
+        )
+        unreadable = CheckpointError(
+            f"checkpoint {step_dir} matches its sha256sums.txt but cannot be read ({detail}); "
+            "it was written by a different version or model, or damaged before its digest was "
+            "written. Train in a fresh --workdir."
+        )
+        unreadable.detail = detail
+        raise unreadable from error
 
 
 def _on_one_device(manager, step: int, item: str) -> Any:
@@ -436,12 +471,19 @@ def load_params(
 def _load_newest(directory: Path, items: tuple[str, ...], trained: bool) -> tuple[Any, dict]:
     # A trainer beside this reader may delete the step it picked (keeping only its newest):
     # then the next newest is read.
+    below, unreadable = None, None  # a step that matched its digest but could not be read
     for attempt in range(_READ_ATTEMPTS):
         manager = None
         try:
             manager = _manager(directory, (*items, "meta"), read_only=True)
-            step = newest_intact_step(manager, wait_for_digest_s=_DIGEST_WAIT_S)
+            step = newest_intact_step(manager, wait_for_digest_s=_DIGEST_WAIT_S, below=below)
+            if step is None and unreadable is not None:
+                raise unreadable
             if step is None:
+                # A trainer's rename or deletion caught mid-way lists no step for a moment.
+                if attempt < _READ_ATTEMPTS - 1 and any(directory.iterdir()):
+                    time.sleep(_EMPTY_RETRY_S)
+                    continue
                 raise CheckpointError(f"no complete checkpoint in {directory}.")
             item = items[0]
             if len(items) > 1 and not trained and (directory / str(step) / items[1]).is_dir():
@@ -455,7 +497,19 @@ def _load_newest(directory: Path, items: tuple[str, ...], trained: bool) -> tupl
             args = ocp.args.Composite(
                 **{item: ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
             )
-            restored = _restore(manager, step, args)
+            try:
+                restored = _restore(manager, step, args)
+            except CheckpointVanished:
+                raise
+            except CheckpointError as error:
+                _log.warning(
+                    "skipping %s (it matches its %s but cannot be read: %s).",
+                    directory / str(step),
+                    DIGEST_FILENAME,
+                    error.detail,
+                )
+                below, unreadable = step, unreadable or error
+                continue
         except (CheckpointVanished, OSError):
             # OSError: orbax lists and stats the steps, and one deleted meanwhile is missing.
             if not directory.is_dir():
@@ -477,3 +531,4 @@ def _load_newest(directory: Path, items: tuple[str, ...], trained: bool) -> tupl
 
 _READ_ATTEMPTS = 20
 _DIGEST_WAIT_S = 5.0  # hashing a large step's files takes a while
+_EMPTY_RETRY_S = 0.05

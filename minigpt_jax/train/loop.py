@@ -72,16 +72,17 @@ class _StopRequest(StopRequest):
     def __init__(self):
         super().__init__()
         self.phase: str | None = None  # set by setup_phase until the loop starts
-        self.step = 0  # where a run stopped during its setup stands
+        self.step: int | None = 0  # where a run stopped during its setup stands (None: unknown)
 
     def on_signal(self, sig: signal.Signals) -> None:
         super().on_signal(sig)
         if self.phase is not None:
             raise StopBeforeTraining(self.signal_name, self.phase)
 
-    def setup_phase(self, phase: str, step: int) -> None:
-        """Notes the setup step a run has reached and the training step it stands at (a
-        signal that came before the first step is answered now)."""
+    def setup_phase(self, phase: str, step: int | None) -> None:
+        """Notes the setup step a run has reached and the training step it stands at (None
+        while the checkpoints are still being checked; a signal that came before the first
+        step is answered now)."""
         self.phase, self.step = phase, step
         if self.signal_name is not None:
             raise StopBeforeTraining(self.signal_name, phase)
@@ -101,6 +102,7 @@ class RunSummary:
     median_step_ms: float | None
     resumed_from: int | None
     interrupted_by: str | None
+    before_training: bool = False  # stopped during the setup: its one line says all of it
 
 
 class Trainer:
@@ -115,7 +117,8 @@ class Trainer:
         progress: bool = False,
         allow_resume_changes: bool = False,
         before_writing: Callable[[], None] = lambda: None,
-        on_phase: Callable[[str, int], None] = lambda phase, step: None,
+        on_phase: Callable[[str, int | None], None] = lambda phase, step: None,
+        last_step: int | None = None,
     ):
         """config: a complete, checked run config (`run_config.check_experiment_config`).
 
@@ -124,7 +127,8 @@ class Trainer:
         token stream against the checkpoint's before a data file is rewritten, and
         before_writing() (taking the run lock) is called before the first write.
         on_phase(what, step) names each setup step as it starts ("reading the data", ...) and
-        the step the run stands at (0 until a checkpoint is restored).
+        the step the run stands at (None until the checkpoints are checked). A run already at
+        last_step compiles no train step (it has nothing to train).
         """
         self.config, self.workdir = config, workdir
         self.allow_resume_changes = allow_resume_changes
@@ -137,8 +141,16 @@ class Trainer:
             self._before_writing()
             self.checkpointer.start_writing()
             self.state, self.resumed_from, self.best_val = self._restore_or_init()
-            self._on_phase("compiling", self.step)
-            self._compile()
+            self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params, self.terms)
+            self._metric_fn = None
+            if self.metrics:
+                self._metric_fn = make_metric_step(
+                    self.cfg, self.metrics, self.mesh, self.shardings.params
+                )
+            self.compile_time_s = 0.0
+            if last_step is None or self.step < last_step:
+                self._on_phase("compiling", self.step)
+                self._compile()
         except BaseException:
             self.checkpointer.close()  # an open orbax manager prints tracebacks at exit
             raise
@@ -146,8 +158,12 @@ class Trainer:
     def _load_data_and_model(self, progress: bool) -> None:
         """The dataset, the model config, the optimizer, the loss terms and the mesh."""
         config = self.config
+        # The checkpoints first: every later phase then names the step the run stands at.
+        self._on_phase("checking the checkpoints", None)
+        latest = self.checkpointer.latest_step()
+        at = latest or 0
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
-        self._on_phase("reading config.init_from", 0)
+        self._on_phase("reading config.init_from", at)
         self.pretrained = load_model(config.init_from) if config.init_from else None
         self.optimizer = build_optimizer(config.optim, config.num_steps)
         self.tx, self.schedule = self.optimizer.tx, self.optimizer.schedule
@@ -161,8 +177,6 @@ class Trainer:
             self._check_memory(self.pretrained.cfg.vocab_size)
         else:  # a char vocabulary is known once the corpus is read: counted as 1 until then
             self._check_memory(config.data.vocab_size if config.data.tokenizer == "bpe" else 1)
-        self._on_phase("checking the checkpoints", 0)
-        latest = self.checkpointer.latest_step()
         self.data_change: str | None = None  # another token stream than the checkpoint's
         check_data = None
         if latest is not None:
@@ -171,7 +185,7 @@ class Trainer:
             vocab_size = saved.get("gpt_config", {}).get("vocab_size", 1)
             self._check_resume(latest, saved, gpt_config_from(config, vocab_size))
             check_data = functools.partial(self._check_data, latest, saved.get("data"))
-        self._on_phase("reading the data", 0)
+        self._on_phase("reading the data", at)
         self.dataset = dataset_from(
             config,
             self.workdir,
@@ -279,7 +293,7 @@ class Trainer:
         )
 
     def _compile(self) -> None:
-        """Compiles the train chunk ahead of the first call; times it with the eval step."""
+        """Compiles the train chunk ahead of the first call and times it."""
         compile_start = time.perf_counter()
         self._train_chunk = (
             make_train_chunk(
@@ -295,12 +309,6 @@ class Trainer:
             .compile()
         )
         self._check_compiled_memory()
-        self._eval_fn = make_eval_step(self.cfg, self.mesh, self.shardings.params, self.terms)
-        self._metric_fn = None
-        if self.metrics:
-            self._metric_fn = make_metric_step(
-                self.cfg, self.metrics, self.mesh, self.shardings.params
-            )
         self.compile_time_s = time.perf_counter() - compile_start
 
     def _check_compiled_memory(self) -> None:
@@ -346,7 +354,7 @@ class Trainer:
                 params = jax.tree_util.tree_map(np.asarray, params_for(self.pretrained, self.cfg))
                 state = state.replace(params=jax.device_put(params, self.shardings.params))
             return state, None, math.inf
-        self._on_phase(f"restoring checkpoint {latest}", 0)
+        self._on_phase(f"restoring checkpoint {latest}", latest)
         changes = self._check_resume(latest, self.checkpointer.read_meta(latest), self.cfg)
         if changes:
             _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
@@ -382,6 +390,32 @@ class Trainer:
             ]
         )
         return sharding.put_batch(batches, sharding.batch_sharding(self.mesh, 3))
+
+    def batch_problem(self, step: int) -> str | None:
+        """What is wrong with the token ids of the batch of training step `step` (1-based),
+        read again from the data: an id outside the vocabulary (memory-mapped shards changed
+        under the run), or None."""
+        batch = data.get_batch(
+            self.dataset.train,
+            self.config.batch_size,
+            self.config.model.block_size,
+            seed=self.config.seed,
+            step=step - 1,
+        )
+        largest = int(np.max(batch))
+        if largest < self.cfg.vocab_size:
+            return None
+        if self.config.data.format == "shards":
+            where = f"the shards in {self.config.data.shards_dir or self.workdir / 'shards'}"
+        else:
+            where = "the training data"
+        return (
+            f"the batch of step {step} holds token id {largest:,}, outside the model's "
+            f"vocabulary [0, {self.cfg.vocab_size:,}): {where} changed or were damaged while "
+            "the run read them; nothing of this step was saved. Rerun the same command: a run "
+            "checks its data at the start (and prepares damaged shards again), then resumes "
+            "from its last checkpoint."
+        )
 
     def train_chunk(self, first_step: int) -> dict[str, Array]:
         """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
@@ -464,6 +498,7 @@ class RunLogger:
         self.tokens_per_chunk = config.steps_per_call * config.batch_size * config.model.block_size
         self.checkpointer = trainer.checkpointer  # named in the non-finite-loss error
         self.terms = trainer.terms  # a term's own non-finite value is named as the cause
+        self.batch_problem = trainer.batch_problem  # asked when a loss is non-finite
         is_main_process = jax.process_index() == 0
         self.writer = MetricsWriter(workdir, resume_step=trainer.step, enabled=is_main_process)
         self.bar = tqdm(
@@ -503,6 +538,9 @@ class RunLogger:
             step = first_step + i + 1
             loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                problem = self.batch_problem(step)
+                if problem is not None:
+                    raise ValueError(problem)
                 values = {k: float(v[i]) for k, v in metrics.items()}
                 what = f"training loss {loss} (grad norm {grad_norm})"
                 raise non_finite_error(what, step, self.checkpointer, self.terms, values)
@@ -580,6 +618,7 @@ def train_and_evaluate(
             f"stop_at={stop_at} must be a positive multiple of steps_per_call={chunk}."
         )
     last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
+    _warn_if_all_warmup(config)
     workdir = Path(workdir)
     stop = _StopRequest()
     # Nothing is created until every check has passed (RunLock.create, called by the Trainer).
@@ -595,6 +634,7 @@ def train_and_evaluate(
                 allow_resume_changes=allow_resume_changes,
                 before_writing=lock.create,
                 on_phase=stop.setup_phase,
+                last_step=last_step,
             )
             log = RunLogger(config, workdir, trainer, progress=progress)
             stop.phase = None  # from here on a signal is a request the loop answers
@@ -704,16 +744,20 @@ def _evaluate(trainer: Trainer, log: RunLogger, step: int, stop: _StopRequest) -
 
 
 def _stopped_before_training(
-    stopped: StopBeforeTraining, step: int, wall_start: float
+    stopped: StopBeforeTraining, step: int | None, wall_start: float
 ) -> RunSummary:
-    """The summary (and the one line saying so) of a run stopped during its setup."""
+    """The summary (and the one line saying so) of a run stopped during its setup; step: the
+    one it stands at, None if the checkpoints were not checked yet."""
     print(
-        f"{stopped.signal_name} received while {stopped.phase}, before training step "
-        f"{step + 1}: nothing new to save; rerun the same command to resume.",
+        f"{stopped.signal_name} received while {stopped.phase}, before training"
+        + ("" if step is None else f" step {step + 1}")
+        + ": nothing new to save"
+        + (f" (checkpoint {step} is unchanged)" if step else "")
+        + "; rerun the same command to resume.",
         flush=True,
     )
     return RunSummary(
-        step=step,
+        step=step or 0,
         train_loss=None,
         val_loss=None,
         eval_train_loss=None,
@@ -723,7 +767,23 @@ def _stopped_before_training(
         median_step_ms=None,
         resumed_from=step or None,
         interrupted_by=stopped.signal_name,
+        before_training=True,
     )
+
+
+def _warn_if_all_warmup(config: Any) -> None:
+    """Warns of a learning rate that never leaves its warmup within num_steps."""
+    warmup, steps = config.optim.warmup_steps, config.num_steps
+    if warmup > steps:
+        _log.warning(
+            "optim.warmup_steps=%d is above num_steps=%d: the learning rate never leaves its "
+            "warmup and peaks at %.2g%% of optim.lr; lower optim.warmup_steps (e.g. to %d) or "
+            "raise num_steps.",
+            warmup,
+            steps,
+            100 * steps / warmup,
+            max(steps // 10, 1),
+        )
 
 
 @jax.jit
