@@ -259,7 +259,10 @@ class GPTConfig:
         for field_name, spec in declarations(GPTConfig).items():  # a picked entry's default
             settings_of = getattr(spec.choices, "settings_of", None)
             if settings_of is not None and field_name in self.__dict__:
-                declared = settings_of(self.__dict__[field_name]).get(name)
+                try:
+                    declared = settings_of(self.__dict__[field_name]).get(name)
+                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
+                    continue
                 if declared is not None:
                     return declared.default
         raise AttributeError(
