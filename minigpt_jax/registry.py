@@ -306,7 +306,13 @@ class Registry(Generic[Entry]):
         """{name: field} the entry picked by `key` declares (`declares`); raises RegistryError
         for a key that picks no entry."""
         entry = self[key]
-        return {**declared_settings(entry), **declared_settings(self._raw.get(key))}
+        # The entry, what the user's module held, and the functions an entry dataclass holds
+        # (AttentionMask.fn, LossTerm.per_token): wherever `declares` put them.
+        found = {**declared_settings(entry), **declared_settings(self._raw.get(key))}
+        for value in getattr(entry, "__dict__", {}).values():
+            if callable(value):
+                found = {**declared_settings(value), **found}
+        return found
 
     def register(self, name: str, entry: Entry) -> Entry:
         """Adds `entry` under `name` (a library extending the table from Python)."""
@@ -342,11 +348,11 @@ class Registry(Generic[Entry]):
         if self.arity is not None and _is_function(value):
             problem = _arity_problem(value, self.arity)
             if problem:
-                raise TypeError(f"{_a(self.kind)} entry is {self.shape}, but {problem}.")
+                raise TypeError(f"{_a(self.kind)} entry must be {self.shape}, but {problem}.")
             return self.entry_class(value) if self.entry_class is not None else value
         raise TypeError(
-            f"{_a(self.kind)} entry is {self.shape}, got {type(value).__name__} "
-            f"{_describe(value)}; it was not called."
+            f"{_a(self.kind)} entry must be {self.shape}, got {_describe(value)}; it was not "
+            "called."
         )
 
     def __getitem__(self, key: str) -> Entry:
@@ -454,11 +460,17 @@ def _from_user(error: BaseException, where: str) -> PluginError:
 
 
 def _describe(value: Any) -> str:
+    """What a refused value is, in words: its type, and which builtin or class it is."""
+    kind = type(value).__name__
     if isinstance(value, types.BuiltinFunctionType):
-        return f"({getattr(value, '__module__', None) or 'builtins'}.{value.__name__}, a builtin)"
+        module = getattr(value, "__module__", None) or "builtins"
+        return f"{kind} ({module}.{value.__name__}, a builtin)"
     if isinstance(value, type):
-        return f"(the class {value.__qualname__})"
-    return ""
+        return f"the class {value.__qualname__}"
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def expect_shape(out: Any, shape: tuple[int, ...], what: str, *, dtype_kind: str = "") -> None:

@@ -51,7 +51,11 @@ class GPTConfigTest(chex.TestCase):
         ("odd_rope_head", dict(n_embd=12, n_head=4, pos_encoding="rope"), "needs an even head_dim"),
         ("embed_scale", dict(embed_scale=0.0), "embed_scale must be a positive number"),
         ("dtype", dict(dtype="int8"), "the dtypes are float32, bfloat16, float16."),
-        ("attention", dict(attention="flash"), "allowed: ['auto', 'cudnn', 'explicit', 'xla']"),
+        (
+            "attention",
+            dict(attention="flash"),
+            "the attention kernels are auto, cudnn, explicit, xla, or name your own",
+        ),
         (
             "fused_attention_with_dropout",
             dict(attention="xla", dropout=0.1),

@@ -99,6 +99,10 @@ def test_the_docs_hold_every_example():
         "my_masks.py",
         "my_losses.py",
         "my_positions.py",
+        "my_mlp.py",
+        "my_blocks.py",
+        "my_scores.py",
+        "my_kernels.py",
         "my_formats.py",
         "my_config.py",
     }

@@ -4,6 +4,7 @@ import functools
 import math
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -310,3 +311,76 @@ def test_cross_entropy_equals_optax_values_and_gradients():
         for f in (cross_entropy, reference)
     ]
     np.testing.assert_array_equal(*grads)
+
+
+# ----------------------------------------------------------------------------- MLP and block seams
+
+
+def test_swiglu_is_numpy_silu_gate_times_up():
+    from minigpt_jax.model.blocks import MLPS
+
+    cfg = CFG.replace(mlp="swiglu", mlp_ratio=8 / 3, mlp_multiple=8)
+    module = MLPS["swiglu"](cfg)
+    x_BxTxD = jax.random.normal(jax.random.key(0), (2, 5, 32))
+    variables = nn.unbox(module.init(jax.random.key(1), x_BxTxD))
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
+    assert set(p) == {"gate", "up", "proj"} and p["gate"]["kernel"].shape == (32, 88)
+    x = np.asarray(x_BxTxD, np.float64)
+    gate = x @ p["gate"]["kernel"] + p["gate"]["bias"]
+    up = x @ p["up"]["kernel"] + p["up"]["bias"]
+    expected = (gate / (1 + np.exp(-gate)) * up) @ p["proj"]["kernel"] + p["proj"]["bias"]
+    np.testing.assert_allclose(module.apply(variables, x_BxTxD), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_mlp_width_rounding():
+    assert CFG.mlp_dim == 4 * 32 and isinstance(CFG.mlp_dim, int)
+    assert GPTConfig(n_embd=4096, n_head=32, mlp_ratio=8 / 3, mlp_multiple=256).mlp_dim == 11008
+    assert GPTConfig(n_embd=768, n_head=12, mlp_ratio=4).mlp_dim == 3072  # an int still works
+    assert CFG.replace(mlp_ratio=8 / 3).mlp_dim == 85  # round(85.33)
+
+
+def test_parallel_block_is_x_plus_attn_plus_mlp_of_one_norm():
+    from minigpt_jax.model.attention import MultiHeadAttention
+    from minigpt_jax.model.blocks import BLOCKS, MLP
+
+    cfg = CFG.replace(block="parallel")
+    block = BLOCKS["parallel"](cfg)
+    x_BxTxD = jax.random.normal(jax.random.key(0), (2, 6, 32))
+    positions_1xT = jnp.arange(6)[None]
+    variables = nn.unbox(block.init(jax.random.key(1), x_BxTxD, positions_1xT))
+    p = variables["params"]
+    assert set(p) == {"ln_1", "attn", "mlp"}
+    n = nn.LayerNorm(epsilon=1e-5).apply({"params": p["ln_1"]}, x_BxTxD)
+    attn, _ = MultiHeadAttention(cfg).apply({"params": p["attn"]}, n, positions_1xT)
+    mlp = MLP(cfg).apply({"params": p["mlp"]}, n)
+    out, _ = block.apply(variables, x_BxTxD, positions_1xT)
+    np.testing.assert_allclose(out, x_BxTxD + attn + mlp, rtol=1e-5, atol=1e-6)
+
+
+def test_default_metadata_keeps_the_old_path_rules():
+    """Decay on kernels and embeddings only; Muon on the blocks' attention and MLP kernels with
+    the axes the path rules of optimizers.py gave before the metadata (written out here)."""
+    import optax
+
+    from minigpt_jax.train.optimizers import decay_mask, muon_dimension_numbers
+
+    dims = optax.contrib.MuonDimensionNumbers
+    old_rules = {
+        ("attn", "qkv"): dims(reduction_axis=0, output_axis=(2, 3)),
+        ("attn", "proj"): dims(reduction_axis=(0, 1), output_axis=2),
+        ("mlp", "fc"): dims(reduction_axis=0, output_axis=1),
+        ("mlp", "proj"): dims(reduction_axis=0, output_axis=1),
+    }
+    for cfg in (CFG, CFG.replace(tie_embeddings=False, use_bias=False, norm="rmsnorm")):
+        params = init_params(cfg, jax.random.key(0))
+        flat_decay = dict(jax.tree_util.tree_flatten_with_path(decay_mask(params))[0])
+        flat_muon = jax.tree_util.tree_flatten_with_path(
+            muon_dimension_numbers(params), is_leaf=lambda x: x is None or isinstance(x, dims)
+        )[0]
+        for path, rule in flat_muon:
+            names = tuple(k.key for k in path)
+            old = None
+            if names[-1] == "kernel" and names[0].startswith("block_"):
+                old = old_rules.get(names[-3:-1])
+            assert rule == old, names
+            assert flat_decay[path] == (names[-1] in ("kernel", "embedding")), names

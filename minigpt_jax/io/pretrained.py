@@ -14,6 +14,8 @@ GPT-2's tensors and this package's params (N layers, D width, H heads, K head di
   h.{i}.attn.c_proj.weight (D, D)   block_{i}/attn/proj/kernel (H, K, D)
   h.{i}.mlp.c_fc.weight (D, F)      block_{i}/mlp/fc/kernel (D, F); c_proj likewise (F, D)
   lm_head.weight (V, D)             lm_head/kernel (D, V), only when the config unties it
+Each parameter declares its GPT-2 name where the model creates it (`param_meta.declare(gpt2=)`);
+`gpt2_names` reads them, so import and export follow the model's own declarations.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from minigpt_jax.data.tokenizers import (
     load_tokenizer,
 )
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.gpt import LAYERNORM_EPS, Params
+from minigpt_jax.model.gpt import LAYERNORM_EPS, Params, declared_params
 from minigpt_jax.run_dir import RunDir
 from minigpt_jax.settings import SPEED, declarations
 from minigpt_jax.train.checkpoint import load_params
@@ -106,12 +108,7 @@ def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
                 f"{key}={expected} is supported."
             )
     n_embd = hf.get("n_embd", 768)
-    n_inner = hf.get("n_inner") or 4 * n_embd
-    if n_inner % n_embd:
-        raise GPT2CheckpointError(
-            f"{where}: n_inner={n_inner} is not a multiple of n_embd={n_embd}; the MLP width "
-            f"here is mlp_ratio * n_embd."
-        )
+    n_inner = hf.get("n_inner") or 4 * n_embd  # any width: F = round(mlp_ratio * D)
     try:
         return GPTConfig(
             vocab_size=hf.get("vocab_size", 50257),
@@ -119,7 +116,7 @@ def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
             n_layer=hf.get("n_layer", 12),
             n_head=hf.get("n_head", 12),
             n_embd=n_embd,
-            mlp_ratio=n_inner // n_embd,
+            mlp_ratio=n_inner / n_embd,
             dropout=hf.get("resid_pdrop", 0.1),
             pos_encoding="learned",
             tie_embeddings=hf.get("tie_word_embeddings", True),
@@ -201,78 +198,79 @@ def _tensor_names(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# GPT-2 names its norms by their module: block_{i}/ln_1/scale is h.{i}.ln_1.weight.
+_NORMS = ("ln_1", "ln_2", "ln_f")
+_NORM_LEAVES = {"scale": "weight", "bias": "bias"}
+
+
+def gpt2_names(cfg: GPTConfig) -> dict[tuple[str, ...], tuple[str, bool, tuple[int, ...]]]:
+    """{parameter path: (GPT-2 tensor name, stored transposed, the parameter's shape)}, from
+    the names each parameter declares (`param_meta.declare(gpt2=)`, "{i}" its layer); the
+    norms are named by their module. Raises ValueError for a parameter GPT-2 has no name for."""
+    names = {}
+    for path, (shape, meta) in declared_params(cfg).items():
+        layer = path[0].removeprefix("block_") if path[0].startswith("block_") else None
+        if meta.gpt2 is not None:
+            name = meta.gpt2.format(i=layer)
+        elif len(path) >= 2 and path[-2] in _NORMS and path[-1] in _NORM_LEAVES:
+            prefix = path[-2] if layer is None else f"h.{layer}.{path[-2]}"
+            name = f"{prefix}.{_NORM_LEAVES[path[-1]]}"
+        else:
+            raise ValueError(
+                f"parameter {'/'.join(path)} has no GPT-2 name: declare one where it is created "
+                f"(param_meta.declare(..., gpt2='h.{{i}}.<module>.weight')), or keep the model "
+                f"in this package's checkpoints (GPT-2's layout has no place for it)."
+            )
+        names[path] = (name, meta.gpt2_transpose, shape)
+    return names
+
+
+def _put(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _at(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
 def params_from_hf(tensors: dict[str, np.ndarray], cfg: GPTConfig) -> Params:
-    """The params pytree of GPT-2 `tensors` (names without the `transformer.` prefix)."""
-    h, k, d = cfg.n_head, cfg.head_dim, cfg.n_embd
-
-    def ln(prefix):
-        return {"scale": tensors[f"{prefix}.weight"], "bias": tensors[f"{prefix}.bias"]}
-
-    def dense(prefix, kernel_shape=None, bias_shape=None):
-        kernel, bias = tensors[f"{prefix}.weight"], tensors[f"{prefix}.bias"]
-        return {
-            "kernel": kernel if kernel_shape is None else kernel.reshape(kernel_shape),
-            "bias": bias if bias_shape is None else bias.reshape(bias_shape),
-        }
-
-    params = {
-        "embed": {
-            "tok": {"embedding": tensors["wte.weight"]},
-            "pos": {"embedding": tensors["wpe.weight"]},
-        },
-        "ln_f": ln("ln_f"),
-    }
-    for i in range(cfg.n_layer):
-        p = f"h.{i}"
-        params[f"block_{i}"] = {
-            "ln_1": ln(f"{p}.ln_1"),
-            "attn": {
-                "qkv": dense(f"{p}.attn.c_attn", (d, 3, h, k), (3, h, k)),
-                "proj": dense(f"{p}.attn.c_proj", (h, k, d)),
-            },
-            "ln_2": ln(f"{p}.ln_2"),
-            "mlp": {"fc": dense(f"{p}.mlp.c_fc"), "proj": dense(f"{p}.mlp.c_proj")},
-        }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = {"kernel": tensors["lm_head.weight"].T}
+    """The params pytree of GPT-2 `tensors` (names without the `transformer.` prefix), each
+    parameter read from the GPT-2 tensor it declares (`gpt2_names`), reshaped to its shape."""
+    params: dict = {}
+    for path, (name, transposed, shape) in gpt2_names(cfg).items():
+        value = tensors[name].T if transposed else tensors[name]
+        _put(params, path, value.reshape(shape))
     return params
 
 
 def hf_tensors_from(params: Params, cfg: GPTConfig) -> dict[str, np.ndarray]:
-    """GPT-2's float32 tensors, named as `save_pretrained` names them, from a params pytree.
+    """GPT-2's float32 tensors, named as `save_pretrained` names them, from a params pytree
+    (each parameter to the GPT-2 tensor it declares, `gpt2_names`; the vocabulary padding cut).
 
     A model without biases gets zero biases, which compute the same function.
     """
-    d = cfg.n_embd
-    get = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))  # noqa: E731
-
-    def bias(node, size):
-        return get(node["bias"]) if "bias" in node else np.zeros(size, np.float32)
-
-    tensors = {
-        "wte.weight": get(params["embed"]["tok"]["embedding"][: cfg.vocab_size]),  # no padding
-        "wpe.weight": get(params["embed"]["pos"]["embedding"]),
-    }
-    for i in range(cfg.n_layer):
-        block, p = params[f"block_{i}"], f"h.{i}"
-        attn, mlp = block["attn"], block["mlp"]
-        for ln in ("ln_1", "ln_2"):
-            tensors[f"{p}.{ln}.weight"] = get(block[ln]["scale"])
-            tensors[f"{p}.{ln}.bias"] = bias(block[ln], d)
-        tensors[f"{p}.attn.c_attn.weight"] = get(attn["qkv"]["kernel"]).reshape(d, 3 * d)
-        tensors[f"{p}.attn.c_attn.bias"] = bias(attn["qkv"], (3, d)).reshape(3 * d)
-        tensors[f"{p}.attn.c_proj.weight"] = get(attn["proj"]["kernel"]).reshape(d, d)
-        tensors[f"{p}.attn.c_proj.bias"] = bias(attn["proj"], d)
-        tensors[f"{p}.mlp.c_fc.weight"] = get(mlp["fc"]["kernel"])
-        tensors[f"{p}.mlp.c_fc.bias"] = bias(mlp["fc"], cfg.mlp_dim)
-        tensors[f"{p}.mlp.c_proj.weight"] = get(mlp["proj"]["kernel"])
-        tensors[f"{p}.mlp.c_proj.bias"] = bias(mlp["proj"], d)
-    tensors["ln_f.weight"] = get(params["ln_f"]["scale"])
-    tensors["ln_f.bias"] = bias(params["ln_f"], d)
-    out = {f"transformer.{name}": value for name, value in tensors.items()}
+    expected = _tensor_names(cfg)
     if not cfg.tie_embeddings:
-        kernel = params["lm_head"]["kernel"][:, : cfg.vocab_size]
-        out["lm_head.weight"] = np.ascontiguousarray(get(kernel).T)
+        expected["lm_head.weight"] = (cfg.vocab_size, cfg.n_embd)
+    tensors = {}
+    for path, (name, transposed, _) in gpt2_names(cfg).items():
+        value = np.asarray(_at(params, path), np.float32)
+        value = value.T if transposed else value
+        if name in ("wte.weight", "lm_head.weight"):
+            value = value[: cfg.vocab_size]  # no padding
+        tensors[name] = np.ascontiguousarray(value.reshape(expected[name]))
+    for name, shape in expected.items():
+        if name not in tensors and name.endswith(".bias"):  # a model without biases
+            tensors[name] = np.zeros(shape, np.float32)
+    out = {
+        f"transformer.{name}": value for name, value in tensors.items() if name != "lm_head.weight"
+    }
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = tensors["lm_head.weight"]
     return out
 
 

@@ -1,12 +1,13 @@
 """Multi-head self-attention: the linen module and its KV cache.
 
-The swappable parts (masks, kernels, the "auto" choice) are `attention_fns`'s registries;
-`causal_mask`, `attention_weights`, `mix_values` and `fused_attention` are re-exported here.
+The swappable parts (masks, scores, kernels, the "auto" choice) are `attention_fns`'s
+registries; `causal_mask`, `attention_weights`, `mix_values` and `fused_attention` are
+re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -14,19 +15,22 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.attention_fns import (
+    ATTENTION_KERNELS,
     ATTENTION_MASKS,
     attention_weights,
     causal_mask,
     choose_kernel,
     fused_attention,
     mix_values,
+    score_fn,
 )
-from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import rms_normalize
+from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
+GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 __all__ = [
     "KVCache",
@@ -76,9 +80,11 @@ class KVCache(NamedTuple):
 
 class MultiHeadAttention(nn.Module):
     """Self-attention with H heads of width K = D / H, masked by cfg.attention_mask's entry
-    (causal unless cfg.causal is False).
+    (causal unless cfg.causal is False), its raw scores through cfg.attention_score's entry.
 
-    `cfg.attention_mask` picks the mask and `attention_fns.choose_kernel` the kernel. The
+    `cfg.attention_mask` picks the mask, `cfg.attention_score` the score function (with the
+    query and key positions: the cache's for the KV-cache path) and
+    `attention_fns.choose_kernel` the kernel. The
     explicit path sows the attention weights (B, H, T, S) into the 'intermediates' collection
     as `attention_weights`; see `model.forward_with_attention`, which asks for it.
 
@@ -100,11 +106,20 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         init = nn.initializers.normal(stddev=INIT_STDDEV)
-        # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py).
+        # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py); Muon reads the
+        # kernel (D, 3, H, K) as q, k and v per head.
         qkv_BxTx3xHxK = nn.DenseGeneral(
             (3, cfg.n_head, cfg.head_dim),
-            kernel_init=nn.with_partitioning(init, (None, None, "tensor", None)),
-            bias_init=nn.with_partitioning(nn.initializers.zeros_init(), (None, "tensor", None)),
+            kernel_init=declare(
+                init,
+                (None, None, "tensor", None),
+                muon=(0, (2, 3)),
+                decay=True,
+                gpt2="h.{i}.attn.c_attn.weight",
+            ),
+            bias_init=declare(
+                nn.initializers.zeros_init(), (None, "tensor", None), gpt2="h.{i}.attn.c_attn.bias"
+            ),
             name="qkv",
             **dense_options(cfg),
         )(x_BxTxD)
@@ -118,10 +133,12 @@ class MultiHeadAttention(nn.Module):
         mask_entry = ATTENTION_MASKS[cfg.attention_mask]
         if cache is None:
             keys_BxSxHxK, v_BxSxHxK = k_BxTxHxK, v_BxTxHxK
+            k_positions_BxS = positions_BxT
             mask = mask_entry.fn(positions_BxT, positions_BxT, cfg)
         else:
             cache = _write(cache, k_BxTxHxK, v_BxTxHxK, positions_BxT)
             keys_BxSxHxK, v_BxSxHxK = cache.k_BxSxHxK, cache.v_BxSxHxK
+            k_positions_BxS = cache.positions_BxS
             mask = (cache.positions_BxS >= 0)[:, None, None, :]
             entry_mask = mask_entry.fn(positions_BxT, cache.positions_BxS, cfg)
             if entry_mask is not None:
@@ -136,24 +153,40 @@ class MultiHeadAttention(nn.Module):
             cached=cache is not None,
             plain_mask=mask is None or triangle,
         )
-        if path == "explicit":
-            weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask)
+        entry_score = score_fn(cfg)
+        score = None
+        if entry_score is not None:
+
+            def score(scores_BxHxTxS):
+                return entry_score(scores_BxHxTxS, positions_BxT, k_positions_BxS, cfg)
+
+        kernel = ATTENTION_KERNELS[path]
+        if kernel.explicit:
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask, score)
             self.sow("intermediates", "attention_weights", weights_BxHxTxS)
             weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
             out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
         else:
-            out_BxTxHxK = fused_attention(
+            # choose_kernel never hands a score to a kernel that does not take one.
+            out_BxTxHxK = kernel.fn(
                 q_BxTxHxK,
                 keys_BxSxHxK,
                 v_BxSxHxK,
                 None if triangle else mask,
                 causal=triangle,
-                implementation=path,
+                score=score,
             )
         out_BxTxD = nn.DenseGeneral(
             cfg.n_embd,
             axis=(-2, -1),
-            kernel_init=nn.with_partitioning(residual_init(cfg), ("tensor", None, None)),
+            kernel_init=declare(
+                residual_init(cfg),
+                ("tensor", None, None),
+                muon=((0, 1), 2),
+                decay=True,
+                gpt2="h.{i}.attn.c_proj.weight",
+            ),
+            bias_init=declare(nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias"),
             name="proj",
             **dense_options(cfg),
         )(out_BxTxHxK)

@@ -11,7 +11,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import ATTENTION_KERNELS, ATTENTION_MASKS, AUTO
+from minigpt_jax.model.attention_fns import (
+    ATTENTION_MASKS,
+    ATTENTION_SCORES,
+    KernelChoices,
+    check_kernel,
+)
+from minigpt_jax.model.blocks import BLOCKS, MLPS
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.registry import Registry
@@ -27,7 +33,6 @@ _DENSE_GRADS = Registry(
     {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
     user_entries=False,
 )
-_ATTENTIONS = (AUTO, *ATTENTION_KERNELS)
 _REMATS = Registry(
     "remat policy",
     "model.remat",
@@ -113,7 +118,39 @@ class GPTConfig:
         choices=NORMS,
         gpt2="layernorm",
     )
-    mlp_ratio: int = setting(4, "F = mlp_ratio * D", MODEL, low=1)
+    mlp_ratio: float = setting(
+        4.0,
+        "F = mlp_ratio * D, rounded to the nearest integer, then up to a multiple of mlp_multiple",
+        MODEL,
+        low=0.0,
+        low_open=True,
+        requirement="a positive number (8/3 = 2.6667 for LLaMA's SwiGLU)",
+    )
+    # LLaMA: F = 8/3 · D rounded up to a multiple of 256 (4096 -> 11008).
+    mlp_multiple: int = setting(1, "round F up to a multiple of this", MODEL, low=1)
+    mlp: str = setting(
+        "mlp",
+        "the MLP: mlp (GPT-2's) | swiglu | gated, a key of blocks.MLPS or module:attr",
+        MODEL,
+        choices=MLPS,
+        gpt2="mlp",
+    )
+    block: str = setting(
+        "pre_ln",
+        "the block: pre_ln (GPT-2's) | parallel (GPT-J / PaLM), a key of blocks.BLOCKS or "
+        "module:attr",
+        MODEL,
+        choices=BLOCKS,
+        gpt2="pre_ln",
+    )
+    attention_score: str = setting(
+        "none",
+        "a function of the raw attention scores and positions: none | alibi | softcap | "
+        "relative, a key of attention_fns.ATTENTION_SCORES or module:attr",
+        MODEL,
+        choices=ATTENTION_SCORES,
+        gpt2="none",
+    )
     # The NanoGPT speedrun zero-initialises every projection into the residual stream (and its
     # untied head): each block starts as the identity, and the first steps shape the readout.
     zero_init_proj: bool = setting(
@@ -149,9 +186,10 @@ class GPTConfig:
     # attention_fns.ATTENTION_KERNELS that picks itself when traced.
     attention: str = setting(
         "auto",
-        "the kernel of softmax(q·kᵀ/√K)·v: auto (cuDNN on NVIDIA GPUs) | explicit | xla | cudnn",
+        "the kernel of softmax(q·kᵀ/√K)·v: auto (cuDNN on NVIDIA GPUs) | explicit | xla | cudnn, "
+        "or module:attr",
         SPEED,
-        choices=_ATTENTIONS,
+        choices=KernelChoices(),
     )
     # (64 for GPT-2: 50,257 -> 50,304, nanoGPT's choice.) Padded ids are never looked up, sampled
     # or scored: logits keep vocab_size columns.
@@ -203,12 +241,7 @@ class GPTConfig:
                 f"e.g. {[h for h in range(1, 17) if self.n_embd % h == 0]}."
             )
         POSITION_ENCODINGS[self.pos_encoding].validate(self)
-        if self.attention in ("xla", "cudnn") and self.dropout > 0:
-            raise ValueError(
-                f"GPTConfig.attention={self.attention!r} cannot drop out attention weights "
-                f"(dropout={self.dropout}): use attention='auto' (the explicit path while "
-                f"dropout is active) or 'explicit', or set dropout=0."
-            )
+        check_kernel(self)
         if self.attention == "cudnn" and (self.dtype == "float32" or self.head_dim % 8):
             raise ValueError(
                 f"GPTConfig.attention='cudnn' needs dtype bfloat16 or float16 and a head dim "
@@ -246,8 +279,10 @@ class GPTConfig:
 
     @property
     def mlp_dim(self) -> int:
-        """F: hidden width of the MLP."""
-        return self.mlp_ratio * self.n_embd
+        """F: hidden width of the MLP, round(mlp_ratio · D) rounded up to a multiple of
+        mlp_multiple (exactly 4·D by default)."""
+        width = max(round(self.mlp_ratio * self.n_embd), 1)
+        return -(-width // self.mlp_multiple) * self.mlp_multiple
 
     @property
     def compute_dtype(self) -> Any:

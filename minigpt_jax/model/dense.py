@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import chex
 import flax.linen as nn
 import jax
 
 from minigpt_jax.model import backend
-from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
+GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 # Every weight of the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT; the projections
 # into the residual stream are scaled down further (`residual_init`).

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
+from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
+
+GPTConfig = Any  # a config.GPTConfig (only named here: no import of config)
 
 Array = chex.Array
 
@@ -76,11 +80,15 @@ class Embeddings(nn.Module):
             jnp.float32,
             cfg.weight_dtype,
             # The mesh's tensor axis splits the vocabulary (minigpt_jax/sharding.py).
-            embedding_init=nn.with_partitioning(init, ("tensor", None)),
+            embedding_init=declare(init, ("tensor", None), decay=True, gpt2="wte.weight"),
         )
         if POSITION_ENCODINGS[cfg.pos_encoding].learned:
             self.pos = nn.Embed(
-                cfg.block_size, cfg.n_embd, jnp.float32, cfg.weight_dtype, embedding_init=init
+                cfg.block_size,
+                cfg.n_embd,
+                jnp.float32,
+                cfg.weight_dtype,
+                embedding_init=declare(init, decay=True, gpt2="wpe.weight"),
             )
         self.drop = nn.Dropout(cfg.dropout)
 

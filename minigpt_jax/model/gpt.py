@@ -1,4 +1,5 @@
-"""The mini-GPT: pre-LayerNorm transformer blocks over tied token embeddings.
+"""The mini-GPT: transformer blocks (model.block, pre-LayerNorm by default) over tied token
+embeddings.
 
 Shape letters, used as array-name suffixes throughout the package (`x_BxTxD`); each means one
 thing everywhere:
@@ -27,12 +28,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention import KVCache, MultiHeadAttention
+from minigpt_jax.model import param_meta
+from minigpt_jax.model.attention import KVCache
+from minigpt_jax.model.blocks import BLOCKS, MLP, Block, norm  # noqa: F401 (MLP, Block: re-exported)
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
-from minigpt_jax.model.layers import NORM_EPS, NORMS, activation_fn
+from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy, term_name, term_values
+from minigpt_jax.model.param_meta import ParamMeta, declare
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -49,64 +53,6 @@ REMAT_POLICIES = {
 LAYERNORM_EPS = NORM_EPS
 
 
-def _norm(cfg: GPTConfig, name: str) -> nn.Module:
-    """cfg.norm's layer (layers.NORMS): LayerNorm by default."""
-    return NORMS[cfg.norm](cfg, name)
-
-
-class MLP(nn.Module):
-    """Position-wise D -> F -> activation (cfg.activation, GELU by default) -> D."""
-
-    cfg: GPTConfig
-
-    @nn.compact
-    def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
-        cfg = self.cfg
-        dense = dense_options(cfg)
-        # The mesh's tensor axis splits the hidden units F (minigpt_jax/sharding.py).
-        h_BxTxF = nn.Dense(
-            cfg.mlp_dim,
-            kernel_init=nn.with_partitioning(nn.initializers.normal(INIT_STDDEV), (None, "tensor")),
-            bias_init=nn.with_partitioning(nn.initializers.zeros_init(), ("tensor",)),
-            name="fc",
-            **dense,
-        )(x_BxTxD)
-        h_BxTxF = activation_fn(cfg)(h_BxTxF)
-        proj_init = nn.with_partitioning(residual_init(cfg), ("tensor", None))
-        out_BxTxD = nn.Dense(cfg.n_embd, kernel_init=proj_init, name="proj", **dense)(h_BxTxF)
-        return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
-
-
-class Block(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x)) (pre-LayerNorm, GPT-2; LN is cfg.norm)."""
-
-    cfg: GPTConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        x_BxTxD: Array,
-        positions_BxT: Array,
-        deterministic: bool = True,
-        cache: KVCache | None = None,
-    ) -> tuple[Array, KVCache | None]:
-        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none.
-
-        (deterministic is positional so that `nn.remat` can hold it static: cfg.remat.)
-        """
-        cfg = self.cfg
-        h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
-            _norm(cfg, "ln_1")(x_BxTxD),
-            positions_BxT,
-            deterministic=deterministic,
-            cache=cache,
-        )
-        x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
-        h_BxTxD = MLP(cfg, name="mlp")(_norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic)
-        x_BxTxD = x_BxTxD + h_BxTxD
-        return x_BxTxD, cache
-
-
 class _HeadKernel(nn.Module):
     """The untied head's kernel (D, Y), as a module so its path is `lm_head/kernel`."""
 
@@ -121,8 +67,11 @@ class _HeadKernel(nn.Module):
             if cfg.zero_init_proj
             else nn.initializers.normal(INIT_STDDEV)
         )
-        init = nn.with_partitioning(base, (None, "tensor"))
-        return self.param("kernel", init, shape, cfg.weight_dtype)  # tensor splits the vocab
+        # tensor splits the vocabulary; AdamW's, as the speedrun keeps its head.
+        init = declare(
+            base, (None, "tensor"), decay=True, gpt2="lm_head.weight", gpt2_transpose=True
+        )
+        return self.param("kernel", init, shape, cfg.weight_dtype)
 
 
 class GPT(nn.Module):
@@ -139,12 +88,12 @@ class GPT(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.embed = Embeddings(cfg)
-        block = Block
+        block = BLOCKS[cfg.block]
         if cfg.remat != "none":
             # Argument 3 counts the module: (self, x, positions, deterministic).
-            block = nn.remat(Block, static_argnums=(3,), policy=REMAT_POLICIES[cfg.remat])
+            block = nn.remat(block, static_argnums=(3,), policy=REMAT_POLICIES[cfg.remat])
         self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
-        self.ln_f = _norm(cfg, "ln_f")
+        self.ln_f = norm(cfg, "ln_f")
         if not cfg.tie_embeddings:
             self.lm_head = _HeadKernel(cfg)
 
@@ -210,9 +159,24 @@ def init_params(cfg: GPTConfig, rng: Array) -> Params:
 
 
 def init_annotated_params(cfg: GPTConfig, rng: Array) -> Any:
-    """`init_params`, with each parameter whose creation site declares mesh axes
-    (`nn.with_partitioning`) boxed in `nn.Partitioned`: what `sharding.tree_shardings` reads."""
-    return GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+    """`init_params`, with each parameter whose creation site declares mesh axes and metadata
+    (`param_meta.declare`) boxed: what `sharding.tree_shardings` reads. Records the metadata
+    for the optimizers (`param_meta.record`); a matrix declaring none raises
+    `param_meta.UndeclaredParameterError` naming its path."""
+    annotated = GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+    param_meta.record(annotated)
+    return annotated
+
+
+def declared_params(cfg: GPTConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], ParamMeta]]:
+    """{parameter path: (shape, ParamMeta)} of cfg's model, from shapes alone."""
+    annotated = jax.eval_shape(functools.partial(init_annotated_params, cfg), jax.random.key(0))
+    metas = param_meta.metadata(annotated)
+    leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(annotated))[0]
+    return {
+        param_meta.path_names(path): (tuple(leaf.shape), metas[param_meta.path_names(path)])
+        for path, leaf in leaves
+    }
 
 
 def forward(

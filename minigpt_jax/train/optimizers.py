@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import optax
 
+from minigpt_jax.model import param_meta
 from minigpt_jax.registry import ContractError, Registry, expect_shape
 
 Params = Any
@@ -24,9 +25,10 @@ ScheduleFn = Callable[[Any, int], optax.Schedule]
 
 
 def decay_mask(params: Params) -> Params:
-    """True for weight matrices and embedding tables; not for biases and norm scales."""
+    """Each parameter's declared weight decay (`param_meta.declare(decay=)`): the weight
+    matrices and embedding tables, not the biases and norm scales."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: path[-1].key in ("kernel", "embedding"), params
+        lambda path, leaf: param_meta.lookup(path, leaf).decay, params
     )
 
 
@@ -56,6 +58,13 @@ _PROBE_PARAMS = {
 }
 
 
+_PROBE_META = {
+    ("embed", "tok", "embedding"): param_meta.ParamMeta(decay=True),
+    ("block_0", "mlp", "fc", "kernel"): param_meta.ParamMeta(muon=(0, 1), decay=True),
+    ("block_0", "mlp", "fc", "bias"): param_meta.VECTOR,
+}
+
+
 def _optimizer_contract(make: OptimizerFn, optim: Any) -> None:
     """make(optim, schedule) is an optax.GradientTransformation whose updates have the
     parameters' tree and shapes."""
@@ -69,7 +78,8 @@ def _optimizer_contract(make: OptimizerFn, optim: Any) -> None:
         updates, _ = tx.update(params, tx.init(params), params)
         return updates
 
-    updates = jax.eval_shape(one_update, _PROBE_PARAMS)
+    with param_meta.using(_PROBE_META):  # what the model's modules declare for these paths
+        updates = jax.eval_shape(one_update, _PROBE_PARAMS)
     if jax.tree.structure(updates) != jax.tree.structure(_PROBE_PARAMS):
         raise ContractError("its updates do not have the parameters' tree structure")
     for update, param in zip(jax.tree.leaves(updates), jax.tree.leaves(_PROBE_PARAMS), strict=True):
@@ -87,21 +97,16 @@ def _schedule_contract(make: ScheduleFn, optim: Any) -> None:
 
 def muon_dimension_numbers(params: Params) -> Params:
     """Which leaves Muon orthogonalises, and how each is read as matrices (reduction -> output
-    axes; the others are batch axes): the blocks' attention and MLP kernels. Every other leaf
-    (embeddings, an untied head, biases, norm scales) is None: AdamW's, as in the speedrun."""
-    dims = optax.contrib.MuonDimensionNumbers
-    rules = {
-        ("attn", "qkv"): dims(reduction_axis=0, output_axis=(2, 3)),  # (D, 3, H, K): q, k, v
-        ("attn", "proj"): dims(reduction_axis=(0, 1), output_axis=2),  # (H, K, D)
-        ("mlp", "fc"): dims(reduction_axis=0, output_axis=1),  # (D, F)
-        ("mlp", "proj"): dims(reduction_axis=0, output_axis=1),  # (F, D)
-    }
+    axes; the others are batch axes), as each parameter declares it (`param_meta.declare(muon=)`):
+    the blocks' attention and MLP kernels. Every other leaf (embeddings, an untied head, biases,
+    norm scales) is None: AdamW's, as in the speedrun."""
 
-    def rule(path, _):
-        names = tuple(getattr(k, "key", str(k)) for k in path)
-        if names[-1] != "kernel" or not names[0].startswith("block_"):
+    def rule(path, leaf):
+        muon = param_meta.lookup(path, leaf).muon
+        if muon is None:
             return None
-        return rules.get(names[-3:-1])
+        reduction, output = muon
+        return optax.contrib.MuonDimensionNumbers(reduction_axis=reduction, output_axis=output)
 
     return jax.tree_util.tree_map_with_path(rule, params)
 

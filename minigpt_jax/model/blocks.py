@@ -1,0 +1,249 @@
+"""The transformer block and its MLP: the registries `BLOCKS` and `MLPS`.
+
+An MLP entry is a flax module class with a `cfg` field, called `mlp(x_BxTxD, deterministic=)
+-> out_BxTxD` (dropout on its output included); a block entry likewise, called `block(x_BxTxD,
+positions_BxT, deterministic, cache) -> (x_BxTxD, cache)` (deterministic positional, so that
+`nn.remat` can hold it static). `config.model.mlp` and `config.model.block` pick them by name,
+or `module:attr` names your own. Each parameter is created with `param_meta.declare`: its mesh
+axes, optimizer group (Muon or AdamW), weight decay and GPT-2 name beside its init.
+
+MLPs: "mlp" D -> F -> activation -> D (GPT-2); "swiglu" proj(silu(gate·x) ⊙ up·x) and "gated"
+the same with cfg.activation (Shazeer 2020, GLU variants; LLaMA's SwiGLU at mlp_ratio 8/3).
+Blocks: "pre_ln" x + attn(ln_1(x)), then + mlp(ln_2(x)) (GPT-2); "parallel" x + attn(ln_1(x)) +
+mlp(ln_1(x)) (GPT-J, PaLM: one norm, both branches from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+
+from minigpt_jax.model import param_meta
+from minigpt_jax.model.attention import KVCache, MultiHeadAttention
+from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.layers import NORMS, activation_fn
+from minigpt_jax.model.param_meta import declare
+from minigpt_jax.registry import ContractError, Registry, expect_shape
+
+Array = chex.Array
+GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
+
+# Muon reads a (D, F) or (F, D) kernel as one matrix: inputs then outputs.
+MATRIX = (0, 1)
+
+
+def norm(cfg: GPTConfig, name: str) -> nn.Module:
+    """cfg.norm's layer (layers.NORMS): LayerNorm by default."""
+    return NORMS[cfg.norm](cfg, name)
+
+
+def hidden_init():
+    """The init of a D -> F kernel, whose F the mesh's tensor axis splits."""
+    return nn.initializers.normal(INIT_STDDEV)
+
+
+def out_proj(cfg: GPTConfig, gpt2: bool) -> nn.Dense:
+    """The F -> D projection into the residual stream (`proj`), its F split by tensor."""
+    return nn.Dense(
+        cfg.n_embd,
+        kernel_init=declare(
+            residual_init(cfg),
+            ("tensor", None),
+            muon=MATRIX,
+            decay=True,
+            gpt2="h.{i}.mlp.c_proj.weight" if gpt2 else None,
+        ),
+        bias_init=declare(
+            nn.initializers.zeros_init(), gpt2="h.{i}.mlp.c_proj.bias" if gpt2 else None
+        ),
+        name="proj",
+        **dense_options(cfg),
+    )
+
+
+class MLP(nn.Module):
+    """Position-wise D -> F -> activation (cfg.activation, GELU by default) -> D."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
+        cfg = self.cfg
+        # The mesh's tensor axis splits the hidden units F (minigpt_jax/sharding.py).
+        h_BxTxF = nn.Dense(
+            cfg.mlp_dim,
+            kernel_init=declare(
+                hidden_init(),
+                (None, "tensor"),
+                muon=MATRIX,
+                decay=True,
+                gpt2="h.{i}.mlp.c_fc.weight",
+            ),
+            bias_init=declare(
+                nn.initializers.zeros_init(), ("tensor",), gpt2="h.{i}.mlp.c_fc.bias"
+            ),
+            name="fc",
+            **dense_options(cfg),
+        )(x_BxTxD)
+        h_BxTxF = activation_fn(cfg)(h_BxTxF)
+        out_BxTxD = out_proj(cfg, gpt2=True)(h_BxTxF)
+        return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
+
+
+class GatedMLP(nn.Module):
+    """proj(act(gate·x) ⊙ up·x): gate and up each a (D, F) kernel of its own (Muon, decayed,
+    F split by tensor), act cfg.activation ("gated"); no GPT-2 form."""
+
+    cfg: GPTConfig
+
+    def gate_activation(self) -> Callable[[Array], Array]:
+        return activation_fn(self.cfg)
+
+    @nn.compact
+    def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
+        cfg = self.cfg
+
+        def dense(name):
+            kernel_init = declare(hidden_init(), (None, "tensor"), muon=MATRIX, decay=True)
+            bias_init = declare(nn.initializers.zeros_init(), ("tensor",))
+            return nn.Dense(
+                cfg.mlp_dim,
+                kernel_init=kernel_init,
+                bias_init=bias_init,
+                name=name,
+                **dense_options(cfg),
+            )
+
+        gate_BxTxF = self.gate_activation()(dense("gate")(x_BxTxD))
+        h_BxTxF = gate_BxTxF * dense("up")(x_BxTxD)
+        out_BxTxD = out_proj(cfg, gpt2=False)(h_BxTxF)
+        return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
+
+
+class SwiGLU(GatedMLP):
+    """`GatedMLP` with SiLU, LLaMA's (Touvron et al. 2023): proj(silu(gate·x) ⊙ up·x)."""
+
+    def gate_activation(self) -> Callable[[Array], Array]:
+        return nn.silu
+
+
+def _module_class(what: str, call: str) -> Callable[[Any], Any]:
+    def coerce(value: Any) -> Any:
+        if not (isinstance(value, type) and issubclass(value, nn.Module)):
+            raise TypeError(
+                f"a {what} entry must be a flax module class with a `cfg` field, called "
+                f"{call}, got {type(value).__name__}."
+            )
+        return value
+
+    return coerce
+
+
+def _declared(variables: Any, prefix: tuple[str, ...]) -> None:
+    try:
+        param_meta.metadata(variables.get("params", {}), prefix)
+    except param_meta.UndeclaredParameterError as error:
+        raise ContractError(str(error).rstrip(".")) from None
+
+
+def _mlp_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
+    """entry(cfg)(x_BxTxD) is x_BxTxD's shape, and each of its matrices declares metadata."""
+    x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
+    out, variables = jax.eval_shape(
+        lambda x: entry(cfg).init_with_output(jax.random.key(0), x), x_BxTxD
+    )
+    expect_shape(out, x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
+    _declared(variables, ("block_0", "mlp"))
+
+
+MLPS: Registry[type[nn.Module]] = Registry(
+    "MLP",
+    "model.mlp",
+    {"mlp": MLP, "swiglu": SwiGLU, "gated": GatedMLP},
+    coerce=_module_class("MLP", "(x_BxTxD, deterministic=) -> out_BxTxD"),
+    shape="a flax module class with a cfg field, called (x_BxTxD, deterministic=) -> out_BxTxD",
+    contract=_mlp_contract,
+)
+
+
+class Block(nn.Module):
+    """x + Attn(LN(x)), then x + MLP(LN(x)) (pre-LayerNorm, GPT-2; LN is cfg.norm, MLP
+    cfg.mlp)."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BxTxD: Array,
+        positions_BxT: Array,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none."""
+        cfg = self.cfg
+        h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
+            norm(cfg, "ln_1")(x_BxTxD),
+            positions_BxT,
+            deterministic=deterministic,
+            cache=cache,
+        )
+        x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
+        mlp = MLPS[cfg.mlp](cfg, name="mlp")
+        h_BxTxD = mlp(norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic)
+        return x_BxTxD + h_BxTxD, cache
+
+
+class ParallelBlock(nn.Module):
+    """x + Attn(LN(x)) + MLP(LN(x)), one norm `ln_1` for both (GPT-J; Chowdhery et al. 2022,
+    PaLM): the two branches read the same input, so they may run at once."""
+
+    cfg: GPTConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BxTxD: Array,
+        positions_BxT: Array,
+        deterministic: bool = True,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        cfg = self.cfg
+        n_BxTxD = norm(cfg, "ln_1")(x_BxTxD)
+        a_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
+            n_BxTxD, positions_BxT, deterministic=deterministic, cache=cache
+        )
+        m_BxTxD = MLPS[cfg.mlp](cfg, name="mlp")(n_BxTxD, deterministic=deterministic)
+        a_BxTxD = nn.Dropout(cfg.dropout)(a_BxTxD, deterministic=deterministic)
+        return x_BxTxD + a_BxTxD + m_BxTxD, cache
+
+
+def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
+    """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None), and each of its matrices
+    declares metadata."""
+    x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
+    positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
+    out, variables = jax.eval_shape(
+        lambda x, p: entry(cfg).init_with_output(jax.random.key(0), x, p), x_BxTxD, positions_BxT
+    )
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ContractError(f"it returned {type(out).__name__}, not (x_BxTxD, cache)")
+    expect_shape(out[0], x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
+    _declared(variables, ("block_0",))
+
+
+BLOCKS: Registry[type[nn.Module]] = Registry(
+    "block",
+    "model.block",
+    {"pre_ln": Block, "parallel": ParallelBlock},
+    coerce=_module_class(
+        "block", "(x_BxTxD, positions_BxT, deterministic, cache) -> (x_BxTxD, cache)"
+    ),
+    shape="a flax module class with a cfg field, called (x_BxTxD, positions_BxT, "
+    "deterministic, cache) -> (x_BxTxD, cache)",
+    contract=_block_contract,
+)
