@@ -300,7 +300,7 @@ def test_file_format_entries_are_checked():
     for key, got in (("os:sep", "got str"), ("builtins:input", "got builtin_function")):
         with pytest.raises(
             ValueError,
-            match=rf"file_format=.{key}.*entry is a function \(path, data\).*{got}.*not called",
+            match=rf"file_format=.{key}.*must be a function \(path, data\).*{got}.*not called",
         ):
             data.FILE_FORMATS.check(key)
     with pytest.raises(ValueError, match=r"not a known file format.*txt, jsonl, csv, parquet"):
