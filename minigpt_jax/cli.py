@@ -1,4 +1,4 @@
-"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
+"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings|sweep` (also
 `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
@@ -14,6 +14,12 @@
   minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
   minigpt-jax settings                 (every config key: default, kind and doc)
+  minigpt-jax sweep  --config configs/X.py --out DIR --space optim.lr=log:1e-4..3e-2 [--space ...]
+                     [--set key=value ...] [--trials N] [--workers K] [--pruner median] ...
+                     (an Optuna study; its own flags: minigpt-jax sweep --help)
+
+`train` keeps JAX's compilation cache in ~/.cache/minigpt_jax/jax_compilation
+(MINIGPT_JAX_COMPILATION_CACHE=DIR moves it, =off turns it off).
 
 Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) also takes
 `module:attr`, code of your own importable from the working directory (docs/extending.md).
@@ -29,7 +35,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings")
+COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -70,11 +76,13 @@ _LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.
 
 
 def _train() -> None:
+    from minigpt_jax import compile_cache
     from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
     from minigpt_jax.train.loop import train_and_evaluate
 
     if _CONFIG.value is None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
+    compile_cache.enable()
     initialize_distributed()  # multi-host runs only: see minigpt_jax/sharding.py
     with exit_when_a_process_is_lost(_WORKDIR.value):
         summary = train_and_evaluate(
@@ -267,6 +275,12 @@ def _config_path(argv: list[str]) -> str | None:
 
 
 def main() -> None:
+    commands = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if commands[:1] == ["sweep"]:  # its own flags (argparse), not absl's
+        from minigpt_jax.sweep.study import main as sweep
+
+        index = sys.argv.index("sweep")
+        sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))
     logging.set_verbosity(logging.WARNING)  # absl INFO lines (e.g. "no TPU found") are noise here
     app.run(_run, flags_parser=_parse_flags)
 
