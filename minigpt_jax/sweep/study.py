@@ -484,6 +484,8 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
             beat["mine"] = storage.get_trial(trial._trial_id).state == TrialState.RUNNING
         return stop.signal_name is None and beat["mine"]
 
+    if resumes is not None:
+        trials.wait_for_run_lock(run_dir)  # the killed worker's child may still be saving
     env_child = _child_env(sweep)
     with _environ(env_child):
         child = trials.start(run_dir, config_file)
@@ -635,7 +637,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     sweep.out.mkdir(parents=True, exist_ok=True)
     try:
-        study = open_study(sweep)  # once, before the workers: a refusal stops them all
+        with _ask_lock(sweep.out):  # two commands at once: one creates the study, one loads it
+            study = open_study(sweep)  # once, before the workers: a refusal stops them all
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from minigpt_jax.run_dir import RunDir
 from minigpt_jax.train.metrics import read_metrics
 
 POLL_S = 0.2  # how often the worker looks at the child and its metrics
@@ -47,6 +50,22 @@ def start(run_dir: Path, config_file: Path) -> subprocess.Popen:
         )
     finally:
         log.close()
+
+
+def wait_for_run_lock(run_dir: Path, timeout: float = STOP_GRACE_S) -> None:
+    """Waits (up to `timeout`) until no process holds the run directory's run lock, as a
+    trial resumed after its worker died may find its old child still saving a checkpoint."""
+    path = RunDir(run_dir).lock()
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(POLL_S)
+        finally:
+            os.close(fd)  # closing releases a lock taken here
 
 
 class MetricsFollower:
