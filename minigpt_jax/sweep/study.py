@@ -174,7 +174,6 @@ def check(argv: list[str]) -> Sweep:
     if args.sampler == "qmc":
         _require("scipy", "--sampler qmc", "pip install scipy")
     identity = {
-        "config_file": args.config,
         "config_file_sha256": spaces.file_digest(args.config),
         "config": json.loads(json.dumps(complete.to_dict(), default=repr)),
         "set": fixed,
@@ -207,22 +206,34 @@ def _require(module: str, what: str, fix: str) -> None:
 def _differences(saved: dict, mine: dict) -> str:
     """Words for what differs between two identities (top level, and keys of config/set)."""
     words = []
-    for name in ("config_file", "config_file_sha256", "set", "space", "objective", "plugins"):
+    for name in ("config_file_sha256", "set", "space", "objective", "plugins"):
         if saved.get(name) != mine.get(name):
             label = {
                 "config_file_sha256": "the --config file's content",
-                "config_file": "--config",
                 "set": "--set",
                 "space": "--space",
                 "objective": "the objective (--target)",
                 "plugins": "the source of plug-in modules",
             }[name]
-            words.append(f"{label} ({saved.get(name)!r} then, {mine.get(name)!r} now)")
-    old, new = saved.get("config", {}), mine.get("config", {})
+            if name == "config_file_sha256":
+                words.append(label)
+            else:
+                words.append(f"{label} ({saved.get(name)!r} then, {mine.get(name)!r} now)")
+    old, new = _flat(saved.get("config", {})), _flat(mine.get("config", {}))
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    if changed and not words:
+    if changed and not words:  # the config file's imports changed what it returns
         words.append(f"the config ({', '.join(f'config.{k}' for k in changed)})")
     return "; ".join(words) or "its fixed settings"
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 # ----------------------------------------------------------------------------- the study
