@@ -313,7 +313,7 @@ def _sampler(sweep: Sweep, existing: int):
     # draw: each worker (and each rerun) its own stream, or they would propose the same points.
     varied = args.seed + 1009 * index + 7919 * existing
     if args.sampler == "grid":
-        return optuna.samplers.GridSampler({d.key: list(d.values) for d in sweep.space}, args.seed)
+        return _Grid({d.key: list(d.values) for d in sweep.space}, args.seed)
     if args.sampler == "qmc":
         return optuna.samplers.QMCSampler(seed=args.seed, warn_independent_sampling=False)
     if args.sampler == "random":
@@ -325,6 +325,23 @@ def _sampler(sweep: Sweep, existing: int):
         n_startup_trials=min(10, max(2, sweep.n_trials // 4)),
         constant_liar=True,  # a running trial counts as a bad one: workers spread out
     )
+
+
+def _grid_class():
+    import optuna
+
+    class Grid(optuna.samplers.GridSampler):
+        """Optuna's grid, less its after_trial: that calls Study.stop, which works only inside
+        Study.optimize (and reads a grid_id a resumed trial has not); the workers count."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return Grid
+
+
+def _Grid(space: dict, seed: int):  # noqa: N802 - a class made on first use (optuna is lazy)
+    return _grid_class()(space, seed)
 
 
 def _pruner(sweep: Sweep):
