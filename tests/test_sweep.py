@@ -300,3 +300,28 @@ def test_kill_9_between_a_trials_end_and_its_record_then_a_rerun_records_it_once
     assert trials[1].value == best  # not null, not the no-op's
     assert "already trained" in log.read_text()
     assert [r["state"] for r in _trials(out)].count("COMPLETE") == 1
+
+
+def test_a_study_refuses_other_fixed_settings_or_a_changed_plugin(tmp_path, monkeypatch):
+    """In process, no trial trained: the identity is checked when the study is opened."""
+    monkeypatch.chdir(tmp_path)
+    plugin = tmp_path / "my_act.py"
+    plugin.write_text("import jax\n\n\ndef act(x):\n    return jax.nn.relu(x)\n")
+    out = tmp_path / "sweep"
+    base = ["--config", TINY, "--out", str(out), "--space", "optim.lr=1e-3,2e-3"]
+    argv = [*base, "--set", "model.activation=my_act:act"]
+    sweep = sweep_study.check(argv)
+    assert "my_act" in sweep.identity["plugins"]
+    out.mkdir()
+    sweep_study.open_study(sweep)
+    sweep_study.open_study(sweep_study.check(argv))  # the same command: resumed
+    with pytest.raises(sweep_study.SweepError, match=r"--set .*--study NEWNAME"):
+        sweep_study.open_study(sweep_study.check([*argv, "--set", "num_steps=30"]))
+    with pytest.raises(sweep_study.SweepError, match=r"--space"):
+        sweep_study.open_study(sweep_study.check([*argv[:-3], "optim.lr=1e-3,3e-3", *argv[-2:]]))
+    plugin.write_text(plugin.read_text() + "# edited\n")
+    with pytest.raises(sweep_study.SweepError, match="the source of plug-in modules"):
+        sweep_study.open_study(sweep_study.check(argv))
+    with pytest.raises(sweep_study.SweepError, match="objective"):
+        plugin.write_text(plugin.read_text().replace("# edited\n", ""))
+        sweep_study.open_study(sweep_study.check([*argv, "--target", "3.0"]))

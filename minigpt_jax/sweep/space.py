@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,8 @@ def plugin_digests(config) -> dict[str, str]:
     """{module: sha256 of its source file} of every module a `module:attr` value of the config
     names (code of the user's: part of a study's identity). A local stand-in for the registry's
     digest of user modules, which lands with issue 26."""
+    if os.getcwd() not in sys.path:  # as `python -m minigpt_jax train` finds them
+        sys.path.insert(0, os.getcwd())
     digests = {}
     stack = [config.to_dict() if hasattr(config, "to_dict") else config]
     while stack:

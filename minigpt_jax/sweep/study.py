@@ -313,7 +313,7 @@ def _sampler(sweep: Sweep, existing: int):
     # draw: each worker (and each rerun) its own stream, or they would propose the same points.
     varied = args.seed + 1009 * index + 7919 * existing
     if args.sampler == "grid":
-        return _Grid({d.key: list(d.values) for d in sweep.space}, args.seed)
+        return _grid_sampler({d.key: list(d.values) for d in sweep.space}, args.seed)
     if args.sampler == "qmc":
         return optuna.samplers.QMCSampler(seed=args.seed, warn_independent_sampling=False)
     if args.sampler == "random":
@@ -327,21 +327,16 @@ def _sampler(sweep: Sweep, existing: int):
     )
 
 
-def _grid_class():
+def _grid_sampler(space: dict, seed: int):
+    """Optuna's grid, less its after_trial: that calls Study.stop, which works only inside
+    Study.optimize (and reads a grid_id a resumed trial has not); the workers count trials."""
     import optuna
 
     class Grid(optuna.samplers.GridSampler):
-        """Optuna's grid, less its after_trial: that calls Study.stop, which works only inside
-        Study.optimize (and reads a grid_id a resumed trial has not); the workers count."""
-
         def after_trial(self, study, trial, state, values) -> None:
             return None
 
-    return Grid
-
-
-def _Grid(space: dict, seed: int):  # noqa: N802 - a class made on first use (optuna is lazy)
-    return _grid_class()(space, seed)
+    return Grid(space, seed)
 
 
 def _pruner(sweep: Sweep):
