@@ -325,3 +325,52 @@ def test_a_study_refuses_other_fixed_settings_or_a_changed_plugin(tmp_path, monk
     with pytest.raises(sweep_study.SweepError, match="objective"):
         plugin.write_text(plugin.read_text().replace("# edited\n", ""))
         sweep_study.open_study(sweep_study.check([*argv, "--target", "3.0"]))
+
+
+@pytest.mark.slow
+def test_the_target_objective_scores_a_miss_instead_of_failing(tmp_path, env):
+    out = tmp_path / "sweep"
+    stdout = _sweep(
+        env, out, *SHORT, "--sampler", "grid", "--seed", "1", "--space", "optim.lr=0.003,1e-4",
+        "--pruner", "none", "--target", "3.8",
+    )  # fmt: skip
+    hit, miss = sorted(_study(out).trials, key=lambda t: t.number)
+    assert (
+        hit.params == {"optim.lr": 0.003} and [hit.state.name, miss.state.name] == ["COMPLETE"] * 2
+    )
+    assert (
+        hit.user_attrs["step_at_target"] == 20 and 0 < hit.value <= hit.user_attrs["train_seconds"]
+    )
+    assert miss.user_attrs["missed_target"] and miss.value == 2 * miss.user_attrs["train_seconds"]
+    assert "training seconds to val loss 3.8" in stdout
+
+
+@pytest.mark.parametrize("sampler", sweep_study.SAMPLERS)
+@pytest.mark.parametrize("pruner", sweep_study.PRUNERS)
+def test_every_sampler_and_pruner_proposes_values_of_the_space(sampler, pruner, tmp_path):
+    """In process, values told by hand: each sampler draws from the space's distributions."""
+    import optuna
+
+    space = ["--space", "optim.lr=0.001,0.003", "--space", "model.norm=layernorm,rmsnorm"]
+    if sampler != "grid":
+        space += [
+            "--space",
+            "optim.warmup_steps=int:0..50",
+            "--space",
+            "optim.min_lr=log:1e-5..1e-4",
+        ]
+    sweep = sweep_study.check(
+        ["--config", TINY, "--out", str(tmp_path), "--sampler", sampler, "--pruner", pruner, *space]
+    )
+    study = optuna.create_study(
+        sampler=sweep_study._sampler(sweep, 0), pruner=sweep_study._pruner(sweep)
+    )
+    distributions = {d.key: d.distribution() for d in sweep.space}
+    for value in (3.0, 2.0, 2.5, 1.0):
+        trial = study.ask(distributions)
+        for key, distribution in distributions.items():
+            assert distribution._contains(distribution.to_internal_repr(trial.params[key]))
+        trial.report(value, 10)
+        trial.should_prune()
+        study.tell(trial, value)
+    assert study.best_value == 1.0

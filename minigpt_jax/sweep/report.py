@@ -89,7 +89,9 @@ def write_plots(study: optuna.Study, out: Path) -> tuple[list[Path], list[str]]:
             figure.set_size_inches(max(6.0, figure.get_size_inches()[0]), 4.5)
             figure.tight_layout()
             path = folder / f"{name}.png"
-            figure.savefig(path, dpi=100)
+            tmp = folder / f".{name}.{os.getpid()}.png"
+            figure.savefig(tmp, dpi=100)
+            os.replace(tmp, path)  # another command on the study may write it at once
             plt.close("all")
             written.append(path)
         except (ValueError, RuntimeError, ZeroDivisionError, IndexError) as error:

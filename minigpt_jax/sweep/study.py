@@ -18,6 +18,8 @@ died (kill -9, a lost machine) is marked failed by the next worker to look and q
 and the new trial resumes the same run directory from its checkpoint (at most 3 attempts). A
 trial that crashes (an error of its own) is failed and not retried.
 
+Samplers: TPE (the first max(2, min(10, trials // 4)) trials random, then modelled; a running
+trial counts as a bad one, so workers spread out), random, grid (lists only), CMA-ES, QMC.
 Objective: the best val loss of the trial, or with --target the seconds of training (chunk time
 from metrics.jsonl; start-up, compilation and evaluation excluded) until its first evaluation
 at or below the target; the trial then stops there. A trial that never reaches it scores twice
@@ -442,11 +444,13 @@ def _prune_reason(study, trial, step: int, value: float, pruner: str) -> str:
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if step in t.intermediate_values
         ]
-        if others:
+        if others:  # Optuna compares the trial's best so far with the others' at this step
+            reported = study._storage.get_trial(trial._trial_id).intermediate_values
+            best = min(v for s, v in reported.items() if s <= step)
             return (
-                f"val loss {value:.4f} at step {step} is above the median "
-                f"{statistics.median(others):.4f} of {len(others)} complete trials there "
-                "(median pruner)"
+                f"val loss {value:.4f} at step {step} (its best so far {best:.4f}) is above "
+                f"the median {statistics.median(others):.4f} of {len(others)} complete "
+                "trials there (median pruner)"
             )
     words = {"halving": "successive halving", "hyperband": "Hyperband", "median": "median"}
     return f"val loss {value:.4f} at step {step} is not among the best there ({words[pruner]})"
@@ -541,7 +545,7 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
             return fail(trials.last_line(run_dir) if code else "the run recorded no val loss")
         trial.set_user_attr("best_val_loss", result.best_val_loss)
         trial.set_user_attr("last_step", result.last_step)
-        trial.set_user_attr("train_seconds", round(result.train_seconds, 3))
+        trial.set_user_attr("train_seconds", result.train_seconds)
         if target is None:
             value = result.best_val_loss
             words = f"best val loss {value:.4f}"
