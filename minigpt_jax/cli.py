@@ -189,6 +189,8 @@ def _run(argv: list[str]) -> None:
     if len(commands) != 1 or commands[0] not in COMMANDS:
         raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
     command = commands[0]
+    if command == "sweep":  # main() hands `minigpt-jax sweep ...` to the sweep's own parser
+        raise app.UsageError("put `sweep` first, e.g. minigpt-jax sweep --config ... --out ...")
     if command in ("sample", "eval") and _PRETRAINED.value is not None:
         if _WORKDIR.value is not None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
