@@ -44,6 +44,15 @@ def run_once(config: str, steps: int, workdir: Path, cache: str) -> tuple[float,
     return wall, compile_s
 
 
+def _machine() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/default.py")
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             ):
                 run_once(args.config, args.steps, root / f"{name}{r}a", cache)
                 results.append(run_once(args.config, args.steps, root / f"{name}{r}b", cache))
-    print(f"{args.config}, {args.steps} steps, {args.rounds} round(s); {platform.processor()}")
+    print(f"{args.config}, {args.steps} steps, {args.rounds} round(s); {_machine()}")
     print(f"{'second identical run':<24}{'process wall s':>16}{'compile s':>12}")
     for label, rows in (("cache off (before)", before), ("cache on (after)", after)):
         wall = statistics.median(w for w, _ in rows)
