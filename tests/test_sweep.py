@@ -196,7 +196,8 @@ def test_a_hopeless_trial_is_pruned_at_its_first_evaluation_and_keeps_its_run(tm
     assert "is above the median" in bad.user_attrs["pruned_reason"]
     assert f"trial 1: pruned at step 10: {bad.user_attrs['pruned_reason']}" in stdout
     run_dir = out / bad.user_attrs["run_dir"]
-    assert max(_steps(run_dir)) < 20 and (run_dir / "checkpoints").exists()
+    assert max(_steps(run_dir)) == bad.user_attrs["stopped_at_step"] < 20
+    assert (run_dir / "checkpoints").exists()
 
 
 def test_grid_order_of_the_pruning_test():

@@ -465,6 +465,7 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
     from minigpt_jax.run_config import check_experiment_config
     from minigpt_jax.sweep import space as spaces
     from minigpt_jax.sweep import trial as trials
+    from minigpt_jax.train.metrics import read_metrics
 
     storage, number = study._storage, trial.number
     run_rel = trial.user_attrs.get("run_dir") or f"trials/{number:04d}"
@@ -474,7 +475,8 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
     values = {**sweep.fixed, **trial.params}
     shown = ", ".join(f"{k}={v!r}" for k, v in trial.params.items())
     resumes = trial.user_attrs.get("resumes")
-    _say(sweep, f"trial {number}: {shown}" + (f" (resumes trial {resumes})" if resumes else ""))
+    again = "" if resumes is None else f" (resumes trial {resumes})"
+    _say(sweep, f"trial {number}: {shown}{again}")
     config_file = run_dir / "config.py"
     doc = f"Trial {number} of study {sweep.args.study!r} (minigpt-jax sweep): {shown}."
     config_file.write_text(spaces.config_file_text(sweep.args.config, values, doc))
@@ -523,7 +525,9 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
         return _say(sweep, f"trial {number}: taken over (its heartbeat lapsed); left to it")
     try:
         if why == "pruned":
+            last = max((r["step"] for r in read_metrics(run_dir)), default=pruned["step"])
             trial.set_user_attr("pruned_at_step", pruned["step"])
+            trial.set_user_attr("stopped_at_step", last)  # a few steps on: the worker's reaction
             trial.set_user_attr("pruned_reason", pruned["reason"])
             study.tell(trial, state=TrialState.PRUNED)
             return _say(
@@ -531,7 +535,7 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
             )
         result = trials.result_of(run_dir, tokens_per_step, target)
         reached = why == "reached" or result.step_at_target is not None
-        if why == "stopped" or (code == 0 and not reached and result.last_step < sweep.num_steps):
+        if why == "stopped" or (code == 0 and not reached and result.last_step < config.num_steps):
             # Stopped before its end (a signal): queued to resume from its checkpoint.
             trial.set_user_attr("stopped_at_step", result.last_step)
             study.tell(trial, state=TrialState.FAIL)
