@@ -13,7 +13,9 @@ scored, by one JAX function for all three (the twin's weights are read into the 
 The target is the twin's final val loss; for each contestant the table gives the wall seconds,
 steps and tokens to its first evaluation at or below it, and the ratio to the twin's seconds.
 Contestants run one after another (rounds alternate the order), never beside each other:
-run it alone on the machine, as every framework comparison here.
+run it alone on the machine, as every framework comparison here. Every contestant compiles from
+a cold cache: JAX's persistent compilation cache, which `minigpt-jax train` turns on, is off in
+the workers (MINIGPT_JAX_COMPILATION_CACHE=off), so compilation counts in full every time.
 """
 
 from __future__ import annotations
@@ -236,7 +238,9 @@ def run_contestant(
     ]  # fmt: skip
     if stop_below is not None:
         command += ["--stop_below", str(stop_below)]
-    subprocess.run(command, check=True, cwd=REPO)
+    cold = {**os.environ, "MINIGPT_JAX_COMPILATION_CACHE": "off"}  # compilation counts in full
+    cold.pop("JAX_COMPILATION_CACHE_DIR", None)
+    subprocess.run(command, check=True, cwd=REPO, env=cold)
     records = json.loads(Path(path).read_text())
     os.unlink(path)
     return records

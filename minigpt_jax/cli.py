@@ -1,4 +1,4 @@
-r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
+r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings|sweep` (also
 `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
@@ -16,6 +16,12 @@ r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab` (also
   minigpt-jax settings [--config configs/X.py [--config.key=value ...]]
                       (every config key: default, kind and doc, and the settings entries
                        declare; with --config, that config's resolved values)
+  minigpt-jax sweep  --config configs/X.py --out DIR --space optim.lr=log:1e-4..3e-2 [--space ...]
+                     [--set key=value ...] [--trials N] [--workers K] [--pruner median] ...
+                     (an Optuna study; its own flags: minigpt-jax sweep --help)
+
+`train` keeps JAX's compilation cache in ~/.cache/minigpt_jax/jax_compilation
+(MINIGPT_JAX_COMPILATION_CACHE=DIR moves it, =off turns it off).
 
 Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) also takes
 `module:attr`, code of your own importable from the working directory (docs/extending.md).
@@ -36,7 +42,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings")
+COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -83,11 +89,13 @@ _LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.
 
 
 def _train() -> None:
+    from minigpt_jax import compile_cache
     from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
     from minigpt_jax.train.loop import train_and_evaluate
 
     if _CONFIG.value is None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
+    compile_cache.enable()
     initialize_distributed()  # multi-host runs only: see minigpt_jax/sharding.py
     with exit_when_a_process_is_lost(_WORKDIR.value):
         summary = train_and_evaluate(
@@ -248,6 +256,8 @@ def _run(argv: list[str]) -> None:
     if len(commands) != 1 or commands[0] not in COMMANDS:
         raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
     command = commands[0]
+    if command == "sweep":  # main() hands `minigpt-jax sweep ...` to the sweep's own parser
+        raise app.UsageError("put `sweep` first, e.g. minigpt-jax sweep --config ... --out ...")
     if command in ("sample", "eval") and _PRETRAINED.value is not None:
         if _WORKDIR.value is not None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
@@ -473,6 +483,12 @@ def _config_path(argv: list[str]) -> str | None:
 
 
 def main() -> None:
+    commands = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if commands[:1] == ["sweep"]:  # its own flags (argparse), not absl's
+        from minigpt_jax.sweep.study import main as sweep
+
+        index = sys.argv.index("sweep")
+        sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))
     logging.set_verbosity(logging.WARNING)  # absl INFO lines (e.g. "no TPU found") are noise here
     app.run(_run, flags_parser=_parse_flags)
 

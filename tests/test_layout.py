@@ -25,10 +25,11 @@ def _source_file(module: str) -> Path:
 
 
 def readme_layers() -> dict[str, int]:
-    """{module: layer} from the README's layer table: lines `  <n>  a.py model/b.py ...`."""
+    """{module: layer} from the README's layer table: lines `  <n>  a.py model/b.py ...` (a
+    two-digit layer takes one of the two leading spaces)."""
     layout = ROOT.joinpath("README.md").read_text().split("## Layout", 1)[1]
     layers = {}
-    for number, names in re.findall(r"^ {2}(\d) {2}((?:\S+\.py ?)+)$", layout, re.MULTILINE):
+    for number, names in re.findall(r"^ {1,2}(\d{1,2}) {2}((?:\S+\.py ?)+)$", layout, re.MULTILINE):
         for name in names.split():
             layers[name.removesuffix(".py")] = int(number)
     return layers

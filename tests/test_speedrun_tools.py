@@ -1,14 +1,12 @@
-"""The time-to-loss benchmark's evaluation and report, the sweep tool and the ablation table."""
-
-import json
+"""The time-to-loss benchmark's evaluation and report and the ablation table (the sweep tool
+is tests/test_sweep.py's)."""
 
 import jax
 import numpy as np
-import pytest
 
 from benchmarks.time_to_loss import first_at_or_below, make_val_loss, report
 from configs import speedrun_char
-from experiments import speedrun_ablation, sweep
+from experiments import speedrun_ablation
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.run_config import check_experiment_config
 
@@ -52,38 +50,6 @@ def test_speedrun_config_follows_the_tracks_rules():
         "char",
         0.1,
     )
-
-
-def test_sweep_parses_values_and_samples_the_grid():
-    assert sweep.parse_values("optim.lr=1e-3,2e-3") == ("optim.lr", [0.001, 0.002])
-    assert sweep.parse_values("model.norm=rmsnorm,layernorm")[1] == ["rmsnorm", "layernorm"]
-    grid = {"a": [1, 2, 3], "b": [True, False]}
-    assert len(sweep.trials(grid, None, 0)) == 6
-    sample = sweep.trials(grid, 3, seed=1)
-    assert len(sample) == 3 and len({sweep.trial_name(t) for t in sample}) == 3
-    assert sample == sweep.trials(grid, 3, seed=1)
-    with pytest.raises(ValueError, match="key=value"):
-        sweep.parse_values("optim.lr")
-
-
-@pytest.mark.slow
-def test_sweep_runs_a_grid_resumably(tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 300)
-    out = tmp_path / "sweep"
-    args = [
-        "--config", "configs/tiny.py", "--out", str(out),
-        "--grid", "optim.lr=0.003,0.03",
-        "--set", "num_steps=4", "--set", "eval_every=4", "--set", "checkpoint_every=4",
-        "--set", "data.corpus=text", "--set", f"data.path={corpus}", "--target", "10.0",
-    ]  # fmt: skip
-    sweep.main(args)
-    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [r["optim.lr"] for r in results] == [0.003, 0.03]
-    assert all(r["steps_to_target"] == 4 and r["best_val_loss"] < 10 for r in results)
-    assert (out / "results.csv").read_text().count("\n") == 3 and (out / "results.png").exists()
-    sweep.main(args)  # a rerun finds every trial done
-    assert len((out / "results.jsonl").read_text().splitlines()) == 2
 
 
 def test_ablation_table_gives_seconds_steps_and_ratio():

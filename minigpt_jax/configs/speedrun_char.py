@@ -7,9 +7,11 @@ runs from process start (imports, data and compilation count) and stops during e
 which scores every position of the whole validation split (benchmarks/time_to_loss.py).
 Run:      python -m benchmarks.time_to_loss      (beside the twin and the course config)
           minigpt-jax train --config configs/speedrun_char.py --workdir runs/speedrun
-Swept:    with experiments/sweep.py (val loss on 60 fixed val batches, target 1.88), on the
-          shared 2-core Xeon: muon_lr 0.02/0.04/0.08 x AdamW lr 0.004/0.008/0.016 at 400 steps
-          (best 0.02 and 0.016: 1.816; 0.08 misses 1.88); batch 12/24 x 200/300 steps x muon_lr
+Swept:    with the hand-written grid that `minigpt-jax sweep` (an Optuna study with pruning,
+          experiments/README.md) has since replaced, not rerun with it: 19 trials, each to its
+          end (val loss on 60 fixed val batches, target 1.88), on the shared 2-core Xeon:
+          muon_lr 0.02/0.04/0.08 x AdamW lr 0.004/0.008/0.016 at 400 steps (best 0.02 and
+          0.016: 1.816; 0.08 misses 1.88); batch 12/24 x 200/300 steps x muon_lr
           0.01/0.02 at lr 0.016 (12 x 300, 0.01: 1.854; 12 x 200: 1.900, misses; 24 x 200:
           1.808 with twice the tokens per step); batch 24 x 150 steps: 1.889, misses. Kept: 12 x
           64, muon_lr 0.01, lr 0.016 (the fewest tokens that reach the target); on the whole

@@ -1,0 +1,1 @@
+"""`minigpt-jax sweep`: Optuna studies over config keys (space, trial, report, study)."""
