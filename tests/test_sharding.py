@@ -21,6 +21,7 @@ from ml_collections import ConfigDict
 
 from configs import tiny
 from minigpt_jax import sharding, train
+from minigpt_jax.model import param_meta
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_annotated_params, init_params
 
@@ -198,17 +199,20 @@ def test_a_tensor_rule_that_does_not_divide_falls_back_to_replicated():
 
 
 class _Renamed(nn.Module):
-    """A Dense under a name no table has heard of, its rule declared where it is created."""
+    """A Dense under a name no table has heard of, its rule (and optimizer metadata, which the
+    optimizer reads) declared where it is created."""
 
     @nn.compact
     def __call__(self, x):
-        init = nn.with_partitioning(nn.initializers.normal(0.02), (None, "tensor"))
+        init = param_meta.declare(nn.initializers.normal(0.02), (None, "tensor"), decay=True)
         h = nn.Dense(8, kernel_init=init, name="a_brand_new_name")(x)
-        return nn.Dense(4, name="plain")(h)
+        plain = param_meta.declare(nn.initializers.normal(0.02), decay=True)
+        return nn.Dense(4, kernel_init=plain, name="plain")(h)
 
 
 def test_a_renamed_parameter_keeps_its_rule():
     annotated = jax.eval_shape(_Renamed().init, KEY, jnp.zeros((1, 6)))["params"]
+    param_meta.record(annotated)
     params = nn.unbox(annotated)
     tx, _ = train.make_optimizer(tiny.get_config().optim, 10)
     state = {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
