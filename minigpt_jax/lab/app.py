@@ -11,12 +11,14 @@ storage (`gr.BrowserState`), from which a reload restores it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import functools
 import hashlib
 import html
 import io
+import itertools
 import json
 import logging
 import math
@@ -1426,15 +1428,40 @@ def _render(part: Part, state: LabState, fields: dict, lang: str, *, own: bool) 
 
 
 class Tab:
-    """One browser tab's table on the server, the lock its events take (one at a time, in
-    order), the flag that stops its run, and what its outputs show now (sent again only when
-    they change)."""
+    """One browser tab's table on the server, its events' turns, the flag that stops its run,
+    and what its outputs show now (sent again only when they change).
+
+    Each event takes a ticket as it arrives (in the server's event loop, so in the order the
+    tab sent them) and runs when its turn comes: a tab's events apply one after the other, in
+    order, while other tabs' events run beside them."""
 
     def __init__(self):
         self.state = initial_state()
-        self.lock = threading.Lock()
         self.stop = threading.Event()
         self.shown: dict[str, str] = {}
+        self._tickets = itertools.count()
+        self._serving = 0
+        self._finished: set[int] = set()
+        self._waiting: dict[int, asyncio.Future] = {}
+
+    def ticket(self) -> int:
+        return next(self._tickets)
+
+    async def turn(self, ticket: int) -> None:
+        if self._serving != ticket:
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[ticket] = future
+            await future
+
+    def release(self, ticket: int) -> None:
+        """The event is done (or abandoned): the next ticket's turn."""
+        self._finished.add(ticket)
+        while self._serving in self._finished:
+            self._finished.discard(self._serving)
+            self._serving += 1
+        future = self._waiting.pop(self._serving, None)
+        if future is not None and not future.done():
+            future.set_result(None)
 
 
 class Tabs:
@@ -1479,10 +1506,10 @@ class Page(NamedTuple):
 
     def handler(self, part: Part, event: Event) -> Callable:
         """The Gradio function of one event: action, then views, then outputs by component.
-        The tab's lock is held for the whole event (a run too), so the tab's events apply one
-        after the other; other tabs do not wait."""
+        The tab's turn lasts the whole event (a run too), so the tab's events apply one after
+        the other; other tabs do not wait (the work runs in threads)."""
 
-        def handle(values: dict, request: gr.Request = None):
+        async def handle(values: dict, request: gr.Request = None):
             tab = self.tabs.get(_session(request))
             if event.stops:
                 tab.stop.set()
@@ -1490,27 +1517,35 @@ class Page(NamedTuple):
                 yield {}
                 return
             fields = self.fields(values)
-            with tab.lock:
+            ticket = tab.ticket()
+            try:
+                await tab.turn(ticket)
                 tab.stop.clear()
                 state = tab.state
-                try:
-                    if event.run:
-                        results = event.action(state, fields, self.lang, tab.stop.is_set)
-                    else:
-                        results = event.action(state, fields, self.lang)
-                    for new_state, note, extra in (
-                        results if isinstance(results, Iterator) else [results]
-                    ):
-                        out = self.outputs(part, event, state, new_state, note, fields, extra)
-                        if new_state is not None:
-                            tab.state = state = new_state
-                        yield self.changed(tab, out)
-                except LabInputError as error:
-                    yield {self.components[f"{part.name}_message"]: _error_html(error, self.lang)}
-                except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
-                    log.exception("lab: %s's %s failed", part.name, event.trigger)
-                    message = self.components[f"{part.name}_message"]
-                    yield {message: _unexpected_html(error, self.lang)}
+                if event.run:
+                    action = functools.partial(
+                        event.action, state, fields, self.lang, tab.stop.is_set
+                    )
+                else:
+                    action = functools.partial(event.action, state, fields, self.lang)
+                results = await asyncio.to_thread(action)
+                results = results if isinstance(results, Iterator) else iter([results])
+                while (result := await asyncio.to_thread(next, results, None)) is not None:
+                    new_state, note, extra = result
+                    out = await asyncio.to_thread(
+                        self.outputs, part, event, state, new_state, note, fields, extra
+                    )
+                    if new_state is not None:
+                        tab.state = state = new_state
+                    yield self.changed(tab, out)
+            except LabInputError as error:
+                yield {self.components[f"{part.name}_message"]: _error_html(error, self.lang)}
+            except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
+                log.exception("lab: %s's %s failed", part.name, event.trigger)
+                message = self.components[f"{part.name}_message"]
+                yield {message: _unexpected_html(error, self.lang)}
+            finally:
+                tab.release(ticket)
 
         return handle
 

@@ -310,7 +310,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas)",
         "error_prefix": "Error en la entrada",
         "scroll_hint": "⇆ más ancha que la pantalla: desliza hacia el lado para ver el resto",
-        "thousands": ".",
+        "thousands": "\u202f",  # a narrow no-break space, as the RAE advises
         "aria": [
             ["number input for ", "campo numérico de "],
             ["range slider for ", "deslizador de "],
@@ -497,14 +497,14 @@ _TEXT: dict[str, dict[str, str]] = {
         "sizes_heading": "8. Los ids del propio artículo y los tamaños reales de la lección",
         "sizes_explain": (
             "**Qué muestra:** la búsqueda del artículo [6, 9, 6] en una tabla de diez filas; luego "
-            "los tamaños de la lección: un vocabulario de V = 50.257 (el de GPT-2), anchura "
+            "los tamaños de la lección: un vocabulario de V = 50 257 (el de GPT-2), anchura "
             "d = 128 y posiciones aprendidas hasta block_size 64, todo con el propio `Embeddings` "
             "del modelo; y lo que ahorra atar la salida a W_E. **Prueba:** otros ids por debajo de "
-            "50.257; una longitud mayor que 64. **Por qué:** una búsqueda lee filas, así que su "
+            "50 257; una longitud mayor que 64. **Por qué:** una búsqueda lee filas, así que su "
             "coste no crece con V; una tabla de posiciones aprendidas no tiene ninguna fila más "
             "allá de block_size. Esta parte no lee la tabla compartida."
         ),
-        "sizes_ids": "Ids de token (de 0 a 50.256)",
+        "sizes_ids": "Ids de token (de 0 a 50 256)",
         "sizes_length": "Una secuencia de tantos tokens",
         "sizes_button": "Mostrar",
         "sizes_long_table": "Una W_E de diez filas (filas 6 y 9 resaltadas)",
