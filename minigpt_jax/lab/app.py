@@ -236,11 +236,19 @@ def _shared_table_html(state: LabState, words: Words) -> str:
     )
 
 
-def _lookup_html(state: LabState, ids_T, caption: str, words: Words, rows_hl=()) -> str:
+def _lookup_html(
+    state: LabState, ids_T, caption: str, words: Words, rows_hl=(), table_id: str = ""
+) -> str:
     x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     labels = [f"t={t}: {i} {state.vocab[i]}" for t, i in enumerate(ids_T)]
     return matrix_html(
-        x_TxD, labels, range(x_TxD.shape[1]), words=words, caption=caption, rows_hl=rows_hl
+        x_TxD,
+        labels,
+        range(x_TxD.shape[1]),
+        words=words,
+        caption=caption,
+        rows_hl=rows_hl,
+        table_id=table_id,
     )
 
 
@@ -952,6 +960,7 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
                 words.f("sizes_article", ids=compute.format_ids(article_T)),
                 words,
                 rows_hl={0, 2},
+                table_id="sizes-article",
             ),
         ),
         _p(words.f("sizes_article_note"), "lab-ok"),
