@@ -138,7 +138,7 @@ def test_numbers_in_spanish_have_a_decimal_comma():
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """lang -> URL: one lab server per language, started on first use, stopped at the end."""
-    started, processes = {}, []
+    started, processes, logs = {}, [], []
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -148,6 +148,7 @@ def servers(tmp_path_factory):
         if lang in started:
             return started[lang]
         log_path = tmp_path_factory.mktemp(f"lab-{lang}") / "lab.log"
+        logs.append(log_path)
         port = app.free_port()
         with open(log_path, "w") as log:
             process = subprocess.Popen(
@@ -174,6 +175,8 @@ def servers(tmp_path_factory):
     for process in processes:
         process.terminate()
         process.wait(timeout=30)
+    for log_path in logs:  # no event failed on the server, even one the page survived
+        assert "Traceback" not in log_path.read_text(), log_path.read_text()[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -1522,8 +1522,8 @@ class Page(NamedTuple):
             tab = self.tabs.get(_session(request))
             if event.stops:
                 tab.stop.set()
-            if event.action is None:
-                yield {}
+            if event.action is None:  # Stop: it writes nothing (the run says where it stopped)
+                yield None
                 return
             fields = self.fields(values)
             ticket = tab.ticket()
@@ -1546,7 +1546,7 @@ class Page(NamedTuple):
                     )
                     if new_state is not None:
                         tab.state = state = new_state
-                    yield self.changed(tab, out)
+                    yield self.changed(tab, out, self.components[f"{part.name}_message"])
             except LabInputError as error:
                 yield {self.components[f"{part.name}_message"]: _error_html(error, self.lang)}
             except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
@@ -1558,12 +1558,13 @@ class Page(NamedTuple):
 
         return handle
 
-    def changed(self, tab: Tab, out: dict) -> dict:
-        """The outputs whose HTML differs from what the tab shows (the rest are not sent)."""
+    def changed(self, tab: Tab, out: dict, message) -> dict:
+        """The outputs whose HTML differs from what the tab shows (the rest are not sent); the
+        part's message always goes (Gradio takes an empty dict for a missing value)."""
         sent = {}
         for component, value in out.items():
             key = component._id
-            if isinstance(value, str):
+            if isinstance(value, str) and component is not message:
                 if tab.shown.get(key) == value:
                     continue
                 tab.shown[key] = value
@@ -1590,8 +1591,17 @@ class Page(NamedTuple):
         out[f"{part.name}_message"] = note
         return {self.components[key]: value for key, value in out.items() if key in self.components}
 
-    def output_components(self, part: Part) -> list:
-        """Everything an event of `part` may write: shared state, views, widgets, its message."""
+    def output_components(self, part: Part, event: Event | None = None) -> list:
+        """Everything an event of `part` may write: for one that may change the table, the
+        table, every view and widget and its message; for one that only shows (it never
+        changes the table), its own part's outputs and widgets alone, so that the other parts
+        stay usable while it runs."""
+        if event is not None and event.action is None:
+            return []
+        if event is not None and event.action in (show_action, equal_action):
+            own = {f"{part.name}_result", f"{part.name}_message", *part.plots}
+            own.update(w.key for w in _widgets(part.layout) if w.default is not None)
+            return [c for key, c in self.components.items() if key in own]
         skip = {f"{other.name}_message" for other in PARTS if other is not part}
         return [c for key, c in self.components.items() if key not in skip]
 
@@ -1735,7 +1745,7 @@ def build(lang: str = "en") -> gr.Blocks:
                 getattr(components[event.trigger], event.kind)(
                     page.handler(part, event),
                     inputs,
-                    page.output_components(part),
+                    page.output_components(part, event),
                     trigger_mode=event.trigger_mode,
                     concurrency_limit=None,  # each tab's lock orders its own events
                     show_progress="hidden"
