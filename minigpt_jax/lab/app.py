@@ -1448,6 +1448,7 @@ class Tab:
         self.state = initial_state()
         self.stop = threading.Event()
         self.shown: dict[str, str] = {}
+        self.used: dict[str, dict] = {}  # see Page.outputs
         self._tickets = itertools.count()
         self._serving = 0
         self._finished: set[int] = set()
@@ -1542,7 +1543,7 @@ class Page(NamedTuple):
                 while (result := await asyncio.to_thread(next, results, None)) is not None:
                     new_state, note, extra = result
                     out = await asyncio.to_thread(
-                        self.outputs, part, event, state, new_state, note, fields, extra
+                        self.outputs, part, event, state, new_state, note, fields, extra, tab.used
                     )
                     if new_state is not None:
                         tab.state = state = new_state
@@ -1571,10 +1572,14 @@ class Page(NamedTuple):
             sent[component] = value
         return sent
 
-    def outputs(self, part, event, state, new_state, note, fields, extra) -> dict:
+    def outputs(self, part, event, state, new_state, note, fields, extra, used=None) -> dict:
         """The outputs of one step of an event by component: the new state and every view that
         reads it (or this part's view alone; a run's frame: the table and this part), the
-        widgets the action set, the part's message."""
+        widgets the action set, the part's message.
+
+        `used` holds, per part, the fields it last showed without an error: another part is
+        recomputed from those, so a half-typed field there is not read until it is submitted."""
+        used = {} if used is None else used
         extra = dict(extra)
         frame = extra.pop(FRAME, False)
         fields, out = {**fields, **extra}, {}
@@ -1583,9 +1588,11 @@ class Page(NamedTuple):
             out.update(storage=to_storage(new_state))
             out["table"] = _shared_table_html(new_state, TEXT[self.lang])
             for other in PARTS:
-                if other.reads_table and not frame:
-                    out.update(_render(other, new_state, fields, self.lang, own=other is part))
+                if other.reads_table and other is not part and not frame:
+                    shown = {**fields, **used.get(other.name, {})}
+                    out.update(_render(other, new_state, shown, self.lang, own=False))
         out.update(_render(part, new_state or state, fields, self.lang, own=True))
+        used[part.name] = {w.key: fields[w.key] for w in _widgets(part.layout) if w.key in fields}
         out.update(extra)
         out = {key: value for key, value in out.items() if key not in event.keep}
         out[f"{part.name}_message"] = note

@@ -100,10 +100,15 @@ def _check_length(text: str, field: str) -> str:
 
 
 def parse_ids(
-    text: str, vocab_size: int, *, field: str = "ids", limit: int = MAX_IDS
+    text: str,
+    vocab_size: int,
+    *,
+    field: str = "ids",
+    limit: int = MAX_IDS,
+    example: str = "[0, 1, 0]",
 ) -> np.ndarray:
     """'[0, 1, 0]' (brackets optional; commas or spaces) -> ids (T,) int32 in [0, vocab_size),
-    at most `limit` of them."""
+    at most `limit` of them; `example` is the list a message suggests."""
     body = _check_length(text, field).strip()
     if body.startswith("[") or body.endswith("]"):
         if (
@@ -111,18 +116,20 @@ def parse_ids(
             or "[" in body[1:-1]
             or "]" in body[1:-1]
         ):
-            raise LabInputError("malformed_list", field=field, text=_short(text))
+            raise LabInputError("malformed_list", field=field, text=_short(text), example=example)
         body = body[1:-1]
     items = [item for item in re.split(r"[,\s]+", body.strip()) if item]
     if not items:
-        raise LabInputError("empty_list", field=field)
+        raise LabInputError("empty_list", field=field, example=example)
     if re.search(r",\s*,|^\s*,|,\s*$", body):
-        raise LabInputError("malformed_list", field=field, text=_short(text))
+        raise LabInputError("malformed_list", field=field, text=_short(text), example=example)
     if len(items) > limit:
         raise LabInputError("too_many_ids", field=field, limit=limit, got=len(items))
     for item in items:
         if not _INTEGER.fullmatch(item):
-            raise LabInputError("not_an_id", field=field, item=_short(item), high=vocab_size - 1)
+            raise LabInputError(
+                "not_an_id", field=field, item=_short(item), high=vocab_size - 1, example=example
+            )
     for item in items:  # compared as Python ints: an id beyond 64 bits is out of range, too
         if _digits(item) > 12 or not 0 <= int(item) < vocab_size:
             raise LabInputError(
@@ -133,7 +140,8 @@ def parse_ids(
 
 def parse_permutation(text: str, size: int) -> np.ndarray:
     """A permutation of 0..size-1 written as a list: perm_V[i] is the new id of id i."""
-    perm_V = parse_ids(text, size, field="permutation", limit=size + 1)
+    example = format_ids(np.roll(np.arange(size), 1))  # a permutation, unlike [0, 1, 0]
+    perm_V = parse_ids(text, size, field="permutation", limit=size + 1, example=example)
     if len(perm_V) != size:
         raise LabInputError("permutation_length", size=size, got=len(perm_V), high=size - 1)
     counts = np.bincount(perm_V, minlength=size)
