@@ -14,6 +14,7 @@ and prints the server's resident memory (VmRSS of its process) every 100 events.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+print = functools.partial(print, flush=True)  # noqa: A001 - each figure as it is measured
 
 
 def _rss_mb(pid: int) -> float:
@@ -81,7 +83,12 @@ class Tab:
         self.until(lambda: "article's table" in self.text("table-message"))
 
     def text(self, elem_id: str) -> str:
-        return self.driver.find_element(self.by.ID, elem_id).text
+        from selenium.common.exceptions import WebDriverException
+
+        try:
+            return self.driver.find_element(self.by.ID, elem_id).text
+        except WebDriverException:  # not on the page yet, or being replaced
+            return ""
 
     def until(self, condition, timeout: float = 120) -> float:
         started = time.perf_counter()
@@ -104,6 +111,7 @@ class Tab:
     def click(self, elem_id: str) -> float:
         """Seconds from the click until its part's message or result changes."""
         part = elem_id.split("-")[0]
+        part = "step" if part in ("reset", "steps", "stop") else part
         before = (self.text(f"{part}-message"), self.text(f"{part}-result"))
         started = time.perf_counter()
         self.driver.execute_script(f"document.getElementById('{elem_id}').click();")
@@ -168,9 +176,8 @@ def timings(driver, url: str) -> None:
     tab.until(
         lambda: "Stopped after" in tab.text("step-message") or "Done" in tab.text("step-message")
     )
-    print(
-        f"Stop, click to stopped: {time.perf_counter() - started:.2f} s ({tab.text('step-message')})"
-    )
+    stopped = time.perf_counter() - started
+    print(f"Stop, click to stopped: {stopped:.2f} s ({tab.text('step-message')})")
     driver.switch_to.window(second)
     driver.close()
     driver.switch_to.window(first)
@@ -217,7 +224,7 @@ def main() -> None:
         process, url = _start_server(Path(tmp) / "lab.log")
         driver = _driver(str(Path(tmp) / "profile"))
         try:
-            print(f"server RSS at start: {_rss_mb(process.pid):.0f} MB")
+            print(f"server RSS at start: {_rss_mb(process.pid):.0f} MB", flush=True)
             if not args.skip_timings:
                 timings(driver, url)
             if args.events:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from minigpt_jax.lab import compute
+from minigpt_jax.lab import compute, svg
 from minigpt_jax.lab.compute import LabInputError
 from minigpt_jax.lab.text import LANGUAGES, TEXT, Words
 
@@ -323,14 +323,18 @@ def _localize(figure: Figure, lang: str) -> None:
                 axis.set_major_formatter(_Ticks(lang))
 
 
-def plot_html(figure: Figure, alt: str, lang: str, elem_id: str = "") -> str:
-    """The figure as an SVG image with its alt text (the figure is closed afterwards)."""
-    _localize(figure, lang)
-    buffer = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "lab"}):
-        figure.savefig(buffer, format="svg")
-    figure.clear()
-    data = base64.b64encode(buffer.getvalue()).decode()
+def plot_html(figure: Figure | str, alt: str, lang: str, elem_id: str = "") -> str:
+    """The figure (matplotlib's, or SVG text from `lab.svg`) as an SVG image with its alt
+    text; a matplotlib figure is cleared afterwards."""
+    if isinstance(figure, str):
+        data = base64.b64encode(figure.encode()).decode()
+    else:
+        _localize(figure, lang)
+        buffer = io.BytesIO()
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "lab"}):
+            figure.savefig(buffer, format="svg")
+        figure.clear()
+        data = base64.b64encode(buffer.getvalue()).decode()
     ident = f' id="{elem_id}-img"' if elem_id else ""
     return (
         f'<div class="lab-plot"><img{ident} class="lab-figure" alt="{_e(alt)}" '
@@ -338,96 +342,66 @@ def plot_html(figure: Figure, alt: str, lang: str, elem_id: str = "") -> str:
     )
 
 
-def _token_ticks(ax, tokens, words: Words) -> None:
-    """Word labels while they fit (up to 10 tokens), else every k-th position number."""
-    length = len(tokens)
-    if length <= 10:
-        ticks = range(length)
-        ax.set_xticks(ticks, tokens, rotation=45 if length > 3 else 0, ha="right", fontsize=8)
-        ax.set_yticks(ticks, tokens, fontsize=8)
-        return
-    stride = math.ceil(length / 8)
-    ticks = range(0, length, stride)
-    ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
-    ax.set_yticks(ticks, [str(t) for t in ticks], fontsize=8)
-    ax.set_xlabel(words["context_key_position"], fontsize=8)
-    ax.set_ylabel(words["context_query_position"], fontsize=8)
+def _weights_svg(tokens, weights_TxT, title: str, words: Words) -> str:
+    """Attention weights as a heatmap (row: query, column: key); words label the axes up to 10
+    tokens, position numbers (every k-th) beyond."""
+    long = len(tokens) > 10
+    labels = [str(t) for t in range(len(tokens))] if long else list(tokens)
+    return svg.heatmap(
+        weights_TxT,
+        labels,
+        labels,
+        title=title,
+        scheme="blues",
+        low=0.0,
+        high=1.0,
+        num=words.num,
+        cell_spec=".2f",
+        xlabel=words["context_key_position"] if long else "",
+        ylabel=words["context_query_position"] if long else "",
+    )
 
 
-def _weights_figure(tokens, weights_TxT, title: str, words: Words) -> Figure:
-    """Attention weights as a heatmap (row: query, column: key), each cell labelled."""
-    figure = _figure()
-    ax = figure.subplots()
-    image = ax.imshow(weights_TxT, cmap="Blues", vmin=0, vmax=1)
-    length = len(tokens)
-    if length <= 8:
-        for q in range(length):
-            for k in range(length):
-                value = weights_TxT[q, k]
-                ax.text(k, q, words.num(value, ".2f"), ha="center", va="center", fontsize=9,
-                        color="white" if value > 0.6 else "black")  # fmt: skip
-    _token_ticks(ax, tokens, words)
-    figure.colorbar(image, ax=ax, shrink=0.8)
-    ax.set_title(_wrapped(title, 46), fontsize=9)
-    return figure
-
-
-def _points_figure(state: LabState, points_Vx2, words: Words) -> Figure:
-    figure = _figure()
-    ax = figure.subplots()
-    ax.axhline(0, color="#bbb", lw=0.8)
-    ax.axvline(0, color="#bbb", lw=0.8)
-    order = np.argsort(points_Vx2[:, 1])
-    for rank, i in enumerate(order):  # labels alternate sides in height order: none stack
-        word, (x, y) = state.vocab[i], points_Vx2[i]
-        ax.scatter([x], [y], s=40, color=f"C{compute.VOCAB.index(word)}")
-        offset, ha = ((6, -3), "left") if rank % 2 == 0 else ((-6, -3), "right")
-        ax.annotate(f"{i} {word}", (x, y), textcoords="offset points", xytext=offset,
-                    fontsize=8, ha=ha)  # fmt: skip
+def _points_svg(state: LabState, points_Vx2, words: Words) -> str:
     low, high = float(points_Vx2.min()), float(points_Vx2.max())
     pad = max(0.35, 0.15 * (high - low))
-    ax.set_xlim(min(low, -1.0) - pad, max(high, 1.0) + pad)
-    ax.set_ylim(min(low, -1.0) - pad, max(high, 1.0) + pad)
-    ax.set_aspect("equal")
-    ax.set_xlabel(words.f("map_axis", k=1), fontsize=9)
-    ax.set_ylabel(words.f("map_axis", k=2), fontsize=9)
-    ax.set_title(_wrapped(words["map_points"]), fontsize=10)
-    return figure
+    return svg.scatter(
+        points_Vx2,
+        [f"{i} {word}" for i, word in enumerate(state.vocab)],
+        title=words["map_points"],
+        xlabel=words.f("map_axis", k=1),
+        ylabel=words.f("map_axis", k=2),
+        lim=(min(low, -1.0) - pad, max(high, 1.0) + pad),
+        num=words.num,
+    )
 
 
-def _cosine_figure(state: LabState, cosine_VxV, words: Words) -> Figure:
-    figure = _figure()
-    ax = figure.subplots()
-    image = ax.imshow(cosine_VxV, cmap="RdBu_r", vmin=-1, vmax=1)
-    for i in range(len(state.vocab)):
-        for j in range(len(state.vocab)):
-            value = cosine_VxV[i, j]
-            color = "white" if abs(value) > 0.6 else "black"
-            ax.text(j, i, words.num(value, "+.2f"), ha="center", va="center", fontsize=7,
-                    color=color)  # fmt: skip
-    ticks = range(len(state.vocab))
-    ax.set_xticks(ticks, state.vocab, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(ticks, state.vocab, fontsize=8)
-    figure.colorbar(image, ax=ax, shrink=0.8)
-    ax.set_title(_wrapped(words["map_cosine"]), fontsize=10)
-    return figure
+def _cosine_svg(state: LabState, cosine_VxV, words: Words) -> str:
+    return svg.heatmap(
+        cosine_VxV,
+        list(state.vocab),
+        list(state.vocab),
+        title=words["map_cosine"],
+        scheme="diverging",
+        low=-1.0,
+        high=1.0,
+        num=words.num,
+        cell_spec="+.2f",
+    )
 
 
-def _chart_figure(points, words: Words) -> Figure:
+def _chart_svg(points, words: Words) -> str:
     """p(target) and the loss after each step taken (a marker per point: step 0 shows, too)."""
-    figure = _figure(4.2, 2.9)
-    ax = figure.subplots()
     steps = [s for s, _, _ in points]
-    marker = "o" if len(points) <= 30 else None
-    ax.plot(steps, [p for _, p, _ in points], marker=marker, ms=3,
-            label=words.f("step_p", **_step_words()))  # fmt: skip
-    ax.plot(steps, [loss for _, _, loss in points], marker=marker, ms=3, label=words["step_loss"])
-    ax.set_xlabel(words["step_axis"], fontsize=9)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=6))
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title(words["step_chart"], fontsize=10)
-    return figure
+    return svg.lines(
+        [
+            (words.f("step_p", **_step_words()), steps, [p for _, p, _ in points]),
+            (words["step_loss"], steps, [loss for _, _, loss in points]),
+        ],
+        title=words["step_chart"],
+        xlabel=words["step_axis"],
+        num=words.num,
+    )
 
 
 def _heatmap_figure(length: int, dim: int, pos: int, pair: int, words: Words) -> Figure:
@@ -665,7 +639,7 @@ def _chart_html(state: LabState, now: compute.Stats, words: Words) -> str:
         loss=points[-1][2],
         **_step_words(),
     )
-    return plot_html(_chart_figure(points, words), alt, words.lang, "step-chart")
+    return plot_html(_chart_svg(points, words), alt, words.lang, "step-chart")
 
 
 def _applied_html(state: LabState, run: dict, words: Words) -> str:
@@ -769,13 +743,13 @@ def map_view(state: LabState, fields: dict, lang: str) -> dict:
     return {
         "map_result": _view(state, _side(points, cosine)),
         "map_points": plot_html(
-            _points_figure(state, tokens.points_Vx2, words),
+            _points_svg(state, tokens.points_Vx2, words),
             f"{words['map_points']}: {where}",
             lang,
             "map-points",
         ),
         "map_cosine": plot_html(
-            _cosine_figure(state, tokens.cosine_VxV, words),
+            _cosine_svg(state, tokens.cosine_VxV, words),
             words.f("map_cosine_alt", n=len(state.vocab)),
             lang,
             "map-cosine",
@@ -849,7 +823,7 @@ def context_view(state: LabState, fields: dict, lang: str) -> dict:
             t=len(ids_T),
             last=words.num(float(head.weights_TxT[-1].max()), ".2f"),
         )
-        figure = _weights_figure([state.vocab[i] for i in ids_T], head.weights_TxT, title, words)
+        figure = _weights_svg([state.vocab[i] for i in ids_T], head.weights_TxT, title, words)
         figures[f"context_weights_{side}"] = plot_html(
             figure, f"{title}. {alt}", lang, f"context-weights-{side}"
         )
