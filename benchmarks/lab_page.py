@@ -195,7 +195,7 @@ def memory(driver, url: str, pid: int, events: int) -> None:
         if kind == 0:
             tab.click("step-button")
         elif kind == 1:
-            tab.type("lookup-ids", str([k % 6, (k // 6) % 6, 1 + k % 5][: 1 + k % 3]))
+            tab.type("lookup-ids", str([k % 6, k % 5]))  # never the ids of the last lookup
             tab.click("lookup-button")
         elif kind == 2:
             before = tab.text("table")
@@ -208,8 +208,11 @@ def memory(driver, url: str, pid: int, events: int) -> None:
         elif kind == 4:
             tab.type("positions-pos", str(k % 60))
             tab.click("positions-button")
+        elif k % 60 == 5:  # after a step: the reset changes the page
+            tab.click("reset-button")
         else:
-            tab.click("reset-button" if k % 60 == 5 else "lookup-button")
+            tab.type("lookup-ids", str([k % 6, k % 5]))
+            tab.click("lookup-button")
         if k % 100 == 0:
             print(f"RSS after {k:>5} events: {_rss_mb(pid):.0f} MB "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
