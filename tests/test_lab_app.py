@@ -540,6 +540,7 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
         "document.getElementById('step-button').click();"
     )
     page.wait_for("step-result", words["step_count"].format(n=61))
+    page.wait_for("edit-message", f"→ {words.num(0.25, '+.3f')}")
     table = page.agree()
     assert table[2, 5] == np.float32(0.25)
 
@@ -584,7 +585,7 @@ def test_phone_width_scrolls_tables_and_keeps_plots_readable(servers, browser, t
         "return [...document.querySelectorAll('.lab-plot img')]"
         ".map(e => e.getBoundingClientRect().width);"
     )
-    assert widths and min(widths) >= 300 and max(widths) <= PHONE[0], widths
+    assert widths and min(widths) >= 290 and max(widths) <= PHONE[0], widths
     border = page.js(
         "return getComputedStyle(document.getElementById('reset-button')).borderTopWidth;"
     )
@@ -832,28 +833,31 @@ def test_a_run_streams_stops_and_leaves_other_tabs_alone(servers, browser, tmp_p
     """A 500-step run: another tab's lookup answers meanwhile; Stop ends the run where it is,
     with every part agreeing; learning rate 0 says that nothing moves."""
     page = Page(browser, servers("en"), DESKTOP, tmp_path)
+    page.type("step-n", "500")
+    page.type("step-lr", "0.001")
+    page.click("steps-button")
+    page.wait_for("step-message", "Training:")
+    page.click("stop-button")
+    stopped = page.wait_for("step-message", "Stopped after")
+    done = int(stopped.split("Stopped after ")[1].split()[0])
+    assert 0 < done < 500, stopped
+    page.wait_for("step-result", f"Steps taken on this table: {done}.")
+    page.agree()
     first = browser.current_window_handle
     browser.switch_to.new_window("tab")
     other = Page(browser, servers("en"), DESKTOP, tmp_path)
     second = browser.current_window_handle
     browser.switch_to.window(first)
-    page.type("step-n", "500")
-    page.type("step-lr", "0.001")
     page.click("steps-button")
     page.wait_for("step-message", "Training:")
     browser.switch_to.window(second)
-    started = time.monotonic()
     other.type("lookup-ids", "[2, 2]")
     other.click("lookup-button")
     other.wait_for("lookup-result", "Id 2 (zamek) repeats at positions 0, 1")
-    waited = time.monotonic() - started
     browser.switch_to.window(first)
-    running = page.text("step-message")
+    assert "Training:" in page.text("step-message")  # the lookup did not wait for the run
     page.click("stop-button")
-    stopped = page.wait_for("step-message", "Stopped after")
-    done = int(stopped.split("Stopped after ")[1].split()[0])
-    assert 0 < done < 500, (stopped, running, waited)
-    page.wait_for("step-result", f"Steps taken on this table: {done}.")
+    page.wait_for("step-message", "Stopped after")
     page.agree()
     page.type("step-lr", "0")
     page.click("step-button")

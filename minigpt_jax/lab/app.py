@@ -83,6 +83,8 @@ _CSS = """
 .lab-big { font-size: 18px; font-weight: 700; }
 .lab-explain { font-size: 14px; color: #333; }
 .lab-figure { max-width: 100%; height: auto; display: block; }
+.lab-plots { flex-wrap: wrap !important; }
+.lab-plots > * { flex: 1 1 300px !important; min-width: min(300px, 100%) !important; }
 button.lab-button { border: 2px solid #4b5563 !important; border-radius: 8px !important;
   box-shadow: 0 1px 2px rgba(0,0,0,.25) !important; font-weight: 600 !important; }
 button.lab-button.secondary { background: #ffffff !important; color: #1f2937 !important; }
@@ -1621,7 +1623,7 @@ def _build_part(part: Part, components: dict, start: LabState, lang: str) -> Non
         result_key = f"{part.name}_result"
         components[result_key] = gr.HTML(shown[result_key], elem_id=_dashed(result_key))
         if part.plots:
-            with gr.Row():
+            with gr.Row(elem_classes=["lab-plots"]):
                 for key in part.plots:
                     components[key] = gr.HTML(
                         shown[key], elem_id=_dashed(key), min_width=300, js_on_load=None

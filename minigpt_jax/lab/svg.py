@@ -56,7 +56,7 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     span = high - low or 1.0
     step = 10 ** math.floor(math.log10(span / count))
     for factor in (1, 2, 2.5, 5, 10):
-        if span / (step * factor) <= count:
+        if span / (step * factor) <= count + 1:
             step *= factor
             break
     first = math.ceil(low / step - 1e-9) * step
