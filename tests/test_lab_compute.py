@@ -174,6 +174,26 @@ class ParseTest(chex.TestCase):
             "row: 7 is out of range",
         ),
         (
+            "perm_example",
+            lambda: compute.parse_permutation("[0, x, 1, 2, 3, 4]", 6),
+            "not_an_id",
+            "e.g. [5, 0, 1, 2, 3, 4]",  # a permutation, not [0, 1, 0]
+        ),
+        (
+            "underscore",
+            lambda: compute.parse_number("1_000", field="value"),
+            "not_a_number",
+            "1_000",
+        ),
+        ("full_width", lambda: compute.parse_number("３", field="value"), "not_a_number", "３"),
+        ("arabic_indic", lambda: compute.parse_ids("[٣]", 6), "not_an_id", "٣"),
+        (
+            "arabic_int",
+            lambda: compute.parse_int("٣", field="row", low=0, high=5),
+            "not_an_integer",
+            "٣",
+        ),
+        (
             "word",
             lambda: compute.parse_sentence("oto zielony zamek", compute.VOCAB),
             "unknown_word",
@@ -186,6 +206,15 @@ class ParseTest(chex.TestCase):
         self.assertEqual(caught.exception.key, key)
         self.assertIn(words, str(caught.exception))
         self.assertNotEqual(caught.exception.localized("es"), str(caught.exception))
+
+    def test_zero_padded_ids_are_the_ids_they_spell(self):
+        np.testing.assert_array_equal(compute.parse_ids("[00000000000000000000, 01]", 6), [0, 1])
+        self.assertEqual(compute.parse_int("0000000000000003", field="row", low=0, high=5), 3)
+        with self.assertRaises(LabInputError):  # 13 significant digits are still too many
+            compute.parse_ids("[0001000000000000]", 6)
+
+    def test_lists_are_written_with_one_space_after_each_comma(self):
+        self.assertEqual(compute.format_ids(np.array([5, 3, 0])), "[5, 3, 0]")
 
     def test_both_languages_have_every_word(self):
         self.assertEqual(set(TEXT["en"]), set(TEXT["es"]))

@@ -8,7 +8,6 @@ Parsers turn the page's text fields into checked values and raise `LabInputError
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from typing import NamedTuple
@@ -16,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from minigpt_jax.lab.text import message
 from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
@@ -68,7 +68,7 @@ class LabInputError(ValueError):
 
 # ----------------------------------------------------------------------------- parsing the fields
 
-_INTEGER = re.compile(r"[+-]?\d+")
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only (\d would take ٣ and ３)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # Limits that keep every part of the page responsive (each named in its message).
@@ -79,6 +79,11 @@ MAX_POSITIONS = 512  # positions shown, and the largest width D, of the position
 MAX_STEPS = 500  # training steps in one run
 MAX_LEARNING_RATE = 10.0  # |learning rate|
 MAX_VALUE = 100.0  # |a coordinate| typed into the table
+
+
+def _digits(item: str) -> int:
+    """Significant digits of an integer's text: leading zeros do not count (0000 is 0)."""
+    return len(item.lstrip("+-").lstrip("0"))
 
 
 def _short(text: str, limit: int = 24) -> str:
@@ -95,10 +100,15 @@ def _check_length(text: str, field: str) -> str:
 
 
 def parse_ids(
-    text: str, vocab_size: int, *, field: str = "ids", limit: int = MAX_IDS
+    text: str,
+    vocab_size: int,
+    *,
+    field: str = "ids",
+    limit: int = MAX_IDS,
+    example: str = "[0, 1, 0]",
 ) -> np.ndarray:
     """'[0, 1, 0]' (brackets optional; commas or spaces) -> ids (T,) int32 in [0, vocab_size),
-    at most `limit` of them."""
+    at most `limit` of them; `example` is the list a message suggests."""
     body = _check_length(text, field).strip()
     if body.startswith("[") or body.endswith("]"):
         if (
@@ -106,20 +116,22 @@ def parse_ids(
             or "[" in body[1:-1]
             or "]" in body[1:-1]
         ):
-            raise LabInputError("malformed_list", field=field, text=_short(text))
+            raise LabInputError("malformed_list", field=field, text=_short(text), example=example)
         body = body[1:-1]
     items = [item for item in re.split(r"[,\s]+", body.strip()) if item]
     if not items:
-        raise LabInputError("empty_list", field=field)
+        raise LabInputError("empty_list", field=field, example=example)
     if re.search(r",\s*,|^\s*,|,\s*$", body):
-        raise LabInputError("malformed_list", field=field, text=_short(text))
+        raise LabInputError("malformed_list", field=field, text=_short(text), example=example)
     if len(items) > limit:
         raise LabInputError("too_many_ids", field=field, limit=limit, got=len(items))
     for item in items:
         if not _INTEGER.fullmatch(item):
-            raise LabInputError("not_an_id", field=field, item=_short(item), high=vocab_size - 1)
+            raise LabInputError(
+                "not_an_id", field=field, item=_short(item), high=vocab_size - 1, example=example
+            )
     for item in items:  # compared as Python ints: an id beyond 64 bits is out of range, too
-        if len(item) > 12 or not 0 <= int(item) < vocab_size:
+        if _digits(item) > 12 or not 0 <= int(item) < vocab_size:
             raise LabInputError(
                 "id_out_of_range", field=field, id=_short(item), high=vocab_size - 1
             )
@@ -128,7 +140,8 @@ def parse_ids(
 
 def parse_permutation(text: str, size: int) -> np.ndarray:
     """A permutation of 0..size-1 written as a list: perm_V[i] is the new id of id i."""
-    perm_V = parse_ids(text, size, field="permutation", limit=size + 1)
+    example = format_ids(np.roll(np.arange(size), 1))  # a permutation, unlike [0, 1, 0]
+    perm_V = parse_ids(text, size, field="permutation", limit=size + 1, example=example)
     if len(perm_V) != size:
         raise LabInputError("permutation_length", size=size, got=len(perm_V), high=size - 1)
     counts = np.bincount(perm_V, minlength=size)
@@ -154,6 +167,8 @@ def parse_number(
     raw = _check_length(text, field).strip()
     spelled = raw.replace(",", ".") if decimal_comma and raw.count(",") == 1 else raw
     try:
+        if not spelled.isascii() or "_" in spelled:  # float() takes 1_000, ３ and ٣ as well
+            raise ValueError(spelled)
         value = float(spelled)
     except ValueError:
         key = "not_a_number_comma" if "," in raw and not decimal_comma else "not_a_number"
@@ -176,7 +191,7 @@ def parse_int(text, *, field: str, low: int, high: int) -> int:
         raw = raw[:-2]
     if not _INTEGER.fullmatch(raw):
         raise LabInputError("not_an_integer", field=field, text=_short(raw), low=low, high=high)
-    if len(raw) > 12 or not low <= int(raw) <= high:
+    if _digits(raw) > 12 or not low <= int(raw) <= high:
         raise LabInputError("out_of_bounds", field=field, value=_short(raw), low=low, high=high)
     return int(raw)
 
@@ -201,7 +216,8 @@ def check_finite(table_VxD) -> None:
 
 
 def format_ids(ids) -> str:
-    return json.dumps([int(i) for i in np.asarray(ids).ravel()]).replace(",", ", ")
+    """[5, 3, 0]: one space after each comma."""
+    return "[" + ", ".join(str(int(i)) for i in np.asarray(ids).ravel()) + "]"
 
 
 # ----------------------------------------------------------------------------- 1-3: lookup, rename
@@ -475,3 +491,58 @@ def position_pair(pos: int, pair: int, dim: int) -> PositionPair:
     sin, cos = clock_hands(pos, dim)[pair]
     omega = float(1.0 / 10000.0 ** (2 * pair / dim))
     return PositionPair(float(sin), float(cos), omega, 2 * math.pi / omega)
+
+
+# ----------------------------------------------------------------------------- 8: realistic sizes
+
+# The article's lookup [6, 9, 6] needs ten rows: the six words and four more.
+LONG_VOCAB = (*VOCAB, "drewniany", "stary", "dom", "okno")
+LONG_TABLE_VxD = np.concatenate(
+    [
+        TABLE_VxD,
+        np.array(
+            [
+                [0.2, -0.4, 0.1, 0.0, 0.3, 0.2],  # drewniany ("wooden")
+                [-0.1, 0.3, 0.4, -0.2, 0.1, 0.0],  # stary ("old")
+                [0.5, 0.1, -0.1, 0.3, -0.3, 0.2],  # dom ("house")
+                [0.0, -0.2, 0.3, 0.4, 0.2, -0.3],  # okno ("window")
+            ],
+            np.float32,
+        ),
+    ]
+)
+ARTICLE_IDS = (6, 9, 6)
+# The lesson's sizes: GPT-2's vocabulary, a width of 128, learned positions up to block_size 64.
+REAL_VOCAB, REAL_DIM, REAL_BLOCK = 50_257, 128, 64
+REAL_IDS = (76, 299, 412)
+GPT2_DIM = 768
+
+
+def real_config(**overrides) -> GPTConfig:
+    fields = dict(vocab_size=REAL_VOCAB, n_embd=REAL_DIM, n_head=1, block_size=REAL_BLOCK)
+    return GPTConfig(**{**fields, "pos_encoding": "learned", "dropout": 0.0, **overrides})
+
+
+@functools.lru_cache(maxsize=1)
+def real_params():
+    """Embeddings(real_config()) initialised with key 0: W_E (50,257, 128) and W_P (64, 128),
+    made once (26 MB) and shared by every request."""
+    params = Embeddings(real_config()).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
+    return nn.unbox(params)
+
+
+def real_lookup(ids_T) -> np.ndarray:
+    """x_1xTxD = W_E[ids] + W_P[0 .. T-1] through the model's Embeddings (learned positions).
+    Raises the model's ValueError when T exceeds block_size (W_P has no row for position 64)."""
+    tokens_1xT = jnp.asarray(ids_T, jnp.int32)[None]
+    return np.asarray(Embeddings(real_config()).apply(real_params(), tokens_1xT))
+
+
+def embedding_table_size(vocab_size: int, dim: int) -> int:
+    """Parameters of the model's token table W_E for (V, D), from its shapes alone."""
+    cfg = GPTConfig(vocab_size=vocab_size, n_embd=dim, n_head=1, pos_encoding="none")
+    shapes = jax.eval_shape(
+        lambda key: Embeddings(cfg).init(key, jnp.zeros((1, 1), jnp.int32)), jax.random.key(0)
+    )
+    table = shapes["params"]["tok"]["embedding"]
+    return int(getattr(table, "value", table).size)  # unwrapped from its sharding annotation

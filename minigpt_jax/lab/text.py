@@ -1,10 +1,57 @@
-"""The lab page's words in English and Spanish; `message(lang, key, **params)` formats one."""
+"""The lab page's words in English and Spanish; `message(lang, key, **params)` formats one.
+
+Numbers are formatted as each language prints them: the Spanish page writes a decimal comma and a
+space before the percent sign (47,0 %), in tables, messages, fields and plot axes alike
+(`number`, and `Words.f` for a message with numbers in it).
+"""
 
 from __future__ import annotations
 
+import numbers
+import string
+
 LANGUAGES = ("en", "es")
 
-TEXT: dict[str, dict[str, str]] = {
+
+def number(value, spec: str, lang: str) -> str:
+    """format(value, spec) as `lang` prints it: "0,755" and "47,0 %" in Spanish (spec "%": a
+    percentage); -0.0 prints as 0."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        value = float(value) + 0.0
+    text = format(value, spec)
+    if lang == "es":
+        text = text.replace(".", ",")
+        if text.endswith("%"):
+            text = text[:-1] + " %"
+    return text
+
+
+class _Formatter(string.Formatter):
+    def __init__(self, lang: str):
+        self.lang = lang
+
+    def format_field(self, value, format_spec):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return number(value, format_spec, self.lang)
+        return super().format_field(value, format_spec)
+
+
+class Words(dict):
+    """One language's words by key; `f(key, **params)` formats one with that language's numbers."""
+
+    def __init__(self, lang: str, words: dict[str, str]):
+        super().__init__(words)
+        self.lang = lang
+        self._formatter = _Formatter(lang)
+
+    def f(self, key: str, **params) -> str:
+        return self._formatter.format(self[key], **params)
+
+    def num(self, value, spec: str) -> str:
+        return number(value, spec, self.lang)
+
+
+_TEXT: dict[str, dict[str, str]] = {
     "en": {
         # ---- page
         "title": "minigpt-jax embedding lab",
@@ -16,9 +63,12 @@ TEXT: dict[str, dict[str, str]] = {
         ),
         "table_heading": "The shared table W_E (rows: token ids, columns: coordinates)",
         "error_prefix": "Input error",
+        "scroll_hint": "⇆ wider than the screen: scroll sideways for the rest",
+        "thousands": ",",
+        "aria": [],
         "kept_state": "nothing was changed.",
         "unexpected_error": "Unexpected error ({error}); nothing was changed. Please report it.",
-        "storage_fresh": "This is the article's table. Your changes are kept in this browser: a reload brings them back.",
+        "storage_fresh": "This is the article's table. Your changes are kept in this browser: a reload brings them back (the tabs of one browser share that copy: the last tab changed is the one kept).",
         "storage_restored": "Your table was restored from this browser's storage ({n} steps taken). “Reset the table” starts over.",
         # ---- 1. lookup
         "lookup_heading": "1. Lookup: a token id reads one row of the table",
@@ -83,6 +133,7 @@ TEXT: dict[str, dict[str, str]] = {
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Positions whose vector changed: {positions} (the occurrences of id {row}); every other position: max change {other:g}.",
         "edit_nothing": "Id {row} does not occur in the ids, so no looked-up vector changed.",
+        "edit_no_effect": "Note: coordinate {dim} of kamienny does not move p({target}) in part 4, because w_zamek and w_klucz agree there (Δw[{dim}] = 0); try coordinate 0, 1 or 2.",
         # ---- 4. step
         "step_heading": "4. One training step: input “{input}”, target “{target}” (not “{rival}”)",
         "step_explain": (
@@ -106,6 +157,16 @@ TEXT: dict[str, dict[str, str]] = {
         "step_none": "No step since the table last changed otherwise: take one to compare.",
         "steps_running": "Training: {done} of {n} steps…",
         "steps_done": "Done: {n} of {n} steps.",
+        "steps_stopped": "Stopped after {done} of {n} steps.",
+        "stop_button": "Stop",
+        "step_lr_zero": "The learning rate is 0: the table did not move, yet the step counts (lr × gradient = 0).",
+        "step_chart_alt": "Chart of p({target}) and the loss over {n} points: p({target}) from {first:.3f} to {last:.3f}, loss now {loss:.3f}.",
+        "step_grad_applied": "The gradient dloss/dW_E that the step subtracted, times lr = {lr:g} (taken at the table before the step)",
+        "steps_grad_applied": "The gradient dloss/dW_E of the first of the {n} steps, times lr = {lr:g} (each step takes its own)",
+        "step_row_caption": "Row {row} ({word}) before → after the {n} step(s)",
+        "step_row_before": "before",
+        "step_row_change": "change (−lr × gradient)",
+        "step_row_after": "after",
         "step_chart": "p(zamek) and loss per step",
         "step_axis": "steps taken",
         "step_count": "Steps taken on this table: {n}.",
@@ -124,6 +185,7 @@ TEXT: dict[str, dict[str, str]] = {
         "map_axis": "axis {k}",
         "map_points": "Each row on the article table's two principal axes",
         "map_cosine": "Cosine similarity of the rows",
+        "map_cosine_alt": "Heatmap of the cosine similarity of every pair of the {n} rows (the table beside it lists the values).",
         # ---- 5. context
         "context_heading": "6. Context: the same token at the same position, different after attention",
         "context_explain": (
@@ -143,11 +205,16 @@ TEXT: dict[str, dict[str, str]] = {
         "context_different_output": "different outputs: the head mixed in the context",
         "context_same_output": "identical outputs: the contexts are the same",
         "context_inputs_other": "The last words differ: “{a}” (position {pos_a}) and “{b}” (position {pos_b}); their inputs differ by max {diff:g}",
+        "context_inputs_moved": "The last word is “{word}” in both, but at position {pos_a} in A and {pos_b} in B: a different position, so their inputs differ by max {diff:g}",
+        "context_inputs_words": "The last words differ: “{a}” in A and “{b}” in B (both at position {pos}); their inputs differ by max {diff:g}",
+        "context_key_position": "key position",
+        "context_query_position": "query position",
+        "context_weights_alt": "Heatmap of sentence {side}'s {t} × {t} attention weights; the last word's largest weight is {last}.",
         "context_inputs_differ": "the inputs already differ, so this does not isolate the context; end both sentences with the same word at the same position",
-        "context_weights": "Attention weights, “{sentence}” (row: query, column: key)",
-        "context_vectors": "At each sentence's last word",
-        "context_input_row": "input x ({sentence})",
-        "context_output_row": "output ({sentence})",
+        "context_weights": "Attention weights of {side}, “{sentence}” (row: query, column: key)",
+        "context_vectors": "At each sentence's last word (A: “{a}”, B: “{b}”)",
+        "context_input_row": "input x, {side}",
+        "context_output_row": "output, {side}",
         # ---- 6. positions
         "positions_heading": "7. Positions: each pair of dimensions oscillates at its own rate, like the hands of a clock",
         "positions_dim": "Width D (even)",
@@ -167,16 +234,38 @@ TEXT: dict[str, dict[str, str]] = {
             "PE({pos}, {odd}) = cos({pos}·ω) = {cos:+.4f}."
         ),
         "positions_heatmap": "The sinusoidal table: position × dimension",
+        "positions_heatmap_alt": "Heatmap of the sinusoidal position table, {length} positions × {dim} dimensions, the chosen pair outlined.",
         "positions_dimension": "dimension (pairs 2i, 2i+1: sin, cos)",
         "positions_position": "position",
         "positions_similarity": "P[{pos}] · P[{pos} + k] as a function of the offset k",
         "positions_offset": "offset k",
         "positions_dot": "dot product",
         "positions_clock": "Position {pos} as clock hands: pair i points at angle {pos}·ω_i",
+        # ---- 8. realistic sizes
+        "sizes_heading": "8. The article's own ids and the lesson's real sizes",
+        "sizes_explain": (
+            "**What it shows:** the article's lookup [6, 9, 6] on a ten-row table; then the "
+            "lesson's sizes: a vocabulary of V = 50,257 (GPT-2's), width d = 128 and learned "
+            "positions up to block_size 64, all through the model's own `Embeddings`; and what "
+            "tying the read-out to W_E saves. **Try:** other ids below 50,257; a length past 64. "
+            "**Why:** a lookup reads rows, so its cost does not grow with V; a learned position "
+            "table simply has no row past block_size. This part does not read the shared table."
+        ),
+        "sizes_ids": "Token ids (0 to 50,256)",
+        "sizes_length": "A sequence of this many tokens",
+        "sizes_button": "Show",
+        "sizes_long_table": "A ten-row W_E (rows 6 and 9 highlighted)",
+        "sizes_article": "The article's ids {ids}: rows 6, 9, 6; shape (3, 6)",
+        "sizes_article_note": "Positions 0 and 2 read row 6 (drewniany): the same vector twice; position 1 reads row 9 (okno).",
+        "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] for ids {ids}: shape {shape} (the first {shown} of 128 coordinates)",
+        "sizes_real_note": "W_E is ({vocab}, {dim}) and W_P is ({block}, {dim}), initialised as in training (N(0, 0.02²)); the lookup reads only the rows of the ids.",
+        "sizes_fits": "A sequence of {t} tokens fits: W_P has rows 0 to {block} − 1.",
+        "sizes_beyond": "A sequence of {t} tokens does not fit: W_P has rows 0 to {block} − 1 only, so the model refuses it: “{error}”",
+        "sizes_tying": "Weight tying: GPT-2 small's read-out reuses W_E ({vocab} × {dim} = {table} parameters) instead of a second matrix of its own: {tied} parameters tied, {untied} untied.",
         # ---- input errors
-        "malformed_list": "{field}: “{text}” is not a list of whole numbers; write e.g. [0, 1, 0].",
-        "empty_list": "{field}: the list is empty; type at least one id, e.g. [0, 1, 0].",
-        "not_an_id": "{field}: “{item}” is not a whole number; ids are 0 to {high}, e.g. [0, 1, 0].",
+        "malformed_list": "{field}: “{text}” is not a list of whole numbers; write e.g. {example}.",
+        "empty_list": "{field}: the list is empty; type at least one id, e.g. {example}.",
+        "not_an_id": "{field}: “{item}” is not a whole number; ids are 0 to {high}, e.g. {example}.",
         "id_out_of_range": "{field}: id {id} is out of range; the table has rows 0 to {high}.",
         "permutation_length": "permutation: it must list each id 0 to {high} once ({size} numbers), got {got}.",
         "permutation_repeat": "permutation: id {id} appears twice and {missing} is missing; list each id once.",
@@ -220,9 +309,16 @@ TEXT: dict[str, dict[str, str]] = {
         ),
         "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas)",
         "error_prefix": "Error en la entrada",
+        "scroll_hint": "⇆ más ancha que la pantalla: desliza hacia el lado para ver el resto",
+        "thousands": "\u202f",  # a narrow no-break space, as the RAE advises
+        "aria": [
+            ["number input for ", "campo numérico de "],
+            ["range slider for ", "deslizador de "],
+            ["Reset to default value", "Restablecer el valor inicial"],
+        ],
         "kept_state": "no se ha cambiado nada.",
         "unexpected_error": "Error inesperado ({error}); no se ha cambiado nada. Por favor, infórmanos.",
-        "storage_fresh": "Esta es la tabla del artículo. Tus cambios se guardan en este navegador: al recargar vuelven.",
+        "storage_fresh": "Esta es la tabla del artículo. Tus cambios se guardan en este navegador: al recargar vuelven (las pestañas de un navegador comparten esa copia: se guarda la de la última pestaña que cambió).",
         "storage_restored": "Tu tabla se ha recuperado del almacenamiento de este navegador ({n} pasos dados). «Restablecer la tabla» empieza de nuevo.",
         # ---- 1. búsqueda
         "lookup_heading": "1. Búsqueda: un id de token lee una fila de la tabla",
@@ -288,6 +384,7 @@ TEXT: dict[str, dict[str, str]] = {
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Posiciones cuyo vector cambió: {positions} (las apariciones del id {row}); el resto de posiciones: cambio máximo {other:g}.",
         "edit_nothing": "El id {row} no aparece en los ids, así que ningún vector buscado cambió.",
+        "edit_no_effect": "Nota: la coordenada {dim} de kamienny no mueve p({target}) en la parte 4, porque w_zamek y w_klucz coinciden ahí (Δw[{dim}] = 0); prueba la coordenada 0, 1 o 2.",
         # ---- 4. paso
         "step_heading": "4. Un paso de entrenamiento: entrada «{input}», objetivo «{target}» (no «{rival}»)",
         "step_explain": (
@@ -311,6 +408,16 @@ TEXT: dict[str, dict[str, str]] = {
         "step_none": "Ningún paso desde el último cambio de la tabla: da uno para comparar.",
         "steps_running": "Entrenando: {done} de {n} pasos…",
         "steps_done": "Hecho: {n} de {n} pasos.",
+        "steps_stopped": "Detenido tras {done} de {n} pasos.",
+        "stop_button": "Detener",
+        "step_lr_zero": "La tasa es 0: la tabla no se movió, pero el paso cuenta (tasa × gradiente = 0).",
+        "step_chart_alt": "Gráfica de p({target}) y la pérdida en {n} puntos: p({target}) de {first:.3f} a {last:.3f}, pérdida ahora {loss:.3f}.",
+        "step_grad_applied": "El gradiente dpérdida/dW_E que restó el paso, multiplicado por la tasa = {lr:g} (tomado en la tabla de antes del paso)",
+        "steps_grad_applied": "El gradiente dpérdida/dW_E del primero de los {n} pasos, multiplicado por la tasa = {lr:g} (cada paso toma el suyo)",
+        "step_row_caption": "Fila {row} ({word}) antes → después de {n} paso(s)",
+        "step_row_before": "antes",
+        "step_row_change": "cambio (−tasa × gradiente)",
+        "step_row_after": "después",
         "step_chart": "p(zamek) y pérdida por paso",
         "step_axis": "pasos dados",
         "step_count": "Pasos dados sobre esta tabla: {n}.",
@@ -330,6 +437,7 @@ TEXT: dict[str, dict[str, str]] = {
         "map_axis": "eje {k}",
         "map_points": "Cada fila sobre los dos ejes principales de la tabla del artículo",
         "map_cosine": "Similitud coseno de las filas",
+        "map_cosine_alt": "Mapa de calor de la similitud coseno de cada par de las {n} filas (la tabla de al lado da los valores).",
         # ---- 5. contexto
         "context_heading": "6. Contexto: el mismo token en la misma posición, distinto tras la atención",
         "context_explain": (
@@ -349,11 +457,16 @@ TEXT: dict[str, dict[str, str]] = {
         "context_different_output": "salidas distintas: la cabeza mezcló el contexto",
         "context_same_output": "salidas idénticas: los contextos son iguales",
         "context_inputs_other": "Las últimas palabras difieren: «{a}» (posición {pos_a}) y «{b}» (posición {pos_b}); sus entradas difieren como máximo {diff:g}",
+        "context_inputs_moved": "La última palabra es «{word}» en ambas, pero en la posición {pos_a} en A y {pos_b} en B: otra posición, así que sus entradas difieren como máximo {diff:g}",
+        "context_inputs_words": "Las últimas palabras difieren: «{a}» en A y «{b}» en B (ambas en la posición {pos}); sus entradas difieren como máximo {diff:g}",
+        "context_key_position": "posición de la clave",
+        "context_query_position": "posición de la consulta",
+        "context_weights_alt": "Mapa de calor de los {t} × {t} pesos de atención de la frase {side}; el mayor peso de la última palabra es {last}.",
         "context_inputs_differ": "las entradas ya difieren, así que esto no aísla el contexto; termina ambas frases con la misma palabra en la misma posición",
-        "context_weights": "Pesos de atención, «{sentence}» (fila: consulta, columna: clave)",
-        "context_vectors": "En la última palabra de cada frase",
-        "context_input_row": "entrada x ({sentence})",
-        "context_output_row": "salida ({sentence})",
+        "context_weights": "Pesos de atención de {side}, «{sentence}» (fila: consulta, columna: clave)",
+        "context_vectors": "En la última palabra de cada frase (A: «{a}», B: «{b}»)",
+        "context_input_row": "entrada x, {side}",
+        "context_output_row": "salida, {side}",
         # ---- 6. posiciones
         "positions_heading": "7. Posiciones: cada par de dimensiones oscila a su propio ritmo, como las agujas de un reloj",
         "positions_dim": "Anchura D (par)",
@@ -373,16 +486,39 @@ TEXT: dict[str, dict[str, str]] = {
             "PE({pos}, {odd}) = cos({pos}·ω) = {cos:+.4f}."
         ),
         "positions_heatmap": "La tabla sinusoidal: posición × dimensión",
+        "positions_heatmap_alt": "Mapa de calor de la tabla sinusoidal de posiciones, {length} posiciones × {dim} dimensiones, con el par elegido recuadrado.",
         "positions_dimension": "dimensión (pares 2i, 2i+1: sin, cos)",
         "positions_position": "posición",
         "positions_similarity": "P[{pos}] · P[{pos} + k] en función del desplazamiento k",
         "positions_offset": "desplazamiento k",
         "positions_dot": "producto escalar",
         "positions_clock": "La posición {pos} como agujas de reloj: el par i apunta al ángulo {pos}·ω_i",
+        # ---- 8. tamaños reales
+        "sizes_heading": "8. Los ids del propio artículo y los tamaños reales de la lección",
+        "sizes_explain": (
+            "**Qué muestra:** la búsqueda del artículo [6, 9, 6] en una tabla de diez filas; luego "
+            "los tamaños de la lección: un vocabulario de V = 50 257 (el de GPT-2), anchura "
+            "d = 128 y posiciones aprendidas hasta block_size 64, todo con el propio `Embeddings` "
+            "del modelo; y lo que ahorra atar la salida a W_E. **Prueba:** otros ids por debajo de "
+            "50 257; una longitud mayor que 64. **Por qué:** una búsqueda lee filas, así que su "
+            "coste no crece con V; una tabla de posiciones aprendidas no tiene ninguna fila más "
+            "allá de block_size. Esta parte no lee la tabla compartida."
+        ),
+        "sizes_ids": "Ids de token (de 0 a 50 256)",
+        "sizes_length": "Una secuencia de tantos tokens",
+        "sizes_button": "Mostrar",
+        "sizes_long_table": "Una W_E de diez filas (filas 6 y 9 resaltadas)",
+        "sizes_article": "Los ids del artículo {ids}: filas 6, 9, 6; forma (3, 6)",
+        "sizes_article_note": "Las posiciones 0 y 2 leen la fila 6 (drewniany): el mismo vector dos veces; la posición 1 lee la fila 9 (okno).",
+        "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] para los ids {ids}: forma {shape} (las primeras {shown} de 128 coordenadas)",
+        "sizes_real_note": "W_E es ({vocab}, {dim}) y W_P es ({block}, {dim}), inicializadas como en el entrenamiento (N(0; 0,02²)); la búsqueda solo lee las filas de los ids.",
+        "sizes_fits": "Una secuencia de {t} tokens cabe: W_P tiene las filas 0 a {block} − 1.",
+        "sizes_beyond": "Una secuencia de {t} tokens no cabe: W_P solo tiene las filas 0 a {block} − 1, así que el modelo la rechaza: «{error}»",
+        "sizes_tying": "Atar los pesos: la salida de GPT-2 small reutiliza W_E ({vocab} × {dim} = {table} parámetros) en vez de una segunda matriz propia: {tied} parámetros atados, {untied} sin atar.",
         # ---- errores de entrada
-        "malformed_list": "{field}: «{text}» no es una lista de números enteros; escribe p. ej. [0, 1, 0].",
-        "empty_list": "{field}: la lista está vacía; escribe al menos un id, p. ej. [0, 1, 0].",
-        "not_an_id": "{field}: «{item}» no es un número entero; los ids van de 0 a {high}, p. ej. [0, 1, 0].",
+        "malformed_list": "{field}: «{text}» no es una lista de números enteros; escribe p. ej. {example}.",
+        "empty_list": "{field}: la lista está vacía; escribe al menos un id, p. ej. {example}.",
+        "not_an_id": "{field}: «{item}» no es un número entero; los ids van de 0 a {high}, p. ej. {example}.",
         "id_out_of_range": "{field}: el id {id} está fuera de rango; la tabla tiene las filas 0 a {high}.",
         "permutation_length": "permutación: debe listar cada id de 0 a {high} una vez ({size} números), y tiene {got}.",
         "permutation_repeat": "permutación: el id {id} aparece dos veces y falta el {missing}; lista cada id una vez.",
@@ -418,6 +554,9 @@ TEXT: dict[str, dict[str, str]] = {
 }
 
 
+TEXT: dict[str, Words] = {lang: Words(lang, words) for lang, words in _TEXT.items()}
+
+
 def message(lang: str, key: str, **params) -> str:
     """TEXT[lang][key] formatted with params; a `field` param is itself a key (field_<name>)."""
     if lang not in TEXT:
@@ -425,4 +564,4 @@ def message(lang: str, key: str, **params) -> str:
     words = TEXT[lang]
     if "field" in params:
         params = {**params, "field": words[f"field_{params['field']}"]}
-    return words[key].format(**params)
+    return words.f(key, **params)

@@ -1,0 +1,242 @@
+"""The lab page's response times and its server's memory, measured in headless Chromium.
+
+    python -m benchmarks.lab_page                 # timings, then RSS over 1,000 events
+    python -m benchmarks.lab_page --events 200    # a shorter memory run
+
+Starts `python -m minigpt_jax lab` on a free port and drives it as a learner would (Debian's
+chromium and chromium-driver, through Selenium). Each figure is from a click to the moment the
+page shows the result: one training step, runs of 5, 10, 100 and 500 steps, one slider move,
+and a lookup in a second tab while the first tab runs 500 steps. Then it sends --events events
+(steps, lookups with varying ids, slider moves, sentences, positions, resets), waiting for each,
+and prints the server's resident memory (VmRSS of its process) every 100 events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+print = functools.partial(print, flush=True)  # noqa: A001 - each figure as it is measured
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _start_server(log_path: Path) -> tuple[subprocess.Popen, str]:
+    from minigpt_jax.lab.app import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = open(log_path, "w")  # noqa: SIM115 - the server writes to it until it stops
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_jax", "lab", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    while f"minigpt-jax lab: {url}" not in log_path.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the lab did not start:\n{log_path.read_text()}")
+        time.sleep(0.5)
+    return process, url
+
+
+def _driver(profile: str):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    service = Service(shutil.which("chromedriver") or "/usr/bin/chromedriver")
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_window_size(1400, 2400)
+    return driver
+
+
+class Tab:
+    def __init__(self, driver, url: str):
+        from selenium.webdriver.common.by import By
+
+        self.driver, self.by = driver, By
+        driver.get(url)
+        driver.execute_script("window.localStorage.clear();")
+        driver.get(url)
+        self.until(lambda: "article's table" in self.text("table-message"))
+
+    def text(self, elem_id: str) -> str:
+        from selenium.common.exceptions import WebDriverException
+
+        try:
+            return self.driver.find_element(self.by.ID, elem_id).text
+        except WebDriverException:  # not on the page yet, or being replaced
+            return ""
+
+    def until(self, condition, timeout: float = 120) -> float:
+        started = time.perf_counter()
+        while not condition():
+            if time.perf_counter() - started > timeout:
+                raise TimeoutError("the page did not answer in time")
+            time.sleep(0.01)
+        return time.perf_counter() - started
+
+    def type(self, elem_id: str, value: str) -> None:
+        from selenium.webdriver.common.keys import Keys
+
+        field = self.driver.find_element(
+            self.by.CSS_SELECTOR, f"#{elem_id} input, #{elem_id} textarea"
+        )
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.DELETE)
+        field.send_keys(value)
+
+    def click(self, elem_id: str) -> float:
+        """Seconds from the click until its part's message or result changes."""
+        part = elem_id.split("-")[0]
+        part = "step" if part in ("reset", "steps", "stop") else part
+        before = (self.text(f"{part}-message"), self.text(f"{part}-result"))
+        started = time.perf_counter()
+        self.driver.execute_script(f"document.getElementById('{elem_id}').click();")
+        self.until(lambda: (self.text(f"{part}-message"), self.text(f"{part}-result")) != before)
+        return time.perf_counter() - started
+
+    def steps(self, n: int) -> float:
+        """Seconds from clicking "Take N steps" until the page says the run is done."""
+        self.type("step-n", str(n))
+        started = time.perf_counter()
+        self.driver.execute_script("document.getElementById('steps-button').click();")
+        self.until(lambda: f"Done: {n} of {n} steps." in self.text("step-message"))
+        return time.perf_counter() - started
+
+
+def timings(driver, url: str) -> None:
+    tab = Tab(driver, url)
+    step = []
+    for _ in range(6):
+        started = time.perf_counter()
+        count = tab.text("step-result").split("Steps taken on this table: ")[1].split(".")[0]
+        driver.execute_script("document.getElementById('step-button').click();")
+        tab.until(
+            lambda c=count: f"Steps taken on this table: {int(c) + 1}." in tab.text("step-result")
+        )
+        step.append(time.perf_counter() - started)
+    print(f"one step, click to figures: median {statistics.median(step[1:]):.2f} s "
+          f"(runs: {', '.join(f'{s:.2f}' for s in step)}; the first compiles)")  # fmt: skip
+    tab.click("reset-button")
+    for n in (5, 10, 100, 500):
+        print(f"{n:>3} steps, click to done: {tab.steps(n):.2f} s")
+        tab.click("reset-button")
+    from selenium.webdriver.common.keys import Keys
+
+    slider = driver.find_element(tab.by.CSS_SELECTOR, "#edit-slider input[type=range]")
+    moves = []
+    for k in range(5):
+        before = tab.text("table")
+        started = time.perf_counter()
+        slider.send_keys(Keys.ARROW_RIGHT if k % 2 == 0 else Keys.ARROW_LEFT)
+        tab.until(lambda b=before: tab.text("table") != b)
+        moves.append(time.perf_counter() - started)
+    print(f"slider move, key to table: median {statistics.median(moves):.2f} s")
+    # Another tab's lookup while this one runs 500 steps.
+    first = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    other = Tab(driver, url)
+    second = driver.current_window_handle
+    driver.switch_to.window(first)
+    tab.type("step-lr", "0.001")
+    tab.type("step-n", "500")
+    driver.execute_script("document.getElementById('steps-button').click();")
+    tab.until(lambda: "Training:" in tab.text("step-message"))
+    driver.switch_to.window(second)
+    other.type("lookup-ids", "[2, 2, 1]")
+    lookup = other.click("lookup-button")
+    driver.switch_to.window(first)
+    running = tab.text("step-message")
+    print(f"another tab's lookup during a 500-step run: {lookup:.2f} s (the run then: {running})")
+    started = time.perf_counter()
+    driver.execute_script("document.getElementById('stop-button').click();")
+    tab.until(
+        lambda: "Stopped after" in tab.text("step-message") or "Done" in tab.text("step-message")
+    )
+    stopped = time.perf_counter() - started
+    print(f"Stop, click to stopped: {stopped:.2f} s ({tab.text('step-message')})")
+    driver.switch_to.window(second)
+    driver.close()
+    driver.switch_to.window(first)
+
+
+def memory(driver, url: str, pid: int, events: int) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    tab = Tab(driver, url)
+    slider = driver.find_element(tab.by.CSS_SELECTOR, "#edit-slider input[type=range]")
+    print(f"RSS after load: {_rss_mb(pid):.0f} MB")
+    started = time.perf_counter()
+    for k in range(1, events + 1):
+        kind = k % 6
+        if kind == 0:
+            tab.click("step-button")
+        elif kind == 1:
+            tab.type("lookup-ids", str([k % 6, k % 5]))  # never the ids of the last lookup
+            tab.click("lookup-button")
+        elif kind == 2:
+            before = tab.text("table")
+            slider.send_keys(Keys.ARROW_RIGHT if k % 4 else Keys.ARROW_LEFT)
+            tab.until(lambda b=before: tab.text("table") != b)
+        elif kind == 3:
+            words = ["oto", "kamienny", "metalowy", "drzwi"]
+            tab.type("context-b", " ".join(words[: 1 + k % 4] + ["zamek"]))
+            tab.click("context-button")
+        elif kind == 4:
+            tab.type("positions-pos", str(k % 60))
+            tab.click("positions-button")
+        elif k % 60 == 5:  # after a step: the reset changes the page
+            tab.click("reset-button")
+        else:
+            tab.type("lookup-ids", str([k % 6, k % 5]))
+            tab.click("lookup-button")
+        if k % 100 == 0:
+            print(f"RSS after {k:>5} events: {_rss_mb(pid):.0f} MB "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1000)
+    parser.add_argument("--skip_timings", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        process, url = _start_server(Path(tmp) / "lab.log")
+        driver = _driver(str(Path(tmp) / "profile"))
+        try:
+            print(f"server RSS at start: {_rss_mb(process.pid):.0f} MB", flush=True)
+            if not args.skip_timings:
+                timings(driver, url)
+            if args.events:
+                memory(driver, url, process.pid, args.events)
+        finally:
+            driver.quit()
+            process.terminate()
+            process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
