@@ -20,6 +20,7 @@ from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.data.memory import get_batch
+from minigpt_jax.model import param_meta
 from minigpt_jax.model.gpt import forward_with_attention
 from minigpt_jax.registry import RegistryError
 from minigpt_jax.run_config import check_experiment_config, dataset_from, default_config
@@ -269,12 +270,15 @@ def test_ema_tracks_the_moving_average_of_the_params():
     config.optim.eval_params, config.optim.ema_decay = "ema", 0.5
     parts = build_optimizer(config.optim, 100)
     params = {"w": jnp.ones((2, 3))}
-    state = parts.tx.init(params)
     history = [params]
-    for step in range(2):
-        grads = {"w": jnp.full((2, 3), 0.1 * (step + 1))}
-        updates, state = parts.tx.update(grads, state, history[-1])
-        history.append(optax.apply_updates(history[-1], updates))
+    # AdamW's decay mask reads each parameter's declared metadata (the model's modules declare
+    # theirs): the toy parameter declares a decayed matrix.
+    with param_meta.using({("w",): param_meta.ParamMeta(decay=True)}):
+        state = parts.tx.init(params)
+        for step in range(2):
+            grads = {"w": jnp.full((2, 3), 0.1 * (step + 1))}
+            updates, state = parts.tx.update(grads, state, history[-1])
+            history.append(optax.apply_updates(history[-1], updates))
     name, select = parts.eval_params(state)
     d1, d2 = min(0.5, 2 / 11), min(0.5, 3 / 12)
     expected = d2 * (d1 * history[0]["w"] + (1 - d1) * history[1]["w"]) + (1 - d2) * history[2]["w"]
