@@ -4,7 +4,11 @@ the handlers and restores the previous ones."""
 
 from __future__ import annotations
 
+import gc
 import signal
+import threading
+
+REDELIVER_AFTER_S = 0.02
 
 
 class StopRequest:
@@ -26,8 +30,22 @@ class StopRequest:
         return self
 
     def _handle(self, signum, frame):
-        del frame
-        self.on_signal(signal.Signals(signum))
+        sig = signal.Signals(signum)
+        if self.raises_on(sig) and _swallows_exceptions(frame):
+            # Raised here, the exception would be printed as "Exception ignored" and lost (the
+            # signal came inside a gc callback or a __del__): the signal comes again shortly.
+            threading.Timer(REDELIVER_AFTER_S, self._redeliver, (signum,)).start()
+            return
+        self.on_signal(sig)
+
+    def _redeliver(self, signum: int) -> None:
+        if self._previous:  # the handlers are still ours
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        """Whether on_signal(sig) raises (subclasses that raise say when)."""
+        del sig
+        return False
 
     def on_signal(self, sig: signal.Signals) -> None:
         self.signal_name, self.signal_number = sig.name, int(sig)
@@ -36,8 +54,20 @@ class StopRequest:
         return self.signal_name is not None
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _swallows_exceptions(frame) -> bool:
+    """Whether an exception raised at `frame` would be reported as unraisable and dropped: the
+    frame runs inside a gc callback (XLA's frees buffers there) or a __del__."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Interrupted(BaseException):
@@ -53,6 +83,9 @@ class Interrupted(BaseException):
 class RaiseOnSignal(StopRequest):
     """SIGINT and SIGTERM raise `Interrupted` at once, in the main thread, where the work can
     end with one line saying what was done (minigpt_jax.cli)."""
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return True
 
     def on_signal(self, sig: signal.Signals) -> None:
         super().on_signal(sig)

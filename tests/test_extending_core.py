@@ -357,18 +357,13 @@ def test_the_built_in_entries_keep_their_registries_contracts():
 
 
 def test_a_resume_on_edited_plug_in_code_is_refused_before_anything_is_written(user_dir):
-    from minigpt_jax.registry import user_module_digests
-
     losses = _write(
         user_dir, "my_losses.py", "def zero(logits_ExV, targets_E):\n    return 0.0 * targets_E\n"
     )
     pick = "--config.loss.terms=my_losses:zero"
     _train(user_dir, "runs/id", pick)
     digest = _meta(user_dir / "runs" / "id")["plugins"]
-    config = default_config()
-    config.loss.terms = "my_losses:zero"
-    assert digest == user_module_digests(config)
-    assert digest["my_losses"] == hashlib.sha256(losses.read_bytes()).hexdigest()
+    assert digest == {"my_losses": hashlib.sha256(losses.read_bytes()).hexdigest()}
 
     losses.write_text(losses.read_text().replace("0.0 *", "0.0 + 0.0 *"))
     workdir = user_dir / "runs" / "id"

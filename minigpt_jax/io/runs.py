@@ -217,6 +217,9 @@ class _StopRequest(StopRequest):
     """SIGINT and SIGTERM as a flag that sampling reads between compiled calls; a second signal
     raises KeyboardInterrupt at once."""
 
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return self.signal_name is not None
+
     def on_signal(self, sig: signal.Signals) -> None:
         if self.signal_name is not None:
             raise KeyboardInterrupt

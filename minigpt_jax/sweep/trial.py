@@ -103,7 +103,7 @@ def follow(
     records in order (from the start of the file: a resumed run's earlier ones too); stops the
     child (SIGTERM, then SIGKILL) when that returns a reason ("pruned", "reached") or
     keep_going() turns False ("stopped"). Returns (the child's exit code, the reason or None)."""
-    follower, seen, why = MetricsFollower(run_dir / "metrics.jsonl"), set(), None
+    follower, seen, why = MetricsFollower(RunDir(run_dir).metrics), set(), None
     while True:
         done = child.poll() is not None
         for record in follower.new_records():
@@ -121,7 +121,9 @@ def follow(
 
 
 def stop(child: subprocess.Popen) -> int:
-    """SIGTERM (the child saves a checkpoint and ends), SIGKILL if it is not gone in time."""
+    """SIGTERM (the child saves a checkpoint and ends), SIGKILL if it is not gone in time.
+    Returns the child's exit code, 0 for a child that ended as asked (a train stopped by
+    SIGTERM exits 128 + SIGTERM once its checkpoint is saved)."""
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
         try:
@@ -129,7 +131,7 @@ def stop(child: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    return child.returncode
+    return 0 if child.returncode == 128 + signal.SIGTERM else child.returncode
 
 
 @dataclasses.dataclass

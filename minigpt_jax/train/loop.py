@@ -29,6 +29,7 @@ from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.registry import user_module_digests, user_modules
 from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
+from minigpt_jax.run_dir import RunDir
 from minigpt_jax.signals import StopRequest
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
@@ -73,6 +74,9 @@ class _StopRequest(StopRequest):
         super().__init__()
         self.phase: str | None = None  # set by setup_phase until the loop starts
         self.step: int | None = 0  # where a run stopped during its setup stands (None: unknown)
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return self.phase is not None
 
     def on_signal(self, sig: signal.Signals) -> None:
         super().on_signal(sig)
@@ -713,7 +717,7 @@ def _fresh_workdir_entries(workdir: Path) -> set[str] | None:
     not exist), for `_remove_created`; None for a workdir with a run in it (never cleaned)."""
     if not workdir.exists():
         return set()
-    if (workdir / "checkpoints").exists() or (workdir / "best").exists():
+    if RunDir(workdir).has_checkpoints():
         return None
     return {p.name for p in workdir.iterdir()} | {"."}  # "." : the workdir existed
 
