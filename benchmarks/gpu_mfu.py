@@ -35,8 +35,9 @@ import jax
 import numpy as np
 
 from minigpt_jax import GPTConfig, count_params, flops_per_token
-from minigpt_jax.run_config import gpt_config_from, load_config_file
-from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
+from minigpt_jax.experiment import gpt_config_from, load_config_file
+from minigpt_jax.train.optimizers import make_optimizer
+from minigpt_jax.train.step import init_state, make_train_chunk
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # configs/gpt2_small.py's optimizer, with a short warmup and schedule: the timed steps are the

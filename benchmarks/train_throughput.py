@@ -208,8 +208,9 @@ def jax_column(
 ) -> Column:
     import jax
 
-    from minigpt_jax.run_config import gpt_config_from
-    from minigpt_jax.train import init_state, make_optimizer, make_train_chunk
+    from minigpt_jax.experiment import gpt_config_from
+    from minigpt_jax.train.optimizers import make_optimizer
+    from minigpt_jax.train.step import init_state, make_train_chunk
 
     cfg = gpt_config_from(config, vocab_size)
     k = config.steps_per_call
@@ -264,7 +265,7 @@ def torch_column(
         torch_train_step,
     )
     from minigpt_jax import init_params
-    from minigpt_jax.run_config import gpt_config_from
+    from minigpt_jax.experiment import gpt_config_from
 
     cfg = gpt_config_from(config, vocab_size).replace(dtype="float32", param_dtype="float32")
     init_rng, _ = jax.random.split(jax.random.key(config.seed))  # train.init_state's split
@@ -320,7 +321,7 @@ def sgemm_gflops(n: int = 2048, repeats: int = 10) -> list[float]:
     import jax
     import jax.numpy as jnp
 
-    from minigpt_jax.timing import call_seconds
+    from minigpt_jax.runtime.timing import call_seconds
 
     a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.float32)
     seconds = call_seconds(jax.jit(jnp.matmul), a, b, repeats=repeats)
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from minigpt_jax import flops_per_token
-    from minigpt_jax.run_config import gpt_config_from, load_config_file
+    from minigpt_jax.experiment import gpt_config_from, load_config_file
 
     config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}

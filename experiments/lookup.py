@@ -27,7 +27,7 @@ from experiments.common import (
 )
 from minigpt_jax import Embeddings, GPTConfig
 from minigpt_jax.lab.compute import lookup, one_hot_lookup
-from minigpt_jax.timing import median_seconds
+from minigpt_jax.runtime.timing import median_seconds
 
 IDS = ((76, 299, 412),)
 # (V, D): the mini-GPT's vocab, then GPT-2's vocab at the mini-GPT's width.

@@ -34,8 +34,8 @@ from experiments.training import (
 )
 from minigpt_jax import GPTConfig
 from minigpt_jax.data.memory import get_batch
+from minigpt_jax.experiment import dataset_from
 from minigpt_jax.model.gpt import next_token_losses
-from minigpt_jax.run_config import dataset_from
 from minigpt_jax.train.checkpoint import load_params
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from configs import shakespeare_char
-from minigpt_jax.train import RunSummary, train_and_evaluate
+from minigpt_jax.train.loop import RunSummary, train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 
 # Validation passes per run: enough points for a curve, cheap next to the training steps.

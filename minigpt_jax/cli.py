@@ -89,7 +89,7 @@ _LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.
 
 
 def _train() -> None:
-    from minigpt_jax import compile_cache
+    from minigpt_jax.runtime import compile_cache
     from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
     from minigpt_jax.train.loop import train_and_evaluate
 
@@ -121,7 +121,7 @@ def _train() -> None:
 
 def _prepare() -> None:
     from minigpt_jax.data.shards import sharded_dataset
-    from minigpt_jax.run_config import check_experiment_config
+    from minigpt_jax.experiment import check_experiment_config
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
@@ -157,7 +157,7 @@ def _prepare() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.io.runs import print_samples
+    from minigpt_jax.sampling.texts import print_samples
 
     status = print_samples(
         workdir=_WORKDIR.value,
@@ -176,7 +176,7 @@ def _sample() -> None:
 
 
 def _export() -> None:
-    from minigpt_jax.io.pretrained import export_run
+    from minigpt_jax.loading import export_run
 
     if _OUT.value is None:
         raise app.UsageError("export needs --out, the directory to write, e.g. --out hf/run.")
@@ -185,7 +185,7 @@ def _export() -> None:
 
 
 def _eval() -> None:
-    from minigpt_jax.io.evaluate import perplexity_of
+    from minigpt_jax.train.evaluation import perplexity_of
 
     if _TEXT.value is None:
         raise app.UsageError("eval needs --text, a UTF-8 text file, e.g. --text valid.txt.")
@@ -203,7 +203,7 @@ def _eval() -> None:
 def _stopped_says(command: str, what_now: str):
     """SIGINT/SIGTERM end `command` with one line (`what_now`: what was done, how to go on)
     and the shell's status for the signal (130, 143), not a traceback."""
-    from minigpt_jax.signals import Interrupted, RaiseOnSignal
+    from minigpt_jax.runtime.signals import Interrupted, RaiseOnSignal
 
     try:
         with RaiseOnSignal():
@@ -245,7 +245,7 @@ def _lab() -> None:
 
 
 def _settings() -> None:
-    from minigpt_jax.run_config import settings_table
+    from minigpt_jax.experiment import settings_table
 
     # With --config (and overrides): that config's resolved values and its entries' settings.
     print(settings_table(_CONFIG.value))
@@ -313,7 +313,7 @@ class _EntrySettingsParser(ConfigFileFlagParser):
     def parse(self, path):
         config = super().parse(path)
         if isinstance(config, ml_collections.ConfigDict):
-            from minigpt_jax.run_config import add_entry_settings
+            from minigpt_jax.experiment import add_entry_settings
 
             add_entry_settings(config, self.overrides)
         return config
@@ -339,7 +339,7 @@ def _full_tracebacks() -> bool:
 def _exit_on_plugin_error(command: str, error: Exception) -> None:
     """An error raised in user code (a `module:attr` entry): exits with one header line naming
     its config key and `module:attr`, then the user's own frames; --traceback: re-raises."""
-    from minigpt_jax.registry import PluginError, plugin_error
+    from minigpt_jax.settings.registry import PluginError, plugin_error
 
     plugin = error if isinstance(error, PluginError) else plugin_error(error)
     if plugin is None:
@@ -398,7 +398,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     flags.FLAGS["config"].parser = _EntrySettingsParser("config", lock_config=True)
     config_path = _config_path(argv)
     if config_path:
-        from minigpt_jax.run_config import (
+        from minigpt_jax.experiment import (
             add_config_root_to_path,
             config_file_of,
             config_file_problem,
@@ -414,7 +414,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:
-        from minigpt_jax.run_config import unknown_key_message
+        from minigpt_jax.experiment import unknown_key_message
 
         for arg in argv:
             match = re.match(r"--config\.([\w.]+)", arg)
@@ -430,7 +430,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def _unknown_group(dotted: str) -> str | None:
     """The message for a key `group.name` whose group does not exist (a typo of the group),
     suggesting the group that has `name`; None when the group exists."""
-    from minigpt_jax.run_config import EXPERIMENT_KEYS
+    from minigpt_jax.experiment import EXPERIMENT_KEYS
 
     group, _, name = dotted.partition(".")
     groups = [g for g in EXPERIMENT_KEYS if g]
@@ -447,7 +447,7 @@ def _unknown_group(dotted: str) -> str | None:
 
 def _key_missing(argv: list[str], dotted: str) -> bool:
     """Whether `dotted` names no key of the --config file's get_config()."""
-    from minigpt_jax.run_config import load_config_file
+    from minigpt_jax.experiment import load_config_file
 
     path = _config_path(argv)
     if path is None:

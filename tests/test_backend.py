@@ -12,12 +12,12 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
-from minigpt_jax.io.sampling import generate
 from minigpt_jax.model import backend
 from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
 from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.embeddings import read_out
 from minigpt_jax.model.gpt import forward_with_cache, init_cache
+from minigpt_jax.sampling.api import generate
 
 CFG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 TOL = dict(atol=2e-5, rtol=2e-5)

@@ -145,7 +145,7 @@ def trained_workdir(corpus_file, tmp_path_factory):
 
 
 def test_sample_from_workdir_continues_the_prompt(trained_workdir):
-    from minigpt_jax.io.runs import sample_from_workdir
+    from minigpt_jax.sampling.texts import sample_from_workdir
 
     texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=30, seed=1, num_samples=3)
     assert len(texts) == 3 and all(t.startswith("The ") and len(t) == 34 for t in texts)
@@ -183,9 +183,9 @@ def test_sample_without_a_trained_run_says_how_to_train(tmp_path):
 def test_streamed_texts_equal_the_texts_of_one_call(trained_workdir):
     """Pieces of one token's call at first, in batches of 2 that a memory budget asks for,
     join to the texts of unbatched, unstreamed sampling; they come in printing order."""
-    from minigpt_jax.io.pretrained import load_run
-    from minigpt_jax.io.runs import sample_texts, stream_texts
-    from minigpt_jax.io.sampling import plan_sampling
+    from minigpt_jax.loading import load_run
+    from minigpt_jax.sampling.api import plan_sampling
+    from minigpt_jax.sampling.texts import sample_texts, stream_texts
 
     run = load_run(trained_workdir)
     settings = dict(max_new_tokens=30, seed=4, num_samples=3, top_k=10)
@@ -209,7 +209,7 @@ def test_text_stream_never_cuts_a_character():
     """Byte-level BPE ids of a text with 2-, 3- and 4-byte characters, cut at every place:
     no piece ends inside a character, and the pieces join to the text."""
     from minigpt_jax.data.tokenizers import BPETokenizer
-    from minigpt_jax.io.runs import TextStream
+    from minigpt_jax.sampling.texts import TextStream
 
     text = "caf\u00e9 \u2013 \U0001f600!"
     tokenizer = BPETokenizer.train(text * 4, vocab_size=260)
@@ -229,7 +229,7 @@ def _sample_args(workdir, *extra):
 def test_sample_command_prints_the_library_texts_in_batches(trained_workdir):
     """stdout equals sample_from_workdir's texts (unbatched) under their headers; stderr holds
     the one notice: the tokens past block_size and their measured cost."""
-    from minigpt_jax.io.runs import sample_from_workdir
+    from minigpt_jax.sampling.texts import sample_from_workdir
 
     args = ["--prompt=The ", "--max_new_tokens=40", "--seed=2", "--num_samples=3"]
     result = _run(_sample_args(trained_workdir, *args, "--samples_per_batch=2"))
@@ -253,7 +253,7 @@ def test_sample_command_prints_the_library_texts_in_batches(trained_workdir):
 def test_sample_streams_and_a_signal_ends_it_with_what_was_sampled(trained_workdir, sig):
     """A million tokens: text shows up while it runs; the signal stops it with one line, and
     the text printed is exactly the first tokens of the same sample asked for in full."""
-    from minigpt_jax.io.runs import sample_from_workdir
+    from minigpt_jax.sampling.texts import sample_from_workdir
 
     args = _sample_args(trained_workdir, "--prompt=The ", "--max_new_tokens=1000000", "--seed=3")
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)

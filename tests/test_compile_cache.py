@@ -1,5 +1,5 @@
-"""minigpt_jax/compile_cache.py: where JAX's persistent compilation cache lives, and that a run
-with it, warm or cold, trains to exactly the losses of a run without it."""
+"""minigpt_jax/runtime/compile_cache.py: where JAX's persistent compilation cache lives, and that
+a run with it, warm or cold, trains to exactly the losses of a run without it."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minigpt_jax import compile_cache
+from minigpt_jax.runtime import compile_cache
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -25,11 +25,11 @@ from test_cli import _train_args
 
 from minigpt_jax.data import memory as data
 from minigpt_jax.data.tokenizers import CharTokenizer
+from minigpt_jax.runtime.locks import RunDirectoryInUse, RunLock
 from minigpt_jax.train.checkpoint import CheckpointError, load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume
-from minigpt_jax.train.run_lock import RunDirectoryInUse, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 corpus_file = test_train.corpus_file  # the same 40 kB text fixture
@@ -151,7 +151,7 @@ def test_second_trainer_fails_at_once_naming_the_holder(corpus_file, tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from minigpt_jax.train.run_lock import RunLock\n"
+            "import sys, time; from minigpt_jax.runtime.locks import RunLock\n"
             "with RunLock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(600)",
             str(workdir),
         ],
@@ -289,8 +289,8 @@ def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
     while a trainer saves, and rotates away, a checkpoint every step (issue: 26 of 352 reads
     failed with "written by a different version", eval with [Errno 2]): every read succeeds,
     with no warning and no report on stderr."""
-    from minigpt_jax.io.evaluate import perplexity_of
-    from minigpt_jax.io.runs import sample_from_workdir
+    from minigpt_jax.sampling.texts import sample_from_workdir
+    from minigpt_jax.train.evaluation import perplexity_of
 
     workdir = tmp_path / "run"
     args = _train_args(workdir, corpus_file, "--config.num_steps=200", "--config.eval_every=2")
@@ -688,7 +688,7 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     second path (the compiled step holds ~6x more), and the run directory then still trains
     with a batch that fits."""
     from configs import tiny
-    from minigpt_jax.run_config import check_experiment_config, gpt_config_from
+    from minigpt_jax.experiment import check_experiment_config, gpt_config_from
     from minigpt_jax.sharding import host_memory_available
     from minigpt_jax.train.optimizers import make_optimizer
     from minigpt_jax.train.step import train_bytes_lower_bound

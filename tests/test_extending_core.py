@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from minigpt_jax import forward, init_params
-from minigpt_jax.run_config import check_experiment_config, default_config, gpt_config_from
+from minigpt_jax.experiment import check_experiment_config, default_config, gpt_config_from
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
 
 MASKS = """\
-from minigpt_jax.registry import declares
-from minigpt_jax.settings import MODEL, setting
+from minigpt_jax.settings.registry import declares
+from minigpt_jax.settings.groups import MODEL, setting
 
 
 @declares(window=setting(4, "keys each query sees, itself included", MODEL, low=1))
@@ -36,8 +36,8 @@ def sliding_window(q_positions_BxT, k_positions_BxS, cfg):
 OPTS = """\
 import optax
 
-from minigpt_jax.registry import declares
-from minigpt_jax.settings import TRAJECTORY, setting
+from minigpt_jax.settings.registry import declares
+from minigpt_jax.settings.groups import TRAJECTORY, setting
 
 
 @declares(sf_b1=setting(0.9, "schedule-free's interpolation", TRAJECTORY, low=0.0, high=1.0))
@@ -161,8 +161,8 @@ def test_a_clash_with_a_built_in_setting_names_both(user_dir):
         user_dir,
         "clash.py",
         """\
-        from minigpt_jax.registry import declares
-        from minigpt_jax.settings import TRAJECTORY, setting
+        from minigpt_jax.settings.registry import declares
+        from minigpt_jax.settings.groups import TRAJECTORY, setting
 
 
         @declares(b1=setting(0.5, "mine", TRAJECTORY))
@@ -326,7 +326,7 @@ def test_a_contract_violation_is_refused_before_the_workdir_is_made(bad_dir):
 
 
 def test_the_built_in_entries_keep_their_registries_contracts():
-    from minigpt_jax.registry import REGISTRIES
+    from minigpt_jax.settings.registry import REGISTRIES
 
     config = check_experiment_config(default_config())
     cfg = gpt_config_from(config, 16)

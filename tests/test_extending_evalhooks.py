@@ -20,10 +20,10 @@ from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.data.memory import get_batch
+from minigpt_jax.experiment import check_experiment_config, dataset_from, default_config
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.gpt import forward_with_attention
-from minigpt_jax.registry import RegistryError
-from minigpt_jax.run_config import check_experiment_config, dataset_from, default_config
+from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.checkpoint import load_params
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.optimizers import build_optimizer, decay_mask, make_optimizer

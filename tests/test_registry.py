@@ -14,7 +14,7 @@ from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
-from minigpt_jax.registry import Registry, RegistryError
+from minigpt_jax.settings.registry import Registry, RegistryError
 from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
 
 

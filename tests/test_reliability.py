@@ -141,7 +141,7 @@ def test_eval_stopped_by_a_signal_is_one_line(reference, corpus_file):
     for sig, status in (("SIGINT", 130), ("SIGTERM", 143)):
         args = [sys.executable, "-m", "minigpt_jax", "eval", f"--workdir={reference}"]
         result = _signalled(
-            args + [f"--text={corpus_file}"], sig, "minigpt_jax.io.evaluate:perplexity"
+            args + [f"--text={corpus_file}"], sig, "minigpt_jax.train.evaluation:perplexity"
         )
         assert result.returncode == status, result.stderr
         assert result.stderr.strip().splitlines() == [
@@ -322,7 +322,7 @@ def test_export_disk_full_is_one_line_and_leaves_nothing(small_run, tmp_path):
 def test_export_writes_nothing_when_a_write_fails(small_run, tmp_path, monkeypatch):
     import safetensors.numpy
 
-    from minigpt_jax.io.pretrained import export_run
+    from minigpt_jax.loading import export_run
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

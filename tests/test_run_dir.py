@@ -1,5 +1,5 @@
-"""Tests for minigpt_jax.run_dir: the names of a run directory's paths never change (old runs
-still resume), and the modules that write a run directory take their paths from RunDir."""
+"""Tests for minigpt_jax.runtime.run_dir: the names of a run directory's paths never change (old
+runs still resume), and the modules that write a run directory take their paths from RunDir."""
 
 import ast
 from pathlib import Path
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from minigpt_jax.data import memory as data
-from minigpt_jax.run_dir import RunDir, fingerprint_path
-from minigpt_jax.train import metrics, run_lock
+from minigpt_jax.runtime import locks as run_lock
+from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
+from minigpt_jax.train import metrics
 from minigpt_jax.train.checkpoint import Checkpointer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minigpt_jax"

@@ -10,7 +10,7 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.io.sampling import (
+from minigpt_jax.sampling.api import (
     decode,
     generate_stream,
     plan_sampling,

@@ -8,8 +8,7 @@ import pytest
 
 from configs import default, gpt2_small, shakespeare_char, tiny
 from minigpt_jax import GPTConfig
-from minigpt_jax.io.pretrained import check_exportable, shape_mismatch
-from minigpt_jax.run_config import (
+from minigpt_jax.experiment import (
     EXPERIMENT_KEYS,
     check_experiment_config,
     complete,
@@ -17,7 +16,9 @@ from minigpt_jax.run_config import (
     default_config,
     settings_table,
 )
-from minigpt_jax.settings import GROUPS, KINDS, Loop, declarations
+from minigpt_jax.gpt2 import check_exportable
+from minigpt_jax.loading import shape_mismatch
+from minigpt_jax.settings.groups import GROUPS, KINDS, Loop, declarations
 from minigpt_jax.train.resume import SPEED_FIELDS, check_resume
 
 

@@ -20,10 +20,11 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from ml_collections import ConfigDict
 
 from configs import tiny
-from minigpt_jax import sharding, train
+from minigpt_jax import sharding
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_annotated_params, init_params
+from minigpt_jax.train import optimizers, step
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = (
@@ -145,8 +146,8 @@ def _names(path):
 
 def _state_specs(cfg, mesh):
     """{leaf path: PartitionSpec} of the whole AdamW train state of `cfg` on `mesh`."""
-    tx, _ = train.make_optimizer(tiny.get_config().optim, 10)
-    shardings = train.state_shardings(cfg, tx, mesh)
+    tx, _ = optimizers.make_optimizer(tiny.get_config().optim, 10)
+    shardings = step.state_shardings(cfg, tx, mesh)
     flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
     return {_names(path): s.spec for path, s in flat}
 
@@ -214,7 +215,7 @@ def test_a_renamed_parameter_keeps_its_rule():
     annotated = jax.eval_shape(_Renamed().init, KEY, jnp.zeros((1, 6)))["params"]
     param_meta.record(annotated)
     params = nn.unbox(annotated)
-    tx, _ = train.make_optimizer(tiny.get_config().optim, 10)
+    tx, _ = optimizers.make_optimizer(tiny.get_config().optim, 10)
     state = {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
     specs = sharding.tree_specs(state, _mesh(tensor=2), annotated)
     assert specs["params"]["a_brand_new_name"]["kernel"] == PartitionSpec(None, "tensor")

@@ -3,7 +3,7 @@
 import chex
 import jax.numpy as jnp
 
-from minigpt_jax.timing import call_seconds, median_seconds
+from minigpt_jax.runtime.timing import call_seconds, median_seconds
 
 
 class TimingTest(chex.TestCase):

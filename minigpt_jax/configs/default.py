@@ -10,8 +10,9 @@ Expect:   val loss 3.09 nats/token at step 1500 (measured: train 2.5705, val 3.0
           gradients), in two back-to-back pairs; the same val loss.
 
 Every setting is declared once, with its default, doc, allowed values and kind, in
-minigpt_jax/settings.py (the model group: minigpt_jax/model/config.py's GPTConfig); the defaults are
-this course model, so this file states nothing else. `minigpt-jax settings` lists them all.
+minigpt_jax/settings/groups.py (the model group: minigpt_jax/model/config.py's GPTConfig);
+the defaults are this course model, so this file states nothing else. `minigpt-jax settings`
+lists them all.
 Other configs start from this one and state only what differs:
 
   seed 0, batch_size 16, num_steps 1500, steps_per_call 10, eval_every 250, eval_batches 20
@@ -23,7 +24,7 @@ Other configs start from this one and state only what differs:
 
 import ml_collections
 
-from minigpt_jax.run_config import default_config
+from minigpt_jax.experiment import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -19,11 +19,11 @@ import numpy as np
 from minigpt_jax.data import corpus as corpus_files
 from minigpt_jax.data.corpus import BUILTIN_FORMATS, FileFormat, Source, read_documents
 from minigpt_jax.data.tokenizers import BUILDERS, MAX_UINT16_VOCAB, Tokenizer, load_tokenizer
-from minigpt_jax.digests import sha256_file
-from minigpt_jax.registry import Registry, is_user_key
-from minigpt_jax.run_dir import TOKENIZER_FILENAME as TOKENIZER_FILENAME  # re-exported
-from minigpt_jax.run_dir import TOKENS_FILENAME as TOKENS_FILENAME  # re-exported
-from minigpt_jax.run_dir import RunDir, fingerprint_path
+from minigpt_jax.runtime.digests import sha256_file
+from minigpt_jax.runtime.run_dir import TOKENIZER_FILENAME as TOKENIZER_FILENAME  # re-exported
+from minigpt_jax.runtime.run_dir import TOKENS_FILENAME as TOKENS_FILENAME  # re-exported
+from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
+from minigpt_jax.settings.registry import Registry, is_user_key
 
 _log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _text_sources(path: str | os.PathLike | None, file_format: str) -> list[Sour
     return corpus_files.sources(path, picked_format(file_format))
 
 
-# The registries of the data group's choices (the settings in minigpt_jax.settings.Data).
+# The registries of the data group's choices (the settings in minigpt_jax.settings.groups.Data).
 CORPORA = Registry(
     "corpus kind",
     "data.corpus",

@@ -69,9 +69,9 @@ from minigpt_jax.data.tokenizers import (
     _codepoints,
     load_tokenizer,
 )
-from minigpt_jax.digests import sha256_file
-from minigpt_jax.locks import lock_file, write_holder
-from minigpt_jax.run_dir import TOKENIZER_FILENAME, RunDir
+from minigpt_jax.runtime.digests import sha256_file
+from minigpt_jax.runtime.locks import lock_file, write_holder
+from minigpt_jax.runtime.run_dir import TOKENIZER_FILENAME, RunDir
 
 _log = logging.getLogger(__name__)
 

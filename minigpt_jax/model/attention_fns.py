@@ -33,8 +33,14 @@ import numpy as np
 
 from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import ContractError, Registry, RegistryError, declares, expect_shape
-from minigpt_jax.settings import MODEL, setting
+from minigpt_jax.settings.groups import MODEL, setting
+from minigpt_jax.settings.registry import (
+    ContractError,
+    Registry,
+    RegistryError,
+    declares,
+    expect_shape,
+)
 
 Array = chex.Array
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)

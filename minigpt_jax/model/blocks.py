@@ -27,7 +27,7 @@ from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import NORMS, activation_fn
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.registry import ContractError, Registry, expect_shape
+from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
 Array = chex.Array
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)

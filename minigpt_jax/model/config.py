@@ -20,8 +20,8 @@ from minigpt_jax.model.attention_fns import (
 from minigpt_jax.model.blocks import BLOCKS, MLPS
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.registry import Registry
-from minigpt_jax.settings import MODEL, SPEED, check_values, declarations, setting
+from minigpt_jax.settings.groups import MODEL, SPEED, check_values, declarations, setting
+from minigpt_jax.settings.registry import Registry
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
 _DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}

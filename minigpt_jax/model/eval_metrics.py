@@ -21,7 +21,7 @@ from typing import Any
 import chex
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry, is_user_key
+from minigpt_jax.settings.registry import Registry, is_user_key
 
 Array = chex.Array
 MetricFn = Callable[[Any, Array, dict, Any], Array]

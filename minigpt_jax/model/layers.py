@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import ContractError, Registry, expect_shape
+from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 

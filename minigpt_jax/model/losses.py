@@ -22,7 +22,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry, expect_shape, is_user_key
+from minigpt_jax.settings.registry import Registry, expect_shape, is_user_key
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]

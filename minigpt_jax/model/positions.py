@@ -16,7 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.registry import Registry, expect_shape
+from minigpt_jax.settings.registry import Registry, expect_shape
 
 Array = chex.Array
 

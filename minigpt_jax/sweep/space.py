@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minigpt_jax.run_config import (
+from minigpt_jax.experiment import (
     check_experiment_config,
     declaration,
     load_config_file,
@@ -59,7 +59,7 @@ class Dimension:
 
 def base_config(spec: str):
     """get_config(arg) of the `--config path[:arg]` file (a one-line error if it fails)."""
-    from minigpt_jax.run_config import config_file_problem
+    from minigpt_jax.experiment import config_file_problem
 
     problem = config_file_problem(spec)
     if problem:

@@ -120,7 +120,7 @@ class Sweep:
 
 def check(argv: list[str]) -> Sweep:
     """Parses and checks the command; raises SweepError with one line, before any write."""
-    from minigpt_jax.run_config import check_experiment_config
+    from minigpt_jax.experiment import check_experiment_config
     from minigpt_jax.sweep import space as spaces
 
     args = _parser().parse_args(argv)
@@ -462,7 +462,7 @@ def run_trial(study, trial, sweep: Sweep, stop: _Stop) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from minigpt_jax.run_config import check_experiment_config
+    from minigpt_jax.experiment import check_experiment_config
     from minigpt_jax.sweep import space as spaces
     from minigpt_jax.sweep import trial as trials
     from minigpt_jax.train.metrics import read_metrics

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from minigpt_jax.run_dir import RunDir
+from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.train.metrics import read_metrics
 
 POLL_S = 0.2  # how often the worker looks at the child and its metrics

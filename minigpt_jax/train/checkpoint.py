@@ -29,8 +29,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from minigpt_jax.digests import sha256_file
-from minigpt_jax.run_dir import BEST_DIRNAME, LATEST_DIRNAME, RunDir
+from minigpt_jax.runtime.digests import sha256_file
+from minigpt_jax.runtime.run_dir import BEST_DIRNAME, LATEST_DIRNAME, RunDir
 
 # Orbax logs every save at INFO; the training loop reports what matters.
 logging.getLogger("absl").setLevel(logging.WARNING)

@@ -23,19 +23,19 @@ from tqdm.auto import tqdm
 
 from minigpt_jax import sharding
 from minigpt_jax.data import memory as data
-from minigpt_jax.io.pretrained import check_fits, load_model, params_for
+from minigpt_jax.experiment import check_experiment_config, dataset_from, gpt_config_from
+from minigpt_jax.loading import check_fits, load_model, params_for
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.losses import parse_terms, term_name
-from minigpt_jax.registry import user_module_digests, user_modules
-from minigpt_jax.run_config import check_experiment_config, dataset_from, gpt_config_from
-from minigpt_jax.run_dir import RunDir
-from minigpt_jax.signals import StopRequest
+from minigpt_jax.runtime.locks import RunLock
+from minigpt_jax.runtime.run_dir import RunDir
+from minigpt_jax.runtime.signals import StopRequest
+from minigpt_jax.settings.registry import user_module_digests, user_modules
 from minigpt_jax.train.checkpoint import Checkpointer
 from minigpt_jax.train.metrics import MetricsWriter
 from minigpt_jax.train.optimizers import build_optimizer
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
-from minigpt_jax.train.run_lock import RunLock
 from minigpt_jax.train.step import (
     TrainState,
     check_metrics,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tensorboardX import SummaryWriter
 
-from minigpt_jax.run_dir import RunDir
+from minigpt_jax.runtime.run_dir import RunDir
 
 
 class MetricsWriter:

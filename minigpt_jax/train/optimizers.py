@@ -14,8 +14,8 @@ An optimizer entry is one of
   the hook as its attribute `eval_params` instead).
 Whatever it is, it must return an optax.GradientTransformation. A schedule entry is one
 function `(optim, num_steps) -> optax.Schedule`. `config.optim.name` and `config.optim.schedule`
-pick them by name, or name your own as `module:attr` (minigpt_jax.registry). Gradient clipping
-(`optim.grad_clip`) is applied before every optimizer.
+pick them by name, or name your own as `module:attr` (minigpt_jax.settings.registry). Gradient
+clipping (`optim.grad_clip`) is applied before every optimizer.
 
 `config.optim.eval_params` picks the parameters that evaluation, the "best" checkpoint,
 sampling and export use (`EVAL_PARAMS`): `auto` (the optimizer's own hook; schedule-free's x
@@ -37,8 +37,14 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.registry import ContractError, Registry, RegistryError, declares, expect_shape
-from minigpt_jax.settings import TRAJECTORY, setting
+from minigpt_jax.settings.groups import TRAJECTORY, setting
+from minigpt_jax.settings.registry import (
+    ContractError,
+    Registry,
+    RegistryError,
+    declares,
+    expect_shape,
+)
 
 Params = Any
 OptimizerFn = Callable[[Any, optax.Schedule], optax.GradientTransformation]

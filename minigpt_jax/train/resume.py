@@ -2,8 +2,8 @@
 
 A checkpoint's meta records the GPTConfig and the experiment config it was trained with, every
 registry name included (a `module:attr` entry must still import to resume); these checks compare
-them with the resuming run before anything is restored. Which settings may differ follows
-from each setting's declared kind (minigpt_jax.settings): MODEL settings must match, SPEED and
+them with the resuming run before anything is restored. Which settings may differ follows from
+each setting's declared kind (minigpt_jax.settings.groups): MODEL settings must match, SPEED and
 BOOKKEEPING ones are free (num_steps may grow: the schedule is then stretched from the resumed
 step on), TRAJECTORY ones are refused unless asked. The data itself is checked too: a checkpoint
 records the digest of the token stream it trained on (data.DataDigest), and another stream (an
@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from minigpt_jax.experiment import declaration, entry_settings
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.run_config import declaration, entry_settings
-from minigpt_jax.settings import MODEL, SPEED, TRAJECTORY, declarations
+from minigpt_jax.settings.groups import MODEL, SPEED, TRAJECTORY, declarations
 
 # GPTConfig fields that pick how the same model is computed (same params, same math within
 # float tolerance): a run may resume with other values, e.g. on another backend.

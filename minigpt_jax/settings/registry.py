@@ -10,7 +10,7 @@ without a fork:
 
 An entry may declare the settings it reads (`declares`): they join the group of the config key
 that picks it (`--config.<group>.<name>=`), are checked, listed, recorded and resumed like the
-built-in ones (minigpt_jax.run_config).
+built-in ones (minigpt_jax.experiment).
 
 Every registry has one entry shape (`entry_class`, and/or a function of `arity` arguments)
 normalised by one coercion (`Registry.coerce`), which refuses without calling it anything else

@@ -17,8 +17,11 @@ import jax
 import numpy as np
 
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.io.pretrained import LoadedModel, load_model, load_run
-from minigpt_jax.io.sampling import (
+from minigpt_jax.loading import LoadedModel, load_model, load_run
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.gpt import Params
+from minigpt_jax.runtime.signals import StopRequest
+from minigpt_jax.sampling.api import (
     CHUNK_SECONDS,
     check_settings,
     format_bytes,
@@ -27,9 +30,6 @@ from minigpt_jax.io.sampling import (
     time_step_past_block,
     tokens_past_block,
 )
-from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.gpt import Params
-from minigpt_jax.signals import StopRequest
 
 COMMAND = "minigpt-jax sample"
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from minigpt_jax.data.memory import MEMORY_BYTES_PER_TEXT_BYTE
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.io.pretrained import load_model
+from minigpt_jax.loading import load_model
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params, next_token_losses
 

@@ -22,19 +22,25 @@ import ml_collections
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
-from minigpt_jax import settings
 from minigpt_jax.data import memory as data
 from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
-from minigpt_jax.registry import REGISTRIES, PluginError, Registry, RegistryError, is_user_key
-from minigpt_jax.settings import check_values, declarations
+from minigpt_jax.settings import groups as settings
+from minigpt_jax.settings.groups import check_values, declarations
+from minigpt_jax.settings.registry import (
+    REGISTRIES,
+    PluginError,
+    Registry,
+    RegistryError,
+    is_user_key,
+)
 from minigpt_jax.train import optimizers  # noqa: F401 (its registries pick optim.*)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
-# declarations (minigpt_jax.settings). vocab_size is not a model key: the tokenizer decides it
-# (data.vocab_size sets the BPE size).
+# declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer
+# decides it (data.vocab_size sets the BPE size).
 MODEL_KEYS = tuple(name for name in declarations(GPTConfig) if name != "vocab_size")
 GROUP_SETTINGS: dict[str, type] = {"model": GPTConfig, **settings.GROUPS}
 EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {

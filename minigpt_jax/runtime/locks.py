@@ -1,14 +1,38 @@
-"""One trainer per run directory: an OS file lock (minigpt_jax.locks) on WORKDIR/run.lock,
-released by the OS when its process ends in any way (kill -9 included), so it is never stale."""
+"""Exclusive OS file locks that name their holder, released by the OS when the holding process
+ends in any way (kill -9 included), so a lock is never stale: `RunLock`, one trainer per run
+directory (WORKDIR/run.lock), and the prepare lock of a shards directory (data/shards.py)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
-from minigpt_jax.locks import LockHeld, lock_file, write_holder
-from minigpt_jax.run_dir import RunDir
+from minigpt_jax.runtime.run_dir import RunDir
+
+
+class LockHeld(RuntimeError):
+    """Another live process holds the lock."""
+
+
+def lock_file(fd: int, refusal: Callable[[str, str], str]) -> None:
+    """Takes an exclusive flock on the open file `fd`, or closes it and raises
+    LockHeld(refusal(pid, host)) naming the holder that `write_holder` recorded."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").split()
+        os.close(fd)
+        pid, host = (holder + ["?", "?"])[:2]
+        raise LockHeld(refusal(pid, host)) from None
+
+
+def write_holder(fd: int) -> None:
+    """Records "pid host" of this process in the locked file `fd`."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
 
 
 class RunDirectoryInUse(LockHeld):
@@ -71,18 +95,3 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the last descriptor releases the lock
             self._fd = None
-
-
-def lock_is_held(workdir: str | Path, process_index: int = 0) -> bool:
-    """Whether a live process holds the run lock of `workdir` (creates nothing)."""
-    try:
-        fd = os.open(RunDir(workdir).lock(process_index), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases the shared lock if it was taken
-    return False
