@@ -688,10 +688,10 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     second path (the compiled step holds ~6x more), and the run directory then still trains
     with a batch that fits."""
     from configs import tiny
+    from minigpt_jax.budget import host_memory_available, train_bytes_lower_bound
     from minigpt_jax.experiment import check_experiment_config, gpt_config_from
-    from minigpt_jax.sharding import host_memory_available
     from minigpt_jax.train.optimizers import make_optimizer
-    from minigpt_jax.train.step import train_bytes_lower_bound
+    from minigpt_jax.train.step import init_state
 
     line = _one_line_error(_train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
     assert "GiB" in line and "a smaller batch_size" in line and "grad_accum_steps" in line
@@ -700,7 +700,12 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
 
     config = check_experiment_config(tiny.get_config())
     cfg, tx = gpt_config_from(config, 65), make_optimizer(config.optim, config.num_steps)[0]
-    bound = lambda b: train_bytes_lower_bound(cfg, tx, b, (1, b, cfg.block_size + 1))  # noqa: E731
+    state = jax.eval_shape(lambda key: init_state(cfg, tx, key), jax.random.key(0))
+
+    def bound(batch):
+        shape = (1, batch, cfg.block_size + 1)
+        return train_bytes_lower_bound(cfg, state, batch, shape, fused_attention=False)
+
     per_sequence = (bound(2000) - bound(1000)) / 1000
     batch = int(0.5 * host_memory_available() / per_sequence)
     workdir = tmp_path / "b"

@@ -205,12 +205,11 @@ def test_prepare_stopped_by_a_signal_is_one_line_and_resumes(corpus_dir, tmp_pat
 def test_eval_of_a_text_too_large_for_the_ram_is_refused_before_reading(reference, tmp_path):
     """Issue: `eval --text` of 2 GB read it all (RSS 6.48 GB at 29 s, no output). A sparse
     file twice what the RAM could encode is refused in one line, naming its size and a fix."""
-    from minigpt_jax.data.memory import MEMORY_BYTES_PER_TEXT_BYTE
-    from minigpt_jax.sharding import host_memory_available
+    from minigpt_jax.budget import host_memory_available, text_bytes_that_fit
 
     big = tmp_path / "big.txt"
     with big.open("wb") as file:
-        file.truncate(2 * host_memory_available() // MEMORY_BYTES_PER_TEXT_BYTE["char"])
+        file.truncate(2 * text_bytes_that_fit(host_memory_available(), "char"))
     result = _cli("eval", f"--workdir={reference}", f"--text={big}")
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()

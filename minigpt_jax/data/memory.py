@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from minigpt_jax import budget
 from minigpt_jax.data import corpus as corpus_files
 from minigpt_jax.data.corpus import BUILTIN_FORMATS, FileFormat, Source, read_documents
 from minigpt_jax.data.tokenizers import BUILDERS, MAX_UINT16_VOCAB, Tokenizer, load_tokenizer
@@ -520,19 +521,12 @@ def prepare_dataset(
     return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
 
 
-# RAM an in-memory corpus takes per byte of text while it is read and encoded in one call
-# (measured: the byte-level BPE path peaks at ~95 bytes per byte, 6.1 GB for 64 MB of text).
-MEMORY_BYTES_PER_TEXT_BYTE = {"bpe": 95, "char": 12}
-
-
 def _check_fits_in_memory(sources: list[Source], tokenizer_kind: str) -> None:
     """Refuses, before reading it, a corpus whose in-memory encoding would not fit in RAM."""
-    from minigpt_jax.sharding import host_memory_available
-
-    available = host_memory_available()
     text_bytes = sum(source.size for source in sources)
-    needed = text_bytes * MEMORY_BYTES_PER_TEXT_BYTE.get(tokenizer_kind, 95)
-    if available is not None and needed > available:
+    shortfall = budget.text_shortfall(text_bytes, tokenizer_kind)
+    if shortfall is not None:
+        needed, available = shortfall
         raise ValueError(
             f"the corpus holds {text_bytes / 2**20:,.0f} MiB of text; data.format='memory' "
             f"would need about {needed / 2**30:,.1f} GiB of RAM to encode it in one call, but "

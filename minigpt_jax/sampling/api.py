@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minigpt_jax.budget import format_bytes, free_memory
 from minigpt_jax.model.attention import KVCache
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import check_token_ids, read_out
 from minigpt_jax.model.gpt import GPT, Params, head_weight, init_cache
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.sharding import free_memory
 
 Array = chex.Array
 
@@ -190,7 +190,7 @@ def plan_sampling(
     return_logits: bool = False,
 ) -> SamplingPlan:
     """Batches of at most `batch_size` rows (default: all) that fit in `memory_bytes` (default:
-    MEMORY_FRACTION of `sharding.free_memory()`), or a ValueError naming the figures when one
+    MEMORY_FRACTION of `budget.free_memory()`), or a ValueError naming the figures when one
     row does not.
     """
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1):
@@ -225,15 +225,6 @@ def plan_sampling(
     return SamplingPlan(
         slots, one_row, budget, source, rows, -(-num_prompts // rows), fits < wanted
     )
-
-
-def format_bytes(n: int | float) -> str:
-    """'1.5 GiB', '312 KiB': n bytes in the largest binary unit that keeps a number >= 1."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------------------- compiled calls

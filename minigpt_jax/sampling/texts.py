@@ -16,6 +16,7 @@ from typing import NamedTuple, TextIO
 import jax
 import numpy as np
 
+from minigpt_jax.budget import format_bytes
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.loading import LoadedModel, load_model, load_run
 from minigpt_jax.model.config import GPTConfig
@@ -24,7 +25,6 @@ from minigpt_jax.runtime.signals import StopRequest
 from minigpt_jax.sampling.api import (
     CHUNK_SECONDS,
     check_settings,
-    format_bytes,
     generate_stream,
     plan_sampling,
     time_step_past_block,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.data.memory import MEMORY_BYTES_PER_TEXT_BYTE
+from minigpt_jax import budget
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.loading import load_model
 from minigpt_jax.model.config import GPTConfig
@@ -136,14 +136,12 @@ def perplexity_of(
 
 def check_fits_in_memory(text_path: Path, tokenizer_kind: str) -> None:
     """Refuses, before reading it, a text whose in-memory encoding would not fit in RAM (the
-    same account as a data.format=memory corpus: data.memory.MEMORY_BYTES_PER_TEXT_BYTE)."""
-    from minigpt_jax.sharding import host_memory_available
-
-    available = host_memory_available()
+    same account as a data.format=memory corpus: budget.text_shortfall)."""
     text_bytes = text_path.stat().st_size
-    needed = text_bytes * MEMORY_BYTES_PER_TEXT_BYTE.get(tokenizer_kind, 95)
-    if available is not None and needed > available:
-        part = max(int(available / MEMORY_BYTES_PER_TEXT_BYTE.get(tokenizer_kind, 95)) // 2, 1)
+    shortfall = budget.text_shortfall(text_bytes, tokenizer_kind)
+    if shortfall is not None:
+        needed, available = shortfall
+        part = max(budget.text_bytes_that_fit(available, tokenizer_kind) // 2, 1)
         raise ValueError(
             f"{text_path} holds {text_bytes / 2**20:,.0f} MiB of text; reading and encoding it "
             f"at once would need about {needed / 2**30:,.1f} GiB of RAM, but "

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from minigpt_jax import sharding
+from minigpt_jax import budget, sharding
 from minigpt_jax.data import memory as data
 from minigpt_jax.experiment import check_experiment_config, dataset_from, gpt_config_from
 from minigpt_jax.loading import check_fits, load_model, params_for
+from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.losses import parse_terms, term_name
@@ -39,14 +40,13 @@ from minigpt_jax.train.resume import check_resume, check_resume_data, check_resu
 from minigpt_jax.train.step import (
     TrainState,
     check_metrics,
-    compiled_bytes,
     evaluate,
+    init_state,
     make_eval_step,
     make_init_state,
     make_metric_step,
     make_train_chunk,
     state_shardings,
-    train_bytes_lower_bound,
 )
 
 Array = chex.Array
@@ -239,23 +239,19 @@ class Trainer:
 
     def _check_memory(self, vocab_size: int) -> None:
         """Refuses, before any array is allocated, a run whose state, batches, logits and
-        residual stream alone (train_bytes_lower_bound, from shapes) exceed the devices'
-        memory."""
+        residual stream alone (budget.train_bytes_lower_bound, from shapes) exceed the
+        devices' memory."""
         config = self.config
-        available = sharding.memory_available(self.mesh)
-        if available is None:
-            return
-        batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
         cfg = gpt_config_from(config, vocab_size)
-        needed = train_bytes_lower_bound(cfg, self.tx, self.micro_batch_size, batches)
-        if needed > available:
-            raise ValueError(
-                f"this run needs at least {needed / 2**30:.1f} GiB (train state, one call's "
-                f"batches, one micro-batch's logits and what its backward pass keeps of each "
-                f"layer) but the devices have "
-                f"{available / 2**30:.1f} GiB available; use a smaller model (n_layer, n_embd), "
-                "a smaller batch_size or steps_per_call, or more grad_accum_steps."
-            )
+        state_shapes = jax.eval_shape(
+            functools.partial(init_state, cfg, self.tx), jax.random.key(0)
+        )
+        fused = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False) == "cudnn"
+        batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
+        needed = budget.train_bytes_lower_bound(
+            cfg, state_shapes, self.micro_batch_size, batches, fused_attention=fused
+        )
+        budget.check_train_fits(needed, self.mesh)
 
     def _check_resume(self, latest: int, saved_meta: dict, cfg: GPTConfig) -> list[str]:
         """The accepted trajectory changes of resuming checkpoint `latest`; raises ValueError
@@ -312,29 +308,8 @@ class Trainer:
             .lower(self.state, self.batches_from(self.step))
             .compile()
         )
-        self._check_compiled_memory()
+        budget.check_compiled_fits(self._train_chunk, self.mesh)
         self.compile_time_s = time.perf_counter() - compile_start
-
-    def _check_compiled_memory(self) -> None:
-        """Refuses, before the first step runs, a train chunk that XLA's account of the compiled
-        program says will not fit (the shape-based lower bound of _check_memory misses the
-        activations' temporaries)."""
-        account, room = compiled_bytes(self._train_chunk), sharding.memory_per_device(self.mesh)
-        if account is None or room is None:
-            return
-        (total, arguments), (available, sharing) = account, room
-        on_cpu = sharding.on_cpu(self.mesh)
-        # CPU devices share the host's free RAM, which already holds the state and batches.
-        needed = (total - arguments) * sharing if on_cpu else total
-        if needed > available:
-            where = "the host has" if on_cpu else "each device has"
-            raise ValueError(
-                f"the compiled train step needs {needed / 2**30:,.1f} GiB (XLA's account: "
-                f"{total / 2**30:,.1f} GiB per device, arguments included) but {where} "
-                f"{available / 2**30:,.1f} GiB available, so nothing was trained; use a smaller "
-                "batch_size or steps_per_call, more grad_accum_steps, model.remat=full, or a "
-                "smaller model (n_layer, n_embd), then rerun."
-            )
 
     @property
     def step(self) -> int:

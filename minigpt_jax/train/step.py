@@ -17,7 +17,6 @@ from jax.sharding import Mesh
 
 from minigpt_jax import sharding
 from minigpt_jax.data import memory as data
-from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
 from minigpt_jax.model.gpt import (
@@ -323,49 +322,3 @@ def evaluate(
     # Equal batches: the mean of the batches' means.
     means.update({key: total / num_batches for key, total in metric_totals.items()})
     return means
-
-
-def train_bytes_lower_bound(
-    cfg: GPTConfig, tx: optax.GradientTransformation, micro_batch_size: int, batches_shape
-) -> int:
-    """A lower bound on the bytes a run holds at once, from shapes only (nothing allocated):
-    the train state (params and optimizer moments, jax.eval_shape), the batches of one call
-    (batches_shape: (steps_per_call, batch_size, block_size + 1) int32), one micro-batch's
-    float32 logits with their gradient (a chunk of them with loss_chunk), and what the
-    backward pass keeps of every layer: its input (the residual stream, even with remat) and,
-    unless model.remat is "full", its MLP hidden activations (F per token, which the second
-    matmul's gradient reads) and, for a kernel that is not fused, its attention weights
-    (H x T x T per sequence). Everything else the activations take comes on top."""
-    state = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
-    state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state))
-    tokens = micro_batch_size * cfg.block_size
-    itemsize = jnp.dtype(cfg.dtype).itemsize
-    logits_bytes = 2 * 4 * min(tokens, cfg.loss_chunk or tokens) * cfg.padded_vocab_size
-    kept_per_token = cfg.n_embd
-    if cfg.remat != "full":
-        kept_per_token += cfg.mlp_dim
-        kernel = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
-        if kernel != "cudnn":
-            kept_per_token += cfg.n_head * cfg.block_size
-    layers_bytes = cfg.n_layer * tokens * kept_per_token * itemsize
-    return state_bytes + 4 * int(np.prod(batches_shape)) + logits_bytes + layers_bytes
-
-
-def compiled_bytes(compiled: jax.stages.Compiled) -> tuple[int, int] | None:
-    """(bytes one device holds while `compiled` runs, of which its arguments): XLA's own
-    account of a compiled program (arguments, outputs not aliased to donated arguments,
-    temporaries, code). None where the backend gives no account."""
-    try:
-        stats = compiled.memory_analysis()
-    except (NotImplementedError, RuntimeError, AttributeError):
-        return None
-    if stats is None:
-        return None
-    outputs = max(stats.output_size_in_bytes - stats.alias_size_in_bytes, 0)
-    total = (
-        stats.argument_size_in_bytes
-        + outputs
-        + stats.temp_size_in_bytes
-        + stats.generated_code_size_in_bytes
-    )
-    return total, stats.argument_size_in_bytes
