@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from benchmarks import columns as benchmark_columns
+from benchmarks.columns import Column, chunk_column, torch_twin
 from minigpt_jax import GPTConfig, count_params, flops_per_token
 from minigpt_jax.experiment import gpt_config_from, load_config_file
-from minigpt_jax.train.optimizers import make_optimizer
+from minigpt_jax.optimizers import make_optimizer
 from minigpt_jax.train.step import init_state, make_train_chunk
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -94,20 +94,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # ----------------------------------------------------------------------------- columns
 
 
-@dataclasses.dataclass
-class Column:
-    """One timed setting: `run(steps)` trains about that many more steps and returns one
-    seconds-per-step sample per compiled call (JAX) or per step (torch)."""
-
-    name: str
-    batch_size: int
-    run: Callable[[int], list[float]]
-    compile_s: float | None = None
-    note: str = ""
-    times_s: list[float] = dataclasses.field(default_factory=list)
-    losses: list[float] = dataclasses.field(default_factory=list)
-
-
 def _optim():
     optim = GPT2_SMALL.optim.copy_and_resolve_references()
     optim.warmup_steps = WARMUP_STEPS
@@ -141,23 +127,9 @@ def jax_column(
     compile_s = time.perf_counter() - start
     options = " ".join(f"{k}={v!r}" for k, v in (compiler_options or {}).items())
     note = f"K={steps_per_call} attention={cfg.attention} remat={cfg.remat} {options}".strip()
-    column = Column(name, batch_size, None, compile_s, note)
-    holder = {"state": state}
-
-    def run(steps: int) -> list[float]:
-        times, state = [], holder["state"]
-        for _ in range(steps // steps_per_call):
-            i = len(column.losses) % num_batches // steps_per_call
-            start = time.perf_counter()
-            state, metrics = chunk(state, chunks[i])
-            loss = jax.device_get(metrics["loss"])  # waits for the call
-            times.append((time.perf_counter() - start) / steps_per_call)
-            column.losses.extend(float(x) for x in loss)
-        holder["state"] = state
-        return times
-
-    column.run = run
-    return column
+    return chunk_column(
+        name, chunk, state, chunks, compile_s=compile_s, note=note, batch_size=batch_size
+    )
 
 
 def torch_column(
@@ -168,13 +140,7 @@ def torch_column(
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.torch_reference import (
-        TorchGPT,
-        load_jax_params,
-        make_torch_optimizer,
-        torch_train_step,
-    )
-    from minigpt_jax import init_params
+    from benchmarks.torch_reference import make_torch_optimizer
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -182,9 +148,7 @@ def torch_column(
     torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT: TF32 for any float32 matmul left
     torch.backends.cudnn.allow_tf32 = True
     twin_cfg = cfg.replace(dtype="float32", param_dtype="float32")  # autocast does the bf16
-    init_rng, _ = jax.random.split(jax.random.key(0))  # train.init_state's split
-    model = load_jax_params(TorchGPT(twin_cfg), init_params(twin_cfg, init_rng))
-    model = model.to(device).train()
+    model = torch_twin(twin_cfg, seed=0).to(device)
     optimizer, scheduler = make_torch_optimizer(model, _optim(), SCHEDULE_STEPS)
     # The JAX column's batches, in its order: step s trains on batch s % num_batches.
     batches = torch.from_numpy(_batches(cfg, batch_size, num_batches)).long().to(device)
@@ -192,31 +156,31 @@ def torch_column(
     step_model = torch.compile(model) if compile_ else model
     half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.dtype)
 
-    def kernels():  # flash attention on CUDA; on CPU whichever SDPA kernel torch picks
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if cuda else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def context():  # flash attention on CUDA (on CPU whichever SDPA kernel torch picks), autocast
+        kernels = sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if cuda else contextlib.nullcontext()
+        with kernels, torch.autocast(device, half, enabled=half is not None):
+            yield
 
-    what = "torch.compile" if compile_ else "torch eager"
     note = f"{device} {'bf16 autocast' if half else 'float32'}" + (
         ", flash SDPA, fused AdamW" if cuda else ""
     )
-    column = Column(what, batch_size, None, note=note)
+    column = benchmark_columns.torch_column(
+        "torch.compile" if compile_ else "torch eager",
+        step_model,
+        optimizer,
+        scheduler,
+        xs,
+        ys,
+        grad_clip=GPT2_SMALL.optim.grad_clip,
+        context=context,
+        note=note,
+        batch_size=batch_size,
+    )
+    timed = column.run
 
-    def run(steps: int) -> list[float]:
-        times = []
-        for _ in range(steps):
-            i = len(column.losses) % num_batches
-            start = time.perf_counter()
-            with kernels(), torch.autocast(device, half, enabled=half is not None):
-                loss = torch_train_step(
-                    step_model,
-                    optimizer,
-                    xs[i],
-                    ys[i],
-                    scheduler=scheduler,
-                    grad_clip=GPT2_SMALL.optim.grad_clip,
-                )  # .item(): waits for the device
-            times.append(time.perf_counter() - start)
-            column.losses.append(loss)
+    def run(first_step: int, n: int) -> list[float]:
+        times = timed(first_step, n)
         if compile_ and column.compile_s is None:  # the first step compiled
             column.compile_s = times[0]
         return times
@@ -354,10 +318,10 @@ def main(argv: list[str] | None = None) -> dict:
             except Exception as error:  # a flag this XLA lacks, out of memory: report, go on
                 print(f"variant {name!r} failed: {type(error).__name__}: {str(error)[:200]}")
     for column in columns:
-        column.run(span)
-    for _ in range(args.rounds):
+        column.run(0, span)
+    for r in range(args.rounds):
         for column in columns:
-            column.times_s.extend(column.run(steps))
+            column.times_s.extend(column.run(span + r * steps, steps))
     ref = columns[1].name if args.torch else "jax default"
     return report(columns, cfg, cfg.block_size, args.peak_tflops * 1e12, ref)
 

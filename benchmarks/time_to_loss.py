@@ -122,7 +122,7 @@ def run_jax(
     from minigpt_jax.data.memory import get_batch
     from minigpt_jax.experiment import gpt_config_from
     from minigpt_jax.model.losses import parse_terms
-    from minigpt_jax.train.optimizers import make_optimizer
+    from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state, make_train_chunk
 
     clock = Clock()

@@ -296,7 +296,7 @@ def check_mirrored(settings: Any, parts: dict[str, tuple[str, ...]]) -> None:
 def lr_at(step: int, lr: float, warmup: int, num_steps: int, min_lr: float) -> float:
     """Linear warmup 0 -> lr over `warmup` steps, then cosine to `min_lr` at `num_steps`.
 
-    The schedule of minigpt_jax.train.optimizers.make_optimizer ("cosine":
+    The schedule of minigpt_jax.optimizers.make_optimizer ("cosine":
     optax.warmup_cosine_decay_schedule with decay_steps = max(num_steps, warmup + 1)); nanoGPT's
     get_lr, but warming up from 0.
     """

@@ -30,11 +30,13 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks import columns as benchmark_columns
+from benchmarks.columns import Column, chunk_column, torch_twin
 
 # fp32 FLOP per cycle per core from the widest vector unit (/proc/cpuinfo flag): 2 FMA pipes x
 # lanes x 2 FLOP, or 2 pipes x lanes without FMA.
@@ -188,28 +190,13 @@ def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
 # ----------------------------------------------------------------------------- runners
 
 
-@dataclasses.dataclass
-class Column:
-    """One timed setting. `run(first_step, n)` trains steps [first_step, first_step + n) and
-    returns per-step seconds (one sample per compiled call or per eager step)."""
-
-    name: str
-    run: Callable[[int, int], list[float]]
-    steps_per_call: int = 1
-    compile_s: float | None = None
-    note: str = ""
-    capped: bool = False  # times fewer steps a round than the other columns
-    times_s: list[float] = dataclasses.field(default_factory=list)
-    losses: list[float] = dataclasses.field(default_factory=list)
-
-
 def jax_column(
     name: str, config, vocab_size: int, batches: np.ndarray, compiler_options: dict[str, Any]
 ) -> Column:
     import jax
 
     from minigpt_jax.experiment import gpt_config_from
-    from minigpt_jax.train.optimizers import make_optimizer
+    from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state, make_train_chunk
 
     cfg = gpt_config_from(config, vocab_size)
@@ -221,26 +208,11 @@ def jax_column(
     train_chunk = make_train_chunk(cfg, tx, schedule).lower(state, chunks[0])
     train_chunk = train_chunk.compile(compiler_options=compiler_options or None)
     compile_s = time.perf_counter() - start
-    holder = {"state": state}
     # Copies and transposes in the compiled call: what layout choices (dense_grad) leave XLA.
     copies = len(re.findall(r"\s(?:copy|transpose)\(", train_chunk.as_text()))
     options = [f"{key}={value!r}" for key, value in compiler_options.items()]
     note = " ".join([_model_note(cfg), f"copies={copies}", *options])
-    column = Column(name, None, k, compile_s, note=note)
-
-    def run(first_step: int, n: int) -> list[float]:
-        times, state = [], holder["state"]
-        for i in range(first_step // k, (first_step + n) // k):
-            start = time.perf_counter()
-            state, metrics = train_chunk(state, chunks[i])
-            loss = jax.device_get(metrics["loss"])
-            times.append((time.perf_counter() - start) / k)
-            column.losses.extend(float(x) for x in loss)
-        holder["state"] = state
-        return times
-
-    column.run = run
-    return column
+    return chunk_column(name, train_chunk, state, chunks, compile_s=compile_s, note=note)
 
 
 def torch_column(
@@ -255,56 +227,39 @@ def torch_column(
 ) -> Column:
     """TorchGPT with the JAX columns' initial weights; `max_steps` caps the timed steps of a
     round, for a column too slow to time in full."""
-    import jax
     import torch
 
-    from benchmarks.torch_reference import (
-        TorchGPT,
-        load_jax_params,
-        make_torch_optimizer,
-        torch_train_step,
-    )
-    from minigpt_jax import init_params
+    from benchmarks.torch_reference import make_torch_optimizer
     from minigpt_jax.experiment import gpt_config_from
 
     cfg = gpt_config_from(config, vocab_size).replace(dtype="float32", param_dtype="float32")
-    init_rng, _ = jax.random.split(jax.random.key(config.seed))  # train.init_state's split
-    model = load_jax_params(TorchGPT(cfg), init_params(cfg, init_rng)).train()
+    model = torch_twin(cfg, config.seed)
     optimizer, scheduler = make_torch_optimizer(model, config.optim, config.num_steps)
     xs = [torch.from_numpy(np.ascontiguousarray(b[:, :-1])).long() for b in batches]
     ys = [torch.from_numpy(np.ascontiguousarray(b[:, 1:])).long() for b in batches]
-    step_model = torch.compile(model) if compile_ else model
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     precision = "bf16 autocast" if autocast else "float32"
-    column = Column(name, None, note=f"gelu={gelu} {precision}", capped=max_steps is not None)
-
-    def run(first_step: int, n: int) -> list[float]:
-        times = []
-        for s in range(first_step, first_step + min(n, max_steps or n)):
-            start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = torch_train_step(
-                    step_model,
-                    optimizer,
-                    xs[s],
-                    ys[s],
-                    scheduler=scheduler,
-                    grad_clip=config.optim.grad_clip,
-                )
-            times.append(time.perf_counter() - start)
-            column.losses.append(loss)
-        return times
-
-    column.run = run
-    return column
+    return benchmark_columns.torch_column(
+        name,
+        torch.compile(model) if compile_ else model,
+        optimizer,
+        scheduler,
+        xs,
+        ys,
+        grad_clip=config.optim.grad_clip,
+        context=lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+        note=f"gelu={gelu} {precision}",
+        max_steps=max_steps,
+    )
 
 
 def _model_note(cfg) -> str:
     """The model's speed settings, "auto" ones as this backend resolves them."""
     from minigpt_jax.model import backend
+    from minigpt_jax.model.attention_fns import choose_kernel
 
     gelu = "tanh" if cfg.gelu_approximate else "erf"
-    attention = backend.attention(cfg, weight_dropout=cfg.dropout > 0, cached=False)
+    attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
     chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
     return (
         f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} attention={attention}"

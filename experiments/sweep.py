@@ -6,7 +6,7 @@ pruning from the val curve, a study many workers share, plots). This module only
 
 import sys
 
-from minigpt_jax.sweep.study import main
+from minigpt_jax.sweep.command import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -26,6 +26,8 @@ MOVED = {
     "minigpt_jax.digests": ("minigpt_jax.runtime.digests",),
     "minigpt_jax.compile_cache": ("minigpt_jax.runtime.compile_cache",),
     "minigpt_jax.timing": ("minigpt_jax.runtime.timing",),
+    "minigpt_jax.train.optimizers": ("minigpt_jax.optimizers",),
+    "minigpt_jax.train.checkpoint": ("minigpt_jax.checkpoint",),
 }
 
 

@@ -485,7 +485,7 @@ def _config_path(argv: list[str]) -> str | None:
 def main() -> None:
     commands = [a for a in sys.argv[1:] if not a.startswith("-")]
     if commands[:1] == ["sweep"]:  # its own flags (argparse), not absl's
-        from minigpt_jax.sweep.study import main as sweep
+        from minigpt_jax.sweep.command import main as sweep
 
         index = sys.argv.index("sweep")
         sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))

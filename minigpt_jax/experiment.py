@@ -22,6 +22,7 @@ import ml_collections
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
+from minigpt_jax import optimizers  # noqa: F401 (its registries pick optim.*)
 from minigpt_jax.data import memory as data
 from minigpt_jax.data import shards
 from minigpt_jax.data.tokenizers import Tokenizer
@@ -36,7 +37,6 @@ from minigpt_jax.settings.registry import (
     RegistryError,
     is_user_key,
 )
-from minigpt_jax.train import optimizers  # noqa: F401 (its registries pick optim.*)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.tokenizers import (
     Tokenizer,
     has_gpt2_tokenizer_files,
@@ -33,9 +34,9 @@ from minigpt_jax.gpt2 import (
 )
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.settings.groups import SPEED, declarations
-from minigpt_jax.train.checkpoint import load_params
 
 
 class LoadedModel(NamedTuple):
@@ -147,7 +148,8 @@ def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
         for name in GPTConfig.__dataclass_fields__
         if name not in free and getattr(loaded, name) != getattr(wanted, name)
     ]
-    if wanted.block_size > loaded.block_size and loaded.pos_encoding == "learned":
+    learned = POSITION_ENCODINGS[loaded.pos_encoding].learned
+    if wanted.block_size > loaded.block_size and learned:
         diffs.append(
             f"block_size: config {wanted.block_size} exceeds the checkpoint's learned "
             f"{loaded.block_size} positions"

@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import tiny  # noqa: E402
 from minigpt_jax import sharding  # noqa: E402
 from minigpt_jax.experiment import gpt_config_from  # noqa: E402
+from minigpt_jax.optimizers import make_optimizer  # noqa: E402
 from minigpt_jax.train.loop import train_and_evaluate  # noqa: E402
 from minigpt_jax.train.metrics import read_metrics  # noqa: E402
-from minigpt_jax.train.optimizers import make_optimizer  # noqa: E402
 from minigpt_jax.train.step import make_init_state, make_train_chunk  # noqa: E402
 
 MESHES = {

@@ -9,7 +9,7 @@ from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.attention import MultiHeadAttention, attention_weights, causal_mask
-from minigpt_jax.model.gpt import MLP
+from minigpt_jax.model.blocks import MLP
 from minigpt_jax.model.positions import apply_rope
 
 DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, K=8)

@@ -23,10 +23,10 @@ import pytest
 import test_train
 from test_cli import _train_args
 
+from minigpt_jax.checkpoint import CheckpointError, load_params
 from minigpt_jax.data import memory as data
 from minigpt_jax.data.tokenizers import CharTokenizer
 from minigpt_jax.runtime.locks import RunDirectoryInUse, RunLock
-from minigpt_jax.train.checkpoint import CheckpointError, load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume
@@ -690,7 +690,7 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     from configs import tiny
     from minigpt_jax.budget import host_memory_available, train_bytes_lower_bound
     from minigpt_jax.experiment import check_experiment_config, gpt_config_from
-    from minigpt_jax.train.optimizers import make_optimizer
+    from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state
 
     line = _one_line_error(_train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
@@ -755,7 +755,7 @@ def test_only_orbax_leftovers_are_silenced():
     """The unraisable-error filter drops orbax's two leftover reports and passes on the rest."""
     import asyncio
 
-    from minigpt_jax.train import checkpoint
+    from minigpt_jax import checkpoint
 
     seen = []
     previous, sys.unraisablehook = sys.unraisablehook, seen.append

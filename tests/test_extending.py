@@ -19,12 +19,12 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.experiment import check_experiment_config, default_config
 from minigpt_jax.model.losses import parse_terms
+from minigpt_jax.optimizers import make_optimizer
 from minigpt_jax.settings.registry import RegistryError
-from minigpt_jax.train.checkpoint import load_params
 from minigpt_jax.train.metrics import read_metrics
-from minigpt_jax.train.optimizers import make_optimizer
 from minigpt_jax.train.step import loss_fn
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,12 +20,12 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from minigpt_jax import GPTConfig, forward, init_params, sharding
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.model import attention_fns
 from minigpt_jax.model.gpt import GPT, init_annotated_params
 from minigpt_jax.model.param_meta import UndeclaredParameterError
-from minigpt_jax.train.checkpoint import load_params
+from minigpt_jax.optimizers import decay_mask, muon_dimension_numbers
 from minigpt_jax.train.metrics import read_metrics
-from minigpt_jax.train.optimizers import decay_mask, muon_dimension_numbers
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"

@@ -12,6 +12,7 @@ import pytest
 from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
 from minigpt_jax.model import backend
 from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
+from minigpt_jax.model.attention_fns import choose_kernel
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,7 +60,7 @@ def test_cudnn_kernel_equals_explicit(causal):
 def test_auto_picks_cudnn_and_the_model_agrees():
     if not backend.cudnn_attention_supported(CFG):
         pytest.skip("cuDNN flash attention needs an NVIDIA GPU of compute capability >= 8.0")
-    assert backend.attention(CFG, weight_dropout=False, cached=False) == "cudnn"
+    assert choose_kernel(CFG, weight_dropout=False, cached=False) == "cudnn"
     assert backend.dense_grad(CFG) == "autodiff"
     params = init_params(CFG, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, CFG.vocab_size)

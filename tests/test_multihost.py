@@ -23,8 +23,8 @@ import jax
 import numpy as np
 import pytest
 
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.sharding import HEARTBEAT_TIMEOUT_ENV
-from minigpt_jax.train.checkpoint import load_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -14,12 +14,12 @@ from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
+from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
 from minigpt_jax.settings.registry import Registry, RegistryError
-from minigpt_jax.train.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
 
 
 def test_names_and_user_attributes_resolve():
-    assert OPTIMIZERS["adamw"] is OPTIMIZERS["minigpt_jax.train.optimizers:adamw"]
+    assert OPTIMIZERS["adamw"] is OPTIMIZERS["minigpt_jax.optimizers:adamw"]
     assert ACTIVATIONS["jax.nn:silu"] is jax.nn.silu
     assert "adamw" in OPTIMIZERS and "no.such:thing" not in OPTIMIZERS
 

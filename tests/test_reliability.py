@@ -21,9 +21,9 @@ import test_crash_safety
 import test_train
 from test_cli import _train_args
 
+from minigpt_jax import checkpoint
+from minigpt_jax.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.lab import serving
-from minigpt_jax.train import checkpoint
-from minigpt_jax.train.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.train.loop import train_and_evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_a_resumed_run_stopped_while_reading_its_data_names_its_step(
     SIGTERM`, rc 0. Now one line naming the step the run stands at, and 128 + the signal."""
     args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
     before = test_crash_safety._snapshot(copy_of / "checkpoints")
-    result = _signalled(args, sig, "minigpt_jax.train.loop:dataset_from")
+    result = _signalled(args, sig, "minigpt_jax.train.setup:dataset_from")
     assert result.returncode == status, result.stderr
     assert result.stdout.splitlines() == [
         f"{sig} received while reading the data, before training step 41: nothing new to save "
@@ -117,7 +117,7 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
         sig = ("SIGTERM", "SIGINT")[i // 2 % 2]
         args = _train_command(workdir, corpus_file) + ["--config.num_steps=44"] * resumed
         result = _signalled(
-            args, sig, "minigpt_jax.train.loop:dataset_from", delay=rng.uniform(0.0, 0.05)
+            args, sig, "minigpt_jax.train.setup:dataset_from", delay=rng.uniform(0.0, 0.05)
         )
         outcomes.append((result.returncode, "Fatal Python error" in result.stderr))
         assert result.returncode == 128 + getattr(signal, sig), result.stderr[-3000:]
@@ -128,7 +128,7 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
 
 def test_a_run_stopped_while_checking_its_checkpoints_claims_no_step(copy_of, corpus_file):
     args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
-    result = _signalled(args, "SIGTERM", "minigpt_jax.train.checkpoint:newest_intact_step")
+    result = _signalled(args, "SIGTERM", "minigpt_jax.checkpoint:newest_intact_step")
     assert result.returncode == 143, result.stderr
     assert result.stdout.splitlines() == [
         "SIGTERM received while checking the checkpoints, before training: nothing new to save; "

@@ -12,7 +12,7 @@ import pytest
 import test_train
 from test_crash_safety import _snapshot
 
-from minigpt_jax.train.checkpoint import load_params
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume_data

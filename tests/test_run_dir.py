@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import memory as data
 from minigpt_jax.runtime import locks as run_lock
 from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
 from minigpt_jax.train import metrics
-from minigpt_jax.train.checkpoint import Checkpointer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minigpt_jax"
 

@@ -20,11 +20,11 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from ml_collections import ConfigDict
 
 from configs import tiny
-from minigpt_jax import sharding
+from minigpt_jax import optimizers, sharding
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_annotated_params, init_params
-from minigpt_jax.train import optimizers, step
+from minigpt_jax.train import step
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = (

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from minigpt_jax.sweep import command as sweep_command
 from minigpt_jax.sweep import study as sweep_study
+from minigpt_jax.sweep import worker as sweep_worker
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
@@ -97,7 +99,7 @@ BAD = {
 def test_a_bad_argument_is_one_line_that_leaves_nothing_behind(name, tmp_path, capsys):
     args, words = BAD[name]
     out = tmp_path / "sweep"
-    assert sweep_study.main(["--config", TINY, "--out", str(out), *args]) == 2
+    assert sweep_command.main(["--config", TINY, "--out", str(out), *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
@@ -287,7 +289,7 @@ def test_kill_9_between_a_trials_end_and_its_record_then_a_rerun_records_it_once
     args += ["--heartbeat", "1"]
     worker = subprocess.Popen(
         _command(out, *args),
-        env={**env, sweep_study.HOLD_ENV: "600"},
+        env={**env, sweep_worker.HOLD_ENV: "600"},
         cwd=REPO,
         stdout=subprocess.DEVNULL,
     )
@@ -313,21 +315,21 @@ def test_a_study_refuses_other_fixed_settings_or_a_changed_plugin(tmp_path, monk
     out = tmp_path / "sweep"
     base = ["--config", TINY, "--out", str(out), "--space", "optim.lr=1e-3,2e-3"]
     argv = [*base, "--set", "model.activation=my_act:act"]
-    sweep = sweep_study.check(argv)
+    sweep = sweep_command.check(argv)
     assert "my_act" in sweep.identity["plugins"]
     out.mkdir()
     sweep_study.open_study(sweep)
-    sweep_study.open_study(sweep_study.check(argv))  # the same command: resumed
+    sweep_study.open_study(sweep_command.check(argv))  # the same command: resumed
     with pytest.raises(sweep_study.SweepError, match=r"--set .*--study NEWNAME"):
-        sweep_study.open_study(sweep_study.check([*argv, "--set", "num_steps=30"]))
+        sweep_study.open_study(sweep_command.check([*argv, "--set", "num_steps=30"]))
     with pytest.raises(sweep_study.SweepError, match=r"--space"):
-        sweep_study.open_study(sweep_study.check([*argv[:-3], "optim.lr=1e-3,3e-3", *argv[-2:]]))
+        sweep_study.open_study(sweep_command.check([*argv[:-3], "optim.lr=1e-3,3e-3", *argv[-2:]]))
     plugin.write_text(plugin.read_text() + "# edited\n")
     with pytest.raises(sweep_study.SweepError, match="the source of plug-in modules"):
-        sweep_study.open_study(sweep_study.check(argv))
+        sweep_study.open_study(sweep_command.check(argv))
     with pytest.raises(sweep_study.SweepError, match="objective"):
         plugin.write_text(plugin.read_text().replace("# edited\n", ""))
-        sweep_study.open_study(sweep_study.check([*argv, "--target", "3.0"]))
+        sweep_study.open_study(sweep_command.check([*argv, "--target", "3.0"]))
 
 
 @pytest.mark.slow
@@ -362,11 +364,11 @@ def test_every_sampler_and_pruner_proposes_values_of_the_space(sampler, pruner, 
             "--space",
             "optim.min_lr=log:1e-5..1e-4",
         ]
-    sweep = sweep_study.check(
+    sweep = sweep_command.check(
         ["--config", TINY, "--out", str(tmp_path), "--sampler", sampler, "--pruner", pruner, *space]
     )
     study = optuna.create_study(
-        sampler=sweep_study._sampler(sweep, 0), pruner=sweep_study._pruner(sweep)
+        sampler=sweep_study.make_sampler(sweep, 0), pruner=sweep_study.make_pruner(sweep)
     )
     distributions = {d.key: d.distribution() for d in sweep.space}
     for value in (3.0, 2.0, 2.5, 1.0):

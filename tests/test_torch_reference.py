@@ -22,7 +22,7 @@ from benchmarks.torch_reference import (  # noqa: E402
 )
 from configs import default  # noqa: E402
 from minigpt_jax import GPTConfig, count_params, forward, init_params  # noqa: E402
-from minigpt_jax.train.optimizers import decay_mask, make_optimizer  # noqa: E402
+from minigpt_jax.optimizers import decay_mask, make_optimizer  # noqa: E402
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 # test_model.py's shapes: in one pytest run, eager JAX reuses its compiled primitives.

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.tokenizers import load_tokenizer
 from minigpt_jax.experiment import gpt_config_from
-from minigpt_jax.train.checkpoint import load_params
+from minigpt_jax.optimizers import decay_mask, make_optimizer
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
-from minigpt_jax.train.optimizers import decay_mask, make_optimizer
 from minigpt_jax.train.step import accumulated_value_and_grad, init_state, loss_fn, make_train_chunk
 
 

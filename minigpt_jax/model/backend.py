@@ -53,25 +53,3 @@ def cudnn_attention_supported(cfg: GPTConfig) -> bool:
     if capability is None or capability < (8, 0):
         return False
     return cfg.head_dim <= _CUDNN_HEAD_DIM_MAX[min(max(capability[0], 8), 9)]
-
-
-def attention(cfg: GPTConfig, *, weight_dropout: bool, cached: bool) -> str:
-    """The attention path a call takes: "explicit", "xla" or "cudnn".
-
-    auto: cuDNN flash attention where it runs (`cudnn_attention_supported`); the explicit
-    einsum + softmax path while attention weights are dropped out (weight_dropout: training with
-    dropout > 0, which only it can do) and on CPU, where XLA compiles it with fewer copies than
-    `jax.nn.dot_product_attention`'s and runs it faster (benchmarks/README.md); XLA's kernel
-    elsewhere. cached: the KV-cache path, whose mask (left padding, causality by position)
-    cuDNN's causal and sequence-length masks cannot express: it takes XLA's kernel off CPU, also
-    under attention="cudnn" (a one-token decode step is bound by reading the cache anyway).
-    """
-    if cached and cfg.attention == "cudnn":
-        return "xla"
-    if cfg.attention != "auto":
-        return cfg.attention
-    if not (weight_dropout or cached) and cudnn_attention_supported(cfg):
-        return "cudnn"
-    if weight_dropout or jax.default_backend() == "cpu":
-        return "explicit"
-    return "xla"

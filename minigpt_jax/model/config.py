@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.attention_fns import (
@@ -33,10 +34,17 @@ _DENSE_GRADS = Registry(
     {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
     user_entries=False,
 )
-_REMATS = Registry(
+# What each block keeps for the backward pass (model.remat); the rest is recomputed. "full"
+# keeps only the block's input; "dots" also keeps the matmul outputs (the cheap elementwise work
+# is redone); "none" keeps everything (no remat).
+REMAT_POLICIES = Registry(
     "remat policy",
     "model.remat",
-    {"none": "keep all", "dots": "keep matmuls", "full": "keep block inputs"},  # gpt.py's policies
+    {
+        "none": None,
+        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "full": jax.checkpoint_policies.nothing_saveable,
+    },
     user_entries=False,
 )
 
@@ -212,9 +220,9 @@ class GPTConfig:
     )
     remat: str = setting(
         "none",
-        "recompute activations in the backward pass: none | dots | full (model.REMAT_POLICIES)",
+        "recompute activations in the backward pass: none | dots | full (REMAT_POLICIES)",
         SPEED,
-        choices=_REMATS,
+        choices=REMAT_POLICIES,
     )
     dtype: str = setting(
         "float32",

@@ -30,24 +30,18 @@ import jax.numpy as jnp
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
-from minigpt_jax.model.blocks import BLOCKS, MLP, Block, norm  # noqa: F401 (MLP, Block: re-exported)
-from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.blocks import BLOCKS, norm
+from minigpt_jax.model.config import REMAT_POLICIES, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy, term_name, term_values
 from minigpt_jax.model.param_meta import ParamMeta, declare
+from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
 
-# What each block keeps for the backward pass (cfg.remat); the rest is recomputed. "full" keeps
-# only the block's input; "dots" also keeps the matmul outputs (the cheap elementwise work is
-# redone); "none" keeps everything.
-REMAT_POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 # PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use.
 LAYERNORM_EPS = NORM_EPS
@@ -362,6 +356,6 @@ def flops_per_token(cfg: GPTConfig) -> int:
     work only: the vocabulary padding's multiplies are not counted.
     """
     n = count_params(cfg)
-    if cfg.pos_encoding == "learned":
+    if POSITION_ENCODINGS[cfg.pos_encoding].learned:
         n -= cfg.block_size * cfg.n_embd
     return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size

@@ -1,6 +1,8 @@
-"""SIGINT and SIGTERM as a flag that long work (training, sampling) reads between compiled
-calls, so it can end cleanly with what it has: `StopRequest`, a context manager that installs
-the handlers and restores the previous ones."""
+"""How each command stops on SIGINT and SIGTERM. `StopRequest` (a context manager that installs
+the handlers and restores the previous ones) turns them into a flag that long work reads between
+compiled calls, so it ends cleanly with what it has: `TrainingStop` for `train` (a checkpoint;
+raised at once while the run is set up), `RaiseOnSignal` for work with no step to stop at
+(`eval`, `prepare`)."""
 
 from __future__ import annotations
 
@@ -90,3 +92,44 @@ class RaiseOnSignal(StopRequest):
     def on_signal(self, sig: signal.Signals) -> None:
         super().on_signal(sig)
         raise Interrupted(sig)
+
+
+class StopBeforeTraining(BaseException):
+    """SIGINT/SIGTERM arrived while a run was still being set up (reading its data, restoring,
+    compiling): a BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+    def __init__(self, signal_name: str, phase: str):
+        super().__init__(signal_name, phase)
+        self.signal_name, self.phase = signal_name, phase
+
+
+class TrainingStop(StopRequest):
+    """How `train` stops: SIGINT/SIGTERM is a flag the loop checks between compiled calls (and
+    between evaluation batches), answered with a checkpoint; while `phase` names a setup step,
+    the signal raises StopBeforeTraining at once instead (nothing is trained yet, so nothing
+    needs saving)."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase: str | None = None  # set by setup_phase until the loop starts
+        self.step: int | None = 0  # where a run stopped during its setup stands (None: unknown)
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return self.phase is not None
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        super().on_signal(sig)
+        if self.phase is not None:
+            raise StopBeforeTraining(self.signal_name, self.phase)
+
+    def setup_phase(self, phase: str, step: int | None) -> None:
+        """Notes the setup step a run has reached and the training step it stands at (None
+        while the checkpoints are still being checked; a signal that came before the first
+        step is answered now)."""
+        self.phase, self.step = phase, step
+        if self.signal_name is not None:
+            raise StopBeforeTraining(self.signal_name, phase)
+
+    def training_starts(self) -> None:
+        """From here on a signal is a request the loop answers between calls."""
+        self.phase = None

@@ -29,7 +29,7 @@ POLL_S = 0.2  # how often the worker looks at the child and its metrics
 STOP_GRACE_S = 120  # a SIGTERMed child saves a checkpoint; past this it is killed
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -46,7 +46,7 @@ def start(run_dir: Path, config_file: Path) -> subprocess.Popen:
     ]  # fmt: skip
     try:
         return subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
     finally:
         log.close()

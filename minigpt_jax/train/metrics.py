@@ -1,4 +1,6 @@
-"""Run metrics: JSON lines at WORKDIR/metrics.jsonl and TensorBoard event files (no TensorFlow).
+"""What a run logs: JSON lines at WORKDIR/metrics.jsonl and TensorBoard event files (no
+TensorFlow), written by `MetricsWriter`; `RunLogger` fetches each chunk's metrics, times the
+chunks and drives the progress bar.
 
 Each record is appended with one write() of one whole line, unbuffered, so a process killed at
 any moment leaves at most a torn trailing line; `read_metrics` drops such a tail.
@@ -10,9 +12,15 @@ import errno
 import json
 import math
 import os
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import jax
 from tensorboardX import SummaryWriter
+from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
 
@@ -69,6 +77,108 @@ class MetricsWriter:
             return
         os.close(self._fd)
         self._tensorboard.close()
+
+
+class RunLogger:
+    """Per-chunk bookkeeping: fetches each chunk's metrics (refusing non-finite ones), times the
+    chunks, writes metrics.jsonl / TensorBoard rows and drives the progress bar.
+
+    A chunk's metrics are fetched when the next chunk has been dispatched (`dispatched`), so the
+    host never waits on the device in between, or at once before an evaluation or checkpoint
+    (`drain`). In a multi-host run only process 0 writes and shows the bar.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        workdir: Path,
+        step: int,
+        on_non_finite: Callable[[int, dict[str, float]], None],
+        *,
+        progress: bool,
+    ):
+        """step: where the run stands; on_non_finite(step, values) raises the error for a step
+        whose loss or grad norm is not finite (values: the step's metrics by name)."""
+        self.steps_per_call, self.log_every = config.steps_per_call, config.log_every
+        self.tokens_per_chunk = config.steps_per_call * config.batch_size * config.model.block_size
+        self.on_non_finite = on_non_finite
+        is_main_process = jax.process_index() == 0
+        self.writer = MetricsWriter(workdir, resume_step=step, enabled=is_main_process)
+        self.bar = tqdm(
+            total=config.num_steps,
+            initial=step,
+            disable=not (progress and is_main_process),
+            unit="step",
+            dynamic_ncols=True,
+        )
+        self.chunk_seconds: list[float] = []
+        self.train_loss: float | None = None
+        self.val_loss: float | None = None
+        self.eval_train_loss: float | None = None
+        self._pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
+        self._ready_at = time.perf_counter()  # when the device last finished (or was last idle)
+
+    def dispatched(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
+        """Notes the chunk just dispatched; records the one before it, done by now."""
+        self.drain()
+        self._pending = (first_step, metrics, dispatched_at)
+
+    def drain(self) -> None:
+        """Records the chunk in flight, if any (blocks until it is done)."""
+        if self._pending is not None:
+            self._record(*self._pending)
+            self._pending = None
+
+    def _record(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
+        metrics = jax.device_get(metrics)
+        # The chunk ran from the later of its dispatch and the previous chunk's end until now.
+        now = time.perf_counter()
+        seconds = now - max(dispatched_at, self._ready_at)
+        self._ready_at = now
+        self.chunk_seconds.append(seconds)
+        tokens_per_sec = self.tokens_per_chunk / seconds
+        for i in range(self.steps_per_call):
+            step = first_step + i + 1
+            loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                self.on_non_finite(step, {k: float(v[i]) for k, v in metrics.items()})
+            # Every metric the step returns (the loss's aux values too), under its own name.
+            row = {"train_loss": loss}
+            row.update({k: float(v[i]) for k, v in metrics.items() if k != "loss"})
+            row["tokens_per_sec"] = tokens_per_sec
+            self.writer.write(step, row, tensorboard=step % self.log_every == 0)
+            self.train_loss = loss
+        self.bar.update(self.steps_per_call)
+        if (first_step + self.steps_per_call) % self.log_every < self.steps_per_call:
+            self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{tokens_per_sec:,.0f}")
+
+    def evaluation(self, step: int, val: dict[str, float], train: dict[str, float]) -> None:
+        """Records an evaluation: val_loss and eval_train_loss, and val_<term> and
+        eval_train_<term> for every other value the evaluation returned."""
+        self.val_loss, self.eval_train_loss = val["loss"], train["loss"]
+        row = {f"val_{k}": v for k, v in val.items()}
+        row.update({f"eval_train_{k}": v for k, v in train.items()})
+        self.writer.write(step, row)
+        self.bar.write(
+            f"step {step}: train loss {self.eval_train_loss:.4f}, val loss {self.val_loss:.4f}"
+        )
+
+    def flush(self) -> None:
+        """Flushes the files; host-side work (evaluation, checkpoints) is not chunk time."""
+        self.writer.flush()
+        self._ready_at = time.perf_counter()
+
+    def message(self, text: str) -> None:
+        self.bar.write(text)
+
+    def median_step_ms(self) -> float | None:
+        if not self.chunk_seconds:
+            return None
+        return 1000 * statistics.median(self.chunk_seconds) / self.steps_per_call
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
 
 
 def _line(record: dict) -> str:

@@ -1,26 +1,22 @@
-"""The compiled steps: the train state, the loss with its aux values, gradient accumulation,
-train and eval steps and their jit-compiled, sharded forms (`train.loop` drives them)."""
+"""The train step: the train state, the loss with its aux values, gradient accumulation, the
+optimizer update, and its jit-compiled, sharded form over a chunk of steps (`train.loop`
+drives it)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import chex
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh
 
 from minigpt_jax import sharding
-from minigpt_jax.data import memory as data
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
 from minigpt_jax.model.gpt import (
-    GPT,
     Params,
     init_annotated_params,
     init_params,
@@ -209,116 +205,3 @@ def make_train_chunk(
         out_shardings=(state_sharding, sharding.replicated(mesh)),
         donate_argnums=donate_argnums,
     )
-
-
-def eval_step(
-    params: Params, batch_BxT1: Array, *, cfg: GPTConfig, terms: LossTerms = ()
-) -> tuple[dict[str, Array], Array]:
-    """({"loss": sum of token losses, term name: sum of its values}, number of tokens): the
-    host divides, so batches can be summed."""
-    losses_BxT, term_values_BxT = next_token_loss_terms(params, batch_BxT1, cfg, terms)
-    sums = {"loss": losses_BxT.sum(), **{k: v.sum() for k, v in term_values_BxT.items()}}
-    return sums, jnp.asarray(losses_BxT.size, jnp.int32)
-
-
-def make_eval_step(
-    cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None, terms: LossTerms = ()
-):
-    """jit((params, batch_BxT1) -> (sums, token count)), sharded like training on a mesh."""
-    step = functools.partial(eval_step, cfg=cfg, terms=terms)
-    if mesh is None:
-        return jax.jit(step)
-    return jax.jit(
-        step,
-        in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
-        out_shardings=sharding.replicated(mesh),
-    )
-
-
-def metric_step(
-    params: Params, batch_BxT1: Array, *, cfg: GPTConfig, metrics: tuple[str, ...]
-) -> dict[str, Array]:
-    """{metric name: its float32 value on the batch} of `eval_metrics.parse_metrics`' keys, from
-    one deterministic forward over the inputs on the explicit attention path (which sows the
-    attention weights) that keeps the 'intermediates' collection."""
-    entries = [METRICS[key] for key in metrics]
-    capture = any(entry.capture_intermediates for entry in entries)
-    _, variables = GPT(cfg.replace(attention="explicit")).apply(
-        {"params": params},
-        batch_BxT1[:, :-1],
-        mutable=["intermediates"],
-        capture_intermediates=capture,
-    )
-    intermediates = flax.core.unfreeze(variables).get("intermediates", {})
-    return {
-        metric_name(key): jnp.asarray(entry.fn(params, batch_BxT1, intermediates, cfg))
-        for key, entry in zip(metrics, entries, strict=True)
-    }
-
-
-def check_metrics(cfg: GPTConfig, metrics: tuple[str, ...]) -> None:
-    """Runs every metric on a probe batch from shapes alone (jax.eval_shape, nothing computed)
-    and raises ValueError naming the key and the contract for a value that is not a float
-    scalar: before any work."""
-    params = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
-    batch_1xT1 = jax.ShapeDtypeStruct((1, min(cfg.block_size, 8) + 1), jnp.int32)
-    for key in metrics:
-        out = jax.eval_shape(
-            functools.partial(metric_step, cfg=cfg, metrics=(key,)), params, batch_1xT1
-        )
-        check_value(key, out[metric_name(key)])
-
-
-def make_metric_step(
-    cfg: GPTConfig,
-    metrics: tuple[str, ...],
-    mesh: Mesh | None = None,
-    params_sharding: Any = None,
-):
-    """jit((params, batch_BxT1) -> {name: value}) of `metric_step`, sharded like evaluation."""
-    step = functools.partial(metric_step, cfg=cfg, metrics=metrics)
-    if mesh is None:
-        return jax.jit(step)
-    return jax.jit(
-        step,
-        in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
-        out_shardings=sharding.replicated(mesh),
-    )
-
-
-def evaluate(
-    eval_fn,
-    params: Params,
-    tokens: np.ndarray,
-    *,
-    num_batches: int,
-    batch_size: int,
-    block_size: int,
-    seed: int,
-    split: str,
-    mesh: Mesh | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    metric_fn=None,
-) -> dict[str, float] | None:
-    """{"loss": mean next-token loss, term name: its mean, metric name: its mean over the
-    batches} over `num_batches` fixed batches of a split (the same ones every time); eval_fn is
-    `make_eval_step`'s, metric_fn (optional) `make_metric_step`'s. None when should_stop()
-    turned true between two batches (a run asked to stop does not wait for a long pass)."""
-    totals, count, metric_totals = {}, 0, {}
-    for i in range(num_batches):
-        if should_stop is not None and should_stop():
-            return None
-        batch = data.get_batch(tokens, batch_size, block_size, seed=seed, step=i, split=split)
-        if mesh is not None:
-            batch = sharding.put_batch(batch, sharding.batch_sharding(mesh, 2))
-        sums, n = jax.device_get(eval_fn(params, batch))
-        for key, value in sums.items():
-            totals[key] = totals.get(key, 0.0) + float(value)
-        count += int(n)
-        if metric_fn is not None:
-            for key, value in jax.device_get(metric_fn(params, batch)).items():
-                metric_totals[key] = metric_totals.get(key, 0.0) + float(value)
-    means = {key: total / count for key, total in totals.items()}
-    # Equal batches: the mean of the batches' means.
-    means.update({key: total / num_batches for key, total in metric_totals.items()})
-    return means

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.settings.groups import TRAJECTORY, setting
+from minigpt_jax.settings.groups import TRAJECTORY, Optim, defaults, setting
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
@@ -424,12 +424,12 @@ def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
     """Global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s learning rate
     (defaults: AdamW on linear warmup + cosine decay), wrapped as `optim.eval_params` needs.
     Raises RegistryError for an entry that breaks its contract (before any work)."""
-    schedule = SCHEDULES[optim.get("schedule", "cosine")](optim, num_steps)
-    key = optim.get("name", "adamw")
+    schedule = SCHEDULES[_setting(optim, "schedule")](optim, num_steps)
+    key = _setting(optim, "name")
     entry = optimizer_entry(OPTIMIZERS[key])
     optimizer = call_optimizer(entry, optim, schedule, key)
     tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer)
-    choice = optim.get("eval_params", AUTO)
+    choice = _setting(optim, "eval_params")
     if choice != AUTO:
         hook = EVAL_PARAMS[choice]
         if hook.track is not None:
@@ -445,6 +445,11 @@ def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
         return "params", None
 
     return OptimizerParts(tx, schedule, auto)
+
+
+def _setting(optim: Any, name: str) -> Any:
+    """optim's `name`, or its declared default where a partial optim group leaves it out."""
+    return optim.get(name, defaults(Optim)[name])
 
 
 def make_optimizer(

@@ -1,0 +1,299 @@
+"""The house's figures, measured the same way on any checkout of minigpt-jax: the library's lines
+and files, its largest modules and functions, the files and functions one training step passes
+through (from the command line to the optimizer update and back to the metrics line), blocks of
+six or more lines repeated in the library, and the import graph (layers, cycles).
+
+  python benchmarks/house.py                   # this checkout
+  python benchmarks/house.py --repo OTHER      # another checkout (e.g. a git worktree of main)
+
+The step path is measured by running the code, not by reading it: `minigpt-jax train` on the
+tiny config runs in a child process under a profiler, twice (3 and 4 steps, one step per call,
+evaluation and checkpoints only at the end). A function is on the path when it runs while JAX
+traces the train step (the Python code that is the step: loss, model, optimizer update), or
+when each step more calls it the same number of times more (the host's work per step: the batch,
+the dispatch, the metrics line), and so are the package's functions that call those (the command
+line down to the loop). Lines are the definitions' lines of the functions on the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PACKAGE = "minigpt_jax"
+REPEAT_LINES = 6
+
+
+def library_files(repo: Path) -> list[Path]:
+    return sorted((repo / PACKAGE).rglob("*.py"))
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def functions(repo: Path) -> list[tuple[str, str, int]]:
+    """(file, qualified name, lines) of every function and method of the library."""
+    found = []
+    for path in library_files(repo):
+        rel = str(path.relative_to(repo / PACKAGE))
+
+        def visit(node, prefix, rel=rel):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    name = prefix + child.name
+                    found.append((rel, name, child.end_lineno - child.lineno + 1))
+                    visit(child, name + ".", rel)
+                elif isinstance(child, ast.ClassDef):
+                    visit(child, prefix + child.name + ".", rel)
+
+        visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def repeated_blocks(repo: Path) -> tuple[int, int]:
+    """(blocks, lines): runs of REPEAT_LINES or more code lines (stripped, blank and comment
+    lines left out) that stand in two places or more of the library, counted once per extra
+    place, and the lines those extra places hold."""
+    windows = collections.defaultdict(list)
+    files = {}
+    for path in library_files(repo):
+        lines = [
+            line.strip()
+            for line in path.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        files[path] = lines
+        for i in range(len(lines) - REPEAT_LINES + 1):
+            window = lines[i : i + REPEAT_LINES]
+            if sum(len(line) > 3 for line in window) < REPEAT_LINES - 1:
+                continue  # mostly punctuation: not a block of its own
+            if all(line.startswith(("import ", "from ")) for line in window):
+                continue
+            key = hashlib.sha1("\n".join(window).encode()).hexdigest()
+            windows[key].append((path, i))
+    repeated = {place for places in windows.values() if len(places) > 1 for place in places[1:]}
+    # Merge overlapping windows into blocks: consecutive starts in one file are one block.
+    blocks, lines = 0, 0
+    for path in files:
+        starts = sorted(i for p, i in repeated if p == path)
+        end = -1
+        for start in starts:
+            if start > end:
+                blocks += 1
+                lines += REPEAT_LINES
+            else:
+                lines += start + REPEAT_LINES - 1 - end
+            end = start + REPEAT_LINES - 1
+    return blocks, lines
+
+
+def module_imports(repo: Path) -> dict[str, set[str]]:
+    """{module: the library modules it imports anywhere in its source}, modules by dotted name."""
+    modules = {}
+    for path in library_files(repo):
+        rel = path.relative_to(repo).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != PACKAGE:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def layers(graph: dict[str, set[str]]) -> tuple[int | None, list[list[str]]]:
+    """(the number of layers, the cycles): a module's layer is one above its highest import."""
+    layer, cycles, stack = {}, [], []
+
+    def visit(module):
+        if module in stack:
+            cycles.append(stack[stack.index(module) :] + [module])
+            return 0
+        if module in layer:
+            return layer[module]
+        stack.append(module)
+        layer[module] = 1 + max((visit(dep) for dep in sorted(graph[module])), default=-1)
+        stack.pop()
+        return layer[module]
+
+    for module in sorted(graph):
+        visit(module)
+    return (None if cycles else max(layer.values()) + 1), cycles
+
+
+def room_cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Pairs of rooms (the package's top-level folders and modules) that import each other."""
+
+    def room(module):
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else parts[0]
+
+    edges = {(room(a), room(b)) for a, deps in graph.items() for b in deps if room(a) != room(b)}
+    return sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
+
+
+# ----------------------------------------------------------------------------- the step path
+
+
+def _trace_child(steps: int, workdir: str) -> None:
+    """In the child: runs `train` under a profiler, prints {"calls": ..., "traced": ...}."""
+    package_dir = os.path.join(os.getcwd(), PACKAGE) + os.sep
+    calls = collections.Counter()  # (function, the package's callers above it) -> calls
+    traced = set()
+
+    def name(frame):
+        code = frame.f_code
+        qualname = getattr(code, "co_qualname", code.co_name)
+        return (os.path.relpath(code.co_filename, package_dir), qualname, code.co_firstlineno)
+
+    def ours(frame):
+        return frame.f_code.co_filename.startswith(package_dir)
+
+    def is_step(frame):
+        return frame.f_code.co_name == "train_chunk" and "step" in frame.f_code.co_filename
+
+    def profile(frame, event, arg):
+        if event != "call" or not ours(frame):
+            return
+        key, chain, under_step, caller = name(frame), [], is_step(frame), frame.f_back
+        while caller is not None:
+            if ours(caller):
+                chain.append(name(caller))
+                under_step = under_step or is_step(caller)
+            caller = caller.f_back
+        calls[(key, tuple(chain))] += 1
+        if under_step:
+            traced.add(key)
+
+    sys.argv = [
+        "minigpt-jax", "train", "--config", "configs/tiny.py", "--workdir", workdir,
+        f"--config.num_steps={steps}", "--config.steps_per_call=1", "--config.log_every=1",
+        "--config.eval_every=1000", "--config.checkpoint_every=1000",
+        "--config.optim.warmup_steps=0", "--progress=false",
+    ]  # fmt: skip
+    from minigpt_jax import cli
+
+    sys.setprofile(profile)
+    try:
+        cli.main()
+    except SystemExit:
+        pass
+    finally:
+        sys.setprofile(None)
+    print(
+        "HOUSE-TRACE "
+        + json.dumps(
+            {
+                "calls": [
+                    [list(k), [list(c) for c in chain], n] for (k, chain), n in calls.items()
+                ],
+                "traced": [list(k) for k in traced],
+            }
+        )
+    )
+
+
+def _trace(repo: Path, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as workdir:
+        env = {**os.environ, "PYTHONPATH": str(repo), "MINIGPT_JAX_COMPILATION_CACHE": "off"}
+        result = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--trace-child", str(steps), workdir],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    for line in result.stdout.splitlines():
+        if line.startswith("HOUSE-TRACE "):
+            return json.loads(line.removeprefix("HOUSE-TRACE "))
+    raise SystemExit(f"the traced run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+
+
+def step_path(repo: Path) -> tuple[set[tuple], dict[tuple, int]]:
+    """The functions (file, qualname, first line) on one step's path, and their lines."""
+
+    def counted(trace):
+        return {(tuple(k), tuple(map(tuple, chain))): n for k, chain, n in trace["calls"]}
+
+    runs = [_trace(repo, steps) for steps in (3, 4, 5)]
+    three, four, five = (counted(run) for run in runs)
+    path = {tuple(k) for k in runs[-1]["traced"]}
+    for (key, chain), n in five.items():
+        more = n - four.get((key, chain), 0)
+        # Called more often by the same amount for each step more: the step's own work (a
+        # count that changes for another reason, such as the size of a file hashed, is not).
+        if more >= 1 and four.get((key, chain), 0) - three.get((key, chain), 0) == more:
+            path.add(key)
+            path.update(chain)
+    sizes = {}
+    for file, qualname, _ in path:
+        for rel, name, lines in functions(repo):
+            if rel == file and name == qualname.replace(".<locals>", ""):
+                sizes[(file, qualname)] = lines
+    return path, sizes
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--trace-child":
+        _trace_child(int(sys.argv[2]), sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent))
+    parser.add_argument("--most", type=int, default=8, help="largest modules/functions shown")
+    args = parser.parse_args()
+    repo = Path(args.repo).resolve()
+
+    files = library_files(repo)
+    sizes = {str(p.relative_to(repo / PACKAGE)): line_count(p) for p in files}
+    print(f"library ({repo / PACKAGE}): {sum(sizes.values()):,} lines in {len(files)} files")
+    print("largest modules: " + ", ".join(
+        f"{name} {n}" for name, n in sorted(sizes.items(), key=lambda x: -x[1])[: args.most]
+    ))  # fmt: skip
+    defs = sorted(functions(repo), key=lambda f: -f[2])[: args.most]
+    print("largest functions: " + ", ".join(f"{f}:{name} {n}" for f, name, n in defs))
+    blocks, lines = repeated_blocks(repo)
+    print(f"repeated blocks of {REPEAT_LINES}+ lines: {blocks} ({lines} lines)")
+    graph = module_imports(repo)
+    count, cycles = layers(graph)
+    print(
+        f"imports: {sum(len(d) for d in graph.values())} between {len(graph)} modules, "
+        f"{count} layers, {len(cycles)} module cycles, rooms importing each other: "
+        + (", ".join(f"{a}<->{b}" for a, b in room_cycles(graph)) or "none")
+    )
+    path, path_sizes = step_path(repo)
+    path_files = sorted({file for file, _, _ in path})
+    print(
+        f"one training step: {len(path_files)} files, {len(path)} functions, "
+        f"{sum(path_sizes.values()):,} lines of them"
+    )
+    by_file = collections.defaultdict(list)
+    for file, qualname, _ in sorted(path):
+        by_file[file].append(re.sub(r"\.<locals>", "", qualname))
+    for file in path_files:
+        print(f"  {file}: {', '.join(by_file[file])}")
+
+
+if __name__ == "__main__":
+    main()

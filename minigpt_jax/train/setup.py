@@ -1,0 +1,337 @@
+"""A run's setup, everything before its first step (`set_up`): the checkpoints checked, the
+pretrained model, the optimizer, loss terms and metrics, the mesh, the memory budget, the resume
+rules, the data, the train state (restored or initialized) and the compiled steps.
+
+Every check that can refuse the config runs before anything is written: the data is checked
+before it is cached, a resumed run's settings before its data changes, its token stream against
+the checkpoint's before a data file is rewritten, and `before_writing()` (taking the run lock)
+is called before the first write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from minigpt_jax import budget, sharding
+from minigpt_jax.checkpoint import Checkpointer
+from minigpt_jax.data import memory as data
+from minigpt_jax.experiment import dataset_from, gpt_config_from
+from minigpt_jax.loading import LoadedModel, check_fits, load_model, params_for
+from minigpt_jax.model.attention_fns import choose_kernel
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
+from minigpt_jax.model.losses import parse_terms, term_name
+from minigpt_jax.optimizers import build_optimizer
+from minigpt_jax.settings.registry import user_module_digests, user_modules
+from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
+from minigpt_jax.train.step import (
+    TrainState,
+    init_state,
+    make_init_state,
+    make_train_chunk,
+    state_shardings,
+)
+
+_log = logging.getLogger(__name__)
+OnPhase = Callable[[str, "int | None"], None]  # (setup step starting, step the run stands at)
+
+
+@dataclasses.dataclass
+class Run:
+    """What a run needs from its first step on (made by `set_up`)."""
+
+    config: Any  # the complete, checked experiment config
+    cfg: GPTConfig
+    dataset: data.Dataset
+    mesh: Any
+    shardings: Any  # of the train state
+    checkpointer: Checkpointer
+    state: TrainState
+    resumed_from: int | None
+    best_val: float  # the lowest val loss so far (inf: none yet)
+    pending_evaluation: bool  # a signal stopped the resumed step's evaluation: it runs first
+    terms: tuple[tuple[str, float], ...]  # config.loss.terms, parsed
+    meta: dict  # what every checkpoint records beside the state
+    train_chunk: Any  # compiled (state, batches_CxBxT1) -> (state, metrics); None: nothing to train
+    eval_fn: Any  # compiled (params, batch_BxT1) -> (sums, count)
+    metric_fn: Any  # compiled (params, batch_BxT1) -> {metric: value}, or None
+    select_eval_params: Any  # compiled state -> eval params, or None: the trained ones
+    compile_time_s: float
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    @property
+    def micro_batch_size(self) -> int:
+        # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
+        return self.config.batch_size // self.config.grad_accum_steps
+
+
+def set_up(
+    config: Any,
+    workdir: Path,
+    *,
+    progress: bool = False,
+    allow_resume_changes: bool = False,
+    before_writing: Callable[[], None] = lambda: None,
+    on_phase: OnPhase = lambda phase, step: None,
+    last_step: int | None = None,
+) -> Run:
+    """The run of `config` (complete and checked: experiment.check_experiment_config) in
+    `workdir`. on_phase(what, step) names each setup step as it starts ("reading the data",
+    ...) and the step the run stands at (None until the checkpoints are checked). A run already
+    at last_step compiles no train step (it has nothing to train)."""
+    checkpointer = Checkpointer(
+        workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
+    )
+    try:
+        # The checkpoints first: every later phase then names the step the run stands at.
+        on_phase("checking the checkpoints", None)
+        latest = checkpointer.latest_step()
+        at = latest or 0
+        # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
+        on_phase("reading config.init_from", at)
+        pretrained = load_model(config.init_from) if config.init_from else None
+        optimizer = build_optimizer(config.optim, config.num_steps)
+        terms = parse_terms(config.loss.terms)
+        metrics = _checked_metrics(config, terms, pretrained)
+        mesh = sharding.make_mesh(config.mesh)
+        micro_batch_size = config.batch_size // config.grad_accum_steps
+        sharding.check_batch_size(micro_batch_size, mesh)
+        # A char vocabulary is known once the corpus is read: counted as 1 until then.
+        early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
+        _check_memory(
+            config, optimizer.tx, mesh, pretrained.cfg.vocab_size if pretrained else early_vocab
+        )
+        data_check = _DataCheck(config, checkpointer, latest, allow_resume_changes)
+        if latest is not None:  # the settings first, so a refused resume changes no data file
+            saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
+            _check_resume(config, saved_vocab, checkpointer, latest, allow_resume_changes)
+        on_phase("reading the data", at)
+        dataset = dataset_from(
+            config,
+            workdir,
+            pretrained.tokenizer if pretrained else None,
+            progress=progress,
+            before_writing=before_writing,
+            check_data=data_check if latest is not None else None,
+        )
+        cfg = gpt_config_from(
+            config, (pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
+        )
+        _check_memory(config, optimizer.tx, mesh, cfg.vocab_size)
+        if pretrained is not None and latest is None:
+            check_fits(pretrained.cfg, cfg)
+        shardings = state_shardings(cfg, optimizer.tx, mesh)
+        # Which params evaluation, best/, sampling and export use, decided by the optimizer.
+        eval_params_name, select = optimizer.eval_params(shardings.opt_state)
+        select_eval_params = None
+        if select is not None:
+            select_eval_params = jax.jit(
+                lambda state: select(state.opt_state, state.params),
+                out_shardings=shardings.params,
+            )
+        meta = {
+            "gpt_config": dataclasses.asdict(cfg),
+            "config": config.to_dict(),
+            "data": dataset.digest.as_dict(),
+            "eval_params": eval_params_name,
+            "plugins": user_module_digests(config),
+        }
+        before_writing()
+        checkpointer.start_writing()
+        state = make_init_state(cfg, optimizer.tx, mesh, shardings)(jax.random.key(config.seed))
+        if latest is None:
+            on_phase("initializing the model", 0)
+            state = _with_pretrained_params(state, pretrained, cfg, shardings)
+            resumed_from, best_val, pending_evaluation = None, math.inf, False
+        else:
+            on_phase(f"restoring checkpoint {latest}", latest)
+            changes = _check_resume(
+                config, cfg.vocab_size, checkpointer, latest, allow_resume_changes
+            )
+            if changes:
+                _log.warning(
+                    "resuming step %d with changed settings: %s", latest, "; ".join(changes)
+                )
+            state, saved_meta = checkpointer.restore(state, latest)
+            resumed_from = int(state.step)
+            pending_evaluation = bool(saved_meta.get("pending_evaluation"))
+            best_val = _best_val_so_far(saved_meta, latest, data_check.change)
+        eval_fn = make_eval_step(cfg, mesh, shardings.params, terms)
+        metric_fn = make_metric_step(cfg, metrics, mesh, shardings.params) if metrics else None
+        run = Run(
+            config, cfg, dataset, mesh, shardings, checkpointer, state, resumed_from, best_val,
+            pending_evaluation, terms, meta, None, eval_fn, metric_fn, select_eval_params, 0.0,
+        )  # fmt: skip
+        if last_step is None or run.step < last_step:
+            on_phase("compiling", run.step)
+            _compile(run, optimizer)
+        return run
+    except BaseException:
+        checkpointer.close()  # an open orbax manager prints tracebacks at exit
+        raise
+
+
+def train_batches(run: Run, first_step: int) -> jax.Array:
+    """Steps [first_step, first_step + steps_per_call) of every process's identical global
+    batches (C, B, T + 1), placed on the mesh."""
+    config = run.config
+    batches = np.stack(
+        [
+            data.get_batch(
+                run.dataset.train,
+                config.batch_size,
+                config.model.block_size,
+                seed=config.seed,
+                step=step,
+            )
+            for step in range(first_step, first_step + config.steps_per_call)
+        ]
+    )
+    return sharding.put_batch(batches, sharding.batch_sharding(run.mesh, 3))
+
+
+def _compile(run: Run, optimizer: Any) -> None:
+    """Compiles the train chunk ahead of its first call, refuses one that XLA's account says
+    will not fit, and times it."""
+    start = time.perf_counter()
+    chunk = make_train_chunk(
+        run.cfg,
+        optimizer.tx,
+        optimizer.schedule,
+        run.mesh,
+        run.shardings,
+        grad_accum_steps=run.config.grad_accum_steps,
+        terms=run.terms,
+    )
+    run.train_chunk = chunk.lower(run.state, train_batches(run, run.step)).compile()
+    budget.check_compiled_fits(run.train_chunk, run.mesh)
+    run.compile_time_s = time.perf_counter() - start
+
+
+def _checked_metrics(
+    config: Any, terms: tuple[tuple[str, float], ...], pretrained: LoadedModel | None
+) -> tuple[str, ...]:
+    """config.eval.metrics resolved and probed against their contract (shapes only), before
+    anything is written; a name clashing with a loss term's is refused."""
+    metrics = parse_metrics(config.eval.get("metrics", ""))
+    taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in terms)}
+    for key in metrics:
+        if metric_name(key) in taken:
+            raise ValueError(
+                f"config.eval.metrics: {key!r} is logged as {metric_name(key)!r}, the name "
+                "of a loss value; rename the metric (its attr in module:attr)."
+            )
+    if metrics:
+        vocab_size = pretrained.cfg.vocab_size if pretrained else 256
+        check_metrics(gpt_config_from(config, vocab_size), metrics)
+    return metrics
+
+
+def _check_memory(config: Any, tx: Any, mesh: Any, vocab_size: int) -> None:
+    """Refuses, before any array is allocated, a run whose state, batches, logits and residual
+    stream alone (budget.train_bytes_lower_bound, from shapes) exceed the devices' memory."""
+    cfg = gpt_config_from(config, vocab_size)
+    state_shapes = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
+    fused = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False) == "cudnn"
+    batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
+    micro_batch_size = config.batch_size // config.grad_accum_steps
+    needed = budget.train_bytes_lower_bound(
+        cfg, state_shapes, micro_batch_size, batches, fused_attention=fused
+    )
+    budget.check_train_fits(needed, mesh)
+
+
+def _check_resume(
+    config: Any, vocab_size: int, checkpointer: Checkpointer, latest: int, allow_changes: bool
+) -> list[str]:
+    """The accepted changes of resuming checkpoint `latest` with `config` (and a vocabulary of
+    `vocab_size`); raises ValueError for changed model or (unless allowed) trajectory settings
+    or plug-in code (train.resume), or a checkpoint past config.num_steps."""
+    saved = checkpointer.read_meta(latest)
+    where = checkpointer.run_dir.checkpoints / str(latest)
+    cfg = gpt_config_from(config, vocab_size)
+    meta = {"gpt_config": dataclasses.asdict(cfg), "config": config.to_dict()}
+    changes = check_resume(saved, meta, where, allow_changes=allow_changes)
+    changes += check_resume_plugins(
+        saved.get("plugins"),
+        user_module_digests(config),
+        user_modules(config),
+        where,
+        allow_changes=allow_changes,
+    )
+    if latest > config.num_steps:
+        raise ValueError(
+            f"{where} is past num_steps={config.num_steps}, so there is nothing to train; "
+            f"raise --config.num_steps above {latest} to continue it, or use a fresh --workdir."
+        )
+    return changes
+
+
+class _DataCheck:
+    """Called by the data loading with the token stream's digest before any data file is
+    rewritten: refuses another stream than checkpoint `latest` trained on (resume.
+    check_resume_data); with allow_changes notes the change (`change`), after which the best val
+    loss starts afresh."""
+
+    def __init__(self, config: Any, checkpointer: Checkpointer, latest: int | None, allow: bool):
+        self.config, self.checkpointer, self.latest, self.allow = (
+            config,
+            checkpointer,
+            latest,
+            allow,
+        )
+        self.change: str | None = None
+
+    def __call__(self, digest: data.DataDigest) -> None:
+        data_config = self.config.data
+        self.change = check_resume_data(
+            self.checkpointer.read_meta(self.latest).get("data"),
+            digest.as_dict(),
+            self.checkpointer.run_dir.checkpoints / str(self.latest),
+            where=f"data.path={data_config.path}"
+            if data_config.path
+            else f"data.corpus={data_config.corpus}",
+            allow_changes=self.allow,
+        )
+
+
+def _with_pretrained_params(
+    state: TrainState, pretrained: LoadedModel | None, cfg: GPTConfig, shardings: Any
+) -> TrainState:
+    """A fresh state whose params are config.init_from's (AdamW's moments start at zero
+    whatever the params, so only the params change)."""
+    if pretrained is None:
+        return state
+    # Host arrays, the same on every process, which device_put places on any mesh.
+    params = jax.tree_util.tree_map(np.asarray, params_for(pretrained, cfg))
+    return state.replace(params=jax.device_put(params, shardings.params))
+
+
+def _best_val_so_far(saved_meta: dict, latest: int, data_change: str | None) -> float:
+    """The best val loss checkpoint `latest` recorded; afresh (inf) on other data, whose
+    validation split is not the one it was measured on."""
+    best_val = saved_meta.get("best_val_loss") or math.inf
+    if data_change is None:
+        return best_val
+    _log.warning(
+        "resuming step %d on other data (%s): the best val loss so far (%.4f) was measured on "
+        "a validation split that is gone, so it starts afresh.",
+        latest,
+        data_change,
+        best_val,
+    )
+    return math.inf
