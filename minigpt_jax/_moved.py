@@ -46,6 +46,9 @@ _SAMPLING_CHECKS = (
 REPLACED = {
     "minigpt_jax.io.sampling.check_settings": _SAMPLING_CHECKS,
     "minigpt_jax.io.runs.check_settings": _SAMPLING_CHECKS,
+    "minigpt_jax.io.runs.sample_from_pretrained": (
+        "minigpt_jax.sampling.texts.sample_texts with minigpt_jax.loading.load_model(DIR)"
+    ),
 }
 
 

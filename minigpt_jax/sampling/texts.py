@@ -13,7 +13,7 @@ import numpy as np
 
 from minigpt_jax.budget import format_bytes
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.loading import load_model, load_run
+from minigpt_jax.loading import load_run
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
 from minigpt_jax.sampling.api import check_request, generate_stream
@@ -33,12 +33,6 @@ def sample_from_workdir(
     """
     run = load_run(workdir, checkpoint)
     return sample_texts(run.params, run.cfg, run.tokenizer, prompt, **options)
-
-
-def sample_from_pretrained(path: str | Path, prompt: str, **options: Any) -> list[str]:
-    """`sample_from_workdir` for a Hugging Face GPT-2 directory (weights and tokenizer)."""
-    model = load_model(path)
-    return sample_texts(model.params, model.cfg, model.tokenizer, prompt, **options)
 
 
 def sample_texts(
