@@ -23,7 +23,7 @@ import numpy as np
 
 from minigpt_jax import GPTConfig, forward, generate, init_params
 from minigpt_jax.runtime.timing import median_seconds
-from minigpt_jax.sampling.api import sample_token
+from minigpt_jax.sampling.filters import sample_token
 
 SHAKESPEARE_CHAR = GPTConfig(
     vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0

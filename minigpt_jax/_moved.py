@@ -14,8 +14,19 @@ import warnings
 MOVED = {
     "minigpt_jax.io": (),
     "minigpt_jax.io.pretrained": ("minigpt_jax.gpt2", "minigpt_jax.loading"),
-    "minigpt_jax.io.sampling": ("minigpt_jax.sampling.api",),
-    "minigpt_jax.io.runs": ("minigpt_jax.sampling.texts",),
+    "minigpt_jax.io.sampling": (
+        "minigpt_jax.sampling.api",
+        "minigpt_jax.sampling.settings",
+        "minigpt_jax.sampling.filters",
+        "minigpt_jax.sampling.plan",
+        "minigpt_jax.sampling.decode",
+        "minigpt_jax.sampling.loop",
+    ),
+    "minigpt_jax.io.runs": (
+        "minigpt_jax.sampling.texts",
+        "minigpt_jax.sampling.command",
+        "minigpt_jax.runtime.signals",
+    ),
     "minigpt_jax.io.evaluate": ("minigpt_jax.train.evaluation",),
     "minigpt_jax.registry": ("minigpt_jax.settings.registry",),
     "minigpt_jax.run_config": ("minigpt_jax.experiment",),
@@ -28,6 +39,18 @@ MOVED = {
     "minigpt_jax.timing": ("minigpt_jax.runtime.timing",),
     "minigpt_jax.train.optimizers": ("minigpt_jax.optimizers",),
     "minigpt_jax.train.checkpoint": ("minigpt_jax.checkpoint",),
+}
+_SAMPLING_CHECKS = (
+    "minigpt_jax.sampling.settings.SampleSettings, which checks its values when made, and "
+    "minigpt_jax.sampling.api.check_request"
+)
+# names of an old module that no module holds now -> what to use instead
+REPLACED = {
+    "minigpt_jax.io.sampling.check_settings": _SAMPLING_CHECKS,
+    "minigpt_jax.io.runs.check_settings": _SAMPLING_CHECKS,
+    "minigpt_jax.io.runs.sample_from_pretrained": (
+        "minigpt_jax.sampling.texts.sample_texts with minigpt_jax.loading.load_model(DIR)"
+    ),
 }
 
 
@@ -52,6 +75,9 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         )
 
         def __getattr__(name: str):
+            instead = REPLACED.get(f"{module.__name__}.{name}")
+            if instead is not None:
+                raise AttributeError(f"{module.__name__}.{name} is gone: use {instead}")
             for home in homes:
                 found = importlib.import_module(home)
                 if hasattr(found, name):

@@ -42,6 +42,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
+from minigpt_jax.sampling.settings import SampleSettings
+
 COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep")
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -62,14 +64,23 @@ _TRACEBACK = flags.DEFINE_bool(
 )
 _PROMPT = flags.DEFINE_string("prompt", "\n", "sample: text to continue.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 500, "sample: tokens to generate.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "sample: softmax temperature; 0 = greedy.")
-_TOP_K = flags.DEFINE_integer("top_k", None, "sample: keep only the k most likely tokens.")
-_TOP_P = flags.DEFINE_float("top_p", None, "sample: keep the smallest set with mass >= p.")
+_TEMPERATURE = flags.DEFINE_float(
+    "temperature",
+    SampleSettings.temperature,
+    "sample: softmax temperature; the default 1.0 draws from the model's own distribution, "
+    "lower sharpens it (e.g. 0.8, nanoGPT's), 0 = greedy.",
+)
+_TOP_K = flags.DEFINE_integer(
+    "top_k", SampleSettings.top_k, "sample: keep only the k most likely tokens."
+)
+_TOP_P = flags.DEFINE_float(
+    "top_p", SampleSettings.top_p, "sample: keep the smallest set with mass >= p."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "sample: random seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "sample: independent samples to print.")
 _SAMPLES_PER_BATCH = flags.DEFINE_integer(
     "samples_per_batch",
-    None,
+    SampleSettings.batch_size,
     "sample: samples decoded together (default: as many as fit in half the free memory).",
 )
 _CHECKPOINT = flags.DEFINE_enum(
@@ -157,20 +168,23 @@ def _prepare() -> None:
 
 
 def _sample() -> None:
-    from minigpt_jax.sampling.texts import print_samples
+    from minigpt_jax.sampling.command import print_samples
 
+    settings = SampleSettings(
+        temperature=_TEMPERATURE.value,
+        top_k=_TOP_K.value,
+        top_p=_TOP_P.value,
+        batch_size=_SAMPLES_PER_BATCH.value,
+    )
     status = print_samples(
         workdir=_WORKDIR.value,
         pretrained=_PRETRAINED.value,
         checkpoint=_CHECKPOINT.value,
         prompt=_PROMPT.value,
         max_new_tokens=_MAX_NEW_TOKENS.value,
-        temperature=_TEMPERATURE.value,
-        top_k=_TOP_K.value,
-        top_p=_TOP_P.value,
         seed=_SEED.value,
         num_samples=_NUM_SAMPLES.value,
-        samples_per_batch=_SAMPLES_PER_BATCH.value,
+        settings=settings,
     )
     sys.exit(status)
 

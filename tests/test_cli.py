@@ -289,3 +289,18 @@ def test_sample_refuses_more_tokens_than_positions_index(trained_workdir):
         "token slots, more than the 2,147,483,647 that int32 positions index: ask for fewer "
         "new tokens."
     )
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--temperature=-1", "temperature=-1.0 must be finite and >= 0 (0 means greedy argmax)."),
+        ("--top_p=1.5", "top_p=1.5 must be in (0, 1], or None to keep all tokens."),
+    ],
+)
+def test_sample_refuses_a_bad_setting_in_one_line_before_loading(tmp_path, flag, message):
+    """The command's flags become one SampleSettings, which checks itself: a bad value is one
+    line naming the setting and the fix, before any model is read (there is none here)."""
+    result = _run(_sample_args(tmp_path / "no_run", "--prompt=a", flag))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"minigpt-jax sample: error: {message}"

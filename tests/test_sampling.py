@@ -1,7 +1,10 @@
 """generate: cached decoding equals recomputation, prefill buckets, streaming and batching change
-nothing, memory plans, sampling filters, bounded compiles, bad input."""
+nothing, memory plans, sampling filters, bounded compiles, bad input; SampleSettings: one set of
+defaults, bad values refused."""
 
+import dataclasses
 import functools
+import inspect
 
 import chex
 import jax
@@ -9,19 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
 
-from minigpt_jax import GPTConfig, forward, generate, init_params
-from minigpt_jax.sampling.api import (
-    decode,
-    generate_stream,
-    plan_sampling,
-    plan_slots,
-    prefill,
-    row_bytes,
-    sample_token,
-    tokens_past_block,
-    top_k_filter,
-    top_p_filter,
-)
+from minigpt_jax import GPTConfig, SampleSettings, forward, generate, init_params
+from minigpt_jax.sampling.api import generate_stream
+from minigpt_jax.sampling.decode import decode, prefill
+from minigpt_jax.sampling.filters import sample_token, top_k_filter, top_p_filter
+from minigpt_jax.sampling.plan import plan_sampling, plan_slots, row_bytes, tokens_past_block
 
 DIMS = chex.Dimensions(B=2, V=32)
 CFG = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -291,7 +286,9 @@ class StreamingAndBatchingTest(chex.TestCase):
     def test_a_memory_budget_splits_the_prompts_into_batches(self):
         row = plan_sampling(CFG, 3, 6, NUM_NEW, return_logits=True).row_bytes
         budget = int(2.5 * row)
-        tight = plan_sampling(CFG, 3, 6, NUM_NEW, memory_bytes=budget, return_logits=True)
+        tight = plan_sampling(
+            CFG, 3, 6, NUM_NEW, SampleSettings(memory_bytes=budget), return_logits=True
+        )
         self.assertEqual((tight.batch_size, tight.num_batches), (2, 2))
         self.assertTrue(tight.limited_by_memory)
         self._assert_same(self._run(CFG, memory_bytes=budget), self._run(CFG))
@@ -387,3 +384,87 @@ class BadInputTest(chex.TestCase):
             generate(
                 _params(CFG), CFG.replace(causal=False), _prompts_BxT(), 4, rng=jax.random.key(0)
             )
+
+
+class SampleSettingsTest(chex.TestCase):
+    """One set of defaults for every entry point, and a bad value refused where it is made."""
+
+    def test_no_entry_point_declares_defaults_of_its_own(self):
+        """The sampling settings reach every layer as a SampleSettings: no function takes
+        temperature, top_k or top_p with a default of its own (they once disagreed: 0.8 in the
+        command and the texts, 1.0 in generate)."""
+        from minigpt_jax.sampling.command import print_samples
+        from minigpt_jax.sampling.decode import time_step_past_block
+        from minigpt_jax.sampling.loop import decoded_batches
+        from minigpt_jax.sampling.texts import sample_from_workdir, sample_texts, stream_texts
+
+        entry_points = [
+            generate, generate_stream, stream_texts, sample_texts, sample_from_workdir,
+            print_samples, time_step_past_block, decoded_batches, plan_sampling,
+        ]  # fmt: skip
+        for function in entry_points:
+            parameters = inspect.signature(function).parameters
+            for name in ("temperature", "top_k", "top_p", "batch_size", "samples_per_batch"):
+                self.assertNotIn(name, parameters, function.__qualname__)
+
+    def test_the_command_line_defaults_are_the_settings_defaults(self):
+        from minigpt_jax import cli
+
+        defaults = SampleSettings()
+        self.assertEqual(defaults.temperature, 1.0)  # the model's own distribution
+        self.assertEqual(cli._TEMPERATURE.default, defaults.temperature)
+        self.assertEqual(cli._TOP_K.default, defaults.top_k)
+        self.assertEqual(cli._TOP_P.default, defaults.top_p)
+        self.assertEqual(cli._SAMPLES_PER_BATCH.default, defaults.batch_size)
+
+    def test_keywords_and_settings_give_the_same_tokens(self):
+        """generate(...) with no settings, with SampleSettings(), with temperature=1.0, and
+        with settings that a keyword overrides, draw the same tokens."""
+        run = functools.partial(
+            generate, _params(CFG), CFG, _prompts_BxT(), 9, rng=jax.random.key(2)
+        )
+        default = run()
+        for same in (
+            run(settings=SampleSettings()),
+            run(temperature=1.0),
+            run(settings=SampleSettings(temperature=0.0), temperature=1.0),
+        ):
+            np.testing.assert_array_equal(same, default)
+        greedy = run(settings=SampleSettings(temperature=0.0))
+        self.assertFalse(np.array_equal(greedy, default))
+        np.testing.assert_array_equal(greedy, run(temperature=0))
+
+    def test_settings_are_frozen(self):
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            SampleSettings().temperature = 0.5
+
+    @parameterized.named_parameters(
+        (
+            "negative_temperature",
+            {"temperature": -1.0},
+            r"temperature=-1.0 must be .* >= 0 \(0 means",
+        ),
+        ("nan_temperature", {"temperature": float("nan")}, "temperature=nan must be finite"),
+        ("text_temperature", {"temperature": "hot"}, "temperature='hot' must be finite"),
+        ("zero_top_k", {"top_k": 0}, "top_k=0 must be a positive int, or None to keep all"),
+        ("float_top_k", {"top_k": 2.5}, "top_k=2.5 must be a positive int"),
+        ("top_p_above_one", {"top_p": 1.5}, r"top_p=1.5 must be in \(0, 1\], or None to keep"),
+        ("zero_top_p", {"top_p": 0.0}, r"top_p=0.0 must be in \(0, 1\]"),
+        ("zero_batch_size", {"batch_size": 0}, "batch_size=0 must be a positive int, or None"),
+        ("negative_memory", {"memory_bytes": -1}, "memory_bytes=-1 must be a positive int"),
+    )
+    def test_a_bad_value_is_refused_naming_the_setting_and_the_fix(self, values, message):
+        for make in (
+            lambda: SampleSettings(**values),
+            lambda: SampleSettings().replace(**values),
+            lambda: generate(_params(CFG), CFG, _prompts_BxT(), 4, rng=jax.random.key(0), **values),
+        ):
+            with self.assertRaisesRegex(ValueError, message) as caught:
+                make()
+            self.assertNotIn("\n", str(caught.exception))
+
+    def test_an_unknown_setting_is_refused_with_the_names(self):
+        with self.assertRaisesRegex(
+            TypeError, "unknown sampling setting temprature: the settings are temperature, top_k"
+        ):
+            generate(_params(CFG), CFG, _prompts_BxT(), 4, rng=jax.random.key(0), temprature=0.5)

@@ -133,3 +133,16 @@ class TrainingStop(StopRequest):
     def training_starts(self) -> None:
         """From here on a signal is a request the loop answers between calls."""
         self.phase = None
+
+
+class StopThenInterrupt(StopRequest):
+    """The first SIGINT/SIGTERM is a flag that the work reads between compiled calls (sampling
+    prints what it has); a second raises KeyboardInterrupt at once."""
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return self.signal_name is not None
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        if self.signal_name is not None:
+            raise KeyboardInterrupt
+        super().on_signal(sig)

@@ -1,2 +1,4 @@
-"""Sampling: `generate` and `generate_stream` (`api`), and texts from a run or a Hugging Face
-GPT-2 directory, streamed as they come (`texts`, the `sample` command)."""
+"""Sampling, one concern a module: `settings` (SampleSettings), `filters` (how a token is drawn),
+`plan` (slots and memory), `decode` (the compiled calls), `loop` (the host loop), `api`
+(`generate`, `generate_stream`), `texts` (texts from a run, streamed) and `command` (the
+`minigpt-jax sample` output)."""

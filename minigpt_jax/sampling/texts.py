@@ -1,70 +1,51 @@
-"""Models on disk: sampling from a run directory's checkpoint and tokenizer, or from a Hugging
-Face GPT-2 directory, as texts or as the streamed output of `minigpt-jax sample`.
-
-The I/O side of `minigpt-jax sample`, kept out of `sampling` (which works on params and ids)
-and out of `cli` (which only parses flags).
-"""
+"""Texts sampled from a model with a tokenizer: from a run directory (`sample_from_workdir`),
+whole (`sample_texts`) or streamed as they come (`stream_texts`), never cut inside a character.
+`api.generate_stream` samples the ids; this module encodes the prompt and decodes the texts."""
 
 from __future__ import annotations
 
-import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from minigpt_jax.budget import format_bytes
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.loading import LoadedModel, load_model, load_run
+from minigpt_jax.loading import load_run
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
-from minigpt_jax.runtime.signals import StopRequest
-from minigpt_jax.sampling.api import (
-    CHUNK_SECONDS,
-    check_settings,
-    generate_stream,
-    plan_sampling,
-    time_step_past_block,
-    tokens_past_block,
-)
-
-COMMAND = "minigpt-jax sample"
+from minigpt_jax.sampling.api import check_request, generate_stream
+from minigpt_jax.sampling.decode import time_step_past_block
+from minigpt_jax.sampling.loop import CHUNK_SECONDS
+from minigpt_jax.sampling.plan import SamplingPlan, plan_sampling, tokens_past_block
+from minigpt_jax.sampling.settings import SampleSettings, settings_of
 
 
 def sample_from_workdir(
-    workdir: str | Path, prompt: str, *, checkpoint: str = "latest", **settings
+    workdir: str | Path, prompt: str, *, checkpoint: str = "latest", **options: Any
 ) -> list[str]:
     """Decoded texts: continuations of `prompt` by a trained run.
 
-    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; `settings`
-    are those of `sample_texts` (max_new_tokens, temperature, top_k, top_p, seed, num_samples,
-    samples_per_batch).
+    Loads the run's checkpoint ('latest' or 'best') and its tokenizer from `workdir`; `options`
+    are `sample_texts`' (max_new_tokens, seed, num_samples, settings or its fields).
     """
     run = load_run(workdir, checkpoint)
-    return sample_texts(run.params, run.cfg, run.tokenizer, prompt, **settings)
+    return sample_texts(run.params, run.cfg, run.tokenizer, prompt, **options)
 
 
-def sample_from_pretrained(path: str | Path, prompt: str, **settings) -> list[str]:
-    """`sample_from_workdir` for a Hugging Face GPT-2 directory (weights and tokenizer)."""
-    model = load_model(path)
-    return sample_texts(model.params, model.cfg, model.tokenizer, prompt, **settings)
-
-
-def sample_texts(params: Params, cfg: GPTConfig, tokenizer: Tokenizer, prompt: str, **settings):
+def sample_texts(
+    params: Params, cfg: GPTConfig, tokenizer: Tokenizer, prompt: str, **options: Any
+) -> list[str]:
     """Decoded texts: `num_samples` independent continuations of `prompt`; sample i draws with
-    fold_in(key(seed), i), so the texts do not depend on how they are batched. `settings` are
-    `stream_texts`' (max_new_tokens=500, temperature=0.8, top_k, top_p, seed=0, num_samples=1,
-    samples_per_batch, memory_bytes); each batch is decoded in one compiled call."""
+    fold_in(key(seed), i), so the texts do not depend on how they are batched. `options` are
+    `stream_texts`' (max_new_tokens, seed=0, num_samples=1, settings or its fields); each batch
+    is decoded in one compiled call."""
     texts = {}
-    for piece in stream_texts(params, cfg, tokenizer, prompt, chunk_seconds=None, **settings):
+    for piece in stream_texts(params, cfg, tokenizer, prompt, chunk_seconds=None, **options):
         texts[piece.index] = texts.get(piece.index, "") + piece.text
     return [texts[i] for i in range(len(texts))]
-
-
-# ----------------------------------------------------------------------------- streamed texts
 
 
 class SampleText(NamedTuple):
@@ -100,48 +81,45 @@ def stream_texts(
     tokenizer: Tokenizer,
     prompt: str,
     *,
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    max_new_tokens: int,
+    settings: SampleSettings | None = None,
     seed: int = 0,
     num_samples: int = 1,
-    samples_per_batch: int | None = None,
-    memory_bytes: int | None = None,
     chunk_seconds: float | None = CHUNK_SECONDS,
     on_notice: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    **setting_values: Any,
 ) -> Iterator[SampleText]:
     """`sample_texts`' texts in the order they can be printed: the first sample of each batch
     in pieces as its tokens come (one compiled call of about `chunk_seconds` each; None: one
     call per batch), then the batch's other samples whole once it is done.
 
-    on_notice gets one-line notices: the batches memory asks for, and the cost of the tokens
-    past block_size (learned positions have no cache there; the step is timed first). When
-    should_stop() turns true between calls, the batch's texts so far come out (done=False) and
-    the stream ends.
+    settings (or its fields as keywords, as `generate` takes them) say how tokens are drawn and
+    batched. on_notice gets one-line notices: the batches memory asks for, and the cost of the
+    tokens past block_size (learned positions have no cache there; the step is timed first).
+    When should_stop() turns true between calls, the batch's texts so far come out
+    (done=False) and the stream ends.
     """
+    settings = settings_of(settings, **setting_values)
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}.")
-    check_settings(cfg, max_new_tokens, temperature, top_k, top_p)
+    check_request(cfg, max_new_tokens)
     prompt_ids = _encoded(tokenizer, prompt)
     if max_new_tokens == 0:
         for i in range(num_samples):
             yield SampleText(i, tokenizer.decode(prompt_ids), 0, True)
         return
     # Planned once here, so that the notices describe the batches the stream then makes.
-    plan = plan_sampling(
-        cfg, num_samples, len(prompt_ids), max_new_tokens, batch_size=samples_per_batch,
-        memory_bytes=memory_bytes,
-    )  # fmt: skip
+    plan = plan_sampling(cfg, num_samples, len(prompt_ids), max_new_tokens, settings)
     stream = generate_stream(
         params, cfg, np.tile(prompt_ids, (num_samples, 1)), max_new_tokens,
-        rng=jax.random.key(seed), temperature=temperature, top_k=top_k, top_p=top_p,
-        batch_size=plan.batch_size, memory_bytes=plan.budget, chunk_seconds=chunk_seconds,
+        rng=jax.random.key(seed), chunk_seconds=chunk_seconds,
+        settings=settings.replace(batch_size=plan.batch_size, memory_bytes=plan.budget),
     )  # fmt: skip
     if on_notice is not None:
-        knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        _notify(on_notice, params, cfg, plan, len(prompt_ids), max_new_tokens, num_samples, knobs)
+        _notify(
+            on_notice, params, cfg, plan, len(prompt_ids), max_new_tokens, num_samples, settings
+        )
     new_BxG, made, streamed = None, 0, None
     for chunk in stream:
         if chunk.first == 0:  # a new batch
@@ -178,7 +156,16 @@ def _encoded(tokenizer: Tokenizer, prompt: str) -> np.ndarray:
     return prompt_ids
 
 
-def _notify(on_notice, params, cfg, plan, prompt_len, max_new_tokens, num_samples, knobs):
+def _notify(
+    on_notice: Callable[[str], None],
+    params: Params,
+    cfg: GPTConfig,
+    plan: SamplingPlan,
+    prompt_len: int,
+    max_new_tokens: int,
+    num_samples: int,
+    settings: SampleSettings,
+) -> None:
     """The notices of `stream_texts`: batches, then the cost past block_size."""
     if plan.limited_by_memory:
         on_notice(
@@ -189,7 +176,7 @@ def _notify(on_notice, params, cfg, plan, prompt_len, max_new_tokens, num_sample
         )
     past = tokens_past_block(cfg, prompt_len, max_new_tokens)
     if past:
-        step = time_step_past_block(params, cfg, plan, prompt_len, **knobs)
+        step = time_step_past_block(params, cfg, plan, prompt_len, settings)
         each = " of each sample" if num_samples > 1 else ""
         on_notice(
             f"{past:,} of the {max_new_tokens:,} new tokens{each} pass block_size="
@@ -208,81 +195,3 @@ def _duration(seconds: float) -> str:
     if seconds < 2 * 3600:
         return f"{seconds / 60:.3g} min"
     return f"{seconds / 3600:,.3g} h"
-
-
-# ----------------------------------------------------------------------------- the command
-
-
-class _StopRequest(StopRequest):
-    """SIGINT and SIGTERM as a flag that sampling reads between compiled calls; a second signal
-    raises KeyboardInterrupt at once."""
-
-    def raises_on(self, sig: signal.Signals) -> bool:
-        return self.signal_name is not None
-
-    def on_signal(self, sig: signal.Signals) -> None:
-        if self.signal_name is not None:
-            raise KeyboardInterrupt
-        super().on_signal(sig)
-
-
-def print_samples(
-    *,
-    workdir: str | Path | None = None,
-    pretrained: str | Path | None = None,
-    checkpoint: str = "latest",
-    prompt: str,
-    num_samples: int = 1,
-    max_new_tokens: int = 500,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    **settings,
-) -> int:
-    """`minigpt-jax sample`: the samples of a run (or of a GPT-2 directory) on `out` as they
-    come, each under a `---------- sample i/N` line when N > 1, and notices on `err`.
-
-    SIGINT or SIGTERM stops it between compiled calls: what was sampled is printed, then one
-    line on `err`. Returns the exit status: 0, or 128 + the signal's number when stopped.
-    """
-    out, err = out or sys.stdout, err or sys.stderr
-    model: LoadedModel = load_model(pretrained) if pretrained else load_run(workdir, checkpoint)
-    say = lambda line: print(f"{COMMAND}: {line}", file=err, flush=True)  # noqa: E731
-    last, complete = None, 0
-    with _StopRequest() as stop:
-        try:
-            for piece in stream_texts(
-                model.params, model.cfg, model.tokenizer, prompt, num_samples=num_samples,
-                max_new_tokens=max_new_tokens, on_notice=say, should_stop=stop.requested,
-                **settings,
-            ):  # fmt: skip
-                if last is None or piece.index != last.index:
-                    if last is not None and not last.done:  # a sample cut off by a signal
-                        out.write("\n")
-                    if num_samples > 1:
-                        out.write(f"---------- sample {piece.index + 1}/{num_samples}\n")
-                out.write(piece.text + ("\n" if piece.done else ""))
-                out.flush()
-                last, complete = piece, complete + piece.done
-        except KeyboardInterrupt:  # a second signal: stop now
-            pass
-        if not stop.requested() or complete == num_samples:
-            return 0
-        if last is not None and not last.done:
-            out.write("\n")
-            out.flush()
-        progress = _progress(last, complete, num_samples, max_new_tokens)
-        say(f"stopped by {stop.signal_name}{progress}")
-        return 128 + stop.signal_number
-
-
-def _progress(last: SampleText | None, complete: int, num_samples: int, max_new: int) -> str:
-    """How far an interrupted `print_samples` got, for its last line."""
-    cut = 0 if last is None else last.index + 1 - complete
-    made = f"{last.new_tokens:,} of {max_new:,} new tokens" if cut else ""
-    if num_samples == 1:
-        return f" after {made or 'no new tokens'}; the text above is all that was sampled."
-    cut_off = f", {cut:,} cut off at {made}" if cut else ""
-    return (
-        f": {complete:,} of {num_samples:,} samples complete{cut_off}; the text above is all "
-        "that was sampled."
-    )
