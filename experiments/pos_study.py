@@ -33,8 +33,8 @@ from experiments.training import (
     val_curve,
 )
 from minigpt_jax import GPTConfig
-from minigpt_jax.data.memory import get_batch
-from minigpt_jax.experiment import dataset_from
+from minigpt_jax.data.dataset import get_batch
+from minigpt_jax.data.storage import dataset_from
 from minigpt_jax.model.gpt import next_token_losses
 from minigpt_jax.train.checkpoint import load_params
 

@@ -1,6 +1,8 @@
 """Module paths of earlier versions that user code may import, kept working: importing an old
 path gives a module whose names are looked up in the modules that hold them now, with a
-DeprecationWarning naming those (installed by minigpt_jax/__init__.py)."""
+DeprecationWarning naming those (installed by minigpt_jax/__init__.py). A module that became a
+package of the same name (minigpt_jax.data.shards) looks its old names up the same way
+(`old_names`, its __init__'s __getattr__)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ MOVED = {
     "minigpt_jax.io.runs": ("minigpt_jax.sampling.texts",),
     "minigpt_jax.io.evaluate": ("minigpt_jax.train.evaluation",),
     "minigpt_jax.registry": ("minigpt_jax.settings.registry",),
-    "minigpt_jax.run_config": ("minigpt_jax.experiment",),
+    "minigpt_jax.run_config": ("minigpt_jax.experiment", "minigpt_jax.data.storage"),
     "minigpt_jax.signals": ("minigpt_jax.runtime.signals",),
     "minigpt_jax.locks": ("minigpt_jax.runtime.locks",),
     "minigpt_jax.train.run_lock": ("minigpt_jax.runtime.locks",),
@@ -26,6 +28,22 @@ MOVED = {
     "minigpt_jax.digests": ("minigpt_jax.runtime.digests",),
     "minigpt_jax.compile_cache": ("minigpt_jax.runtime.compile_cache",),
     "minigpt_jax.timing": ("minigpt_jax.runtime.timing",),
+    "minigpt_jax.data.memory": (
+        "minigpt_jax.data.dataset",
+        "minigpt_jax.data.sources",
+        "minigpt_jax.data.in_memory",
+        "minigpt_jax.data.corpus",
+        "minigpt_jax.data.tokenizers",
+        "minigpt_jax.runtime.run_dir",
+    ),
+    # now a package: its __init__ looks the old names up (old_names)
+    "minigpt_jax.data.shards": (
+        "minigpt_jax.data.shards.layout",
+        "minigpt_jax.data.shards.verify",
+        "minigpt_jax.data.shards.digest",
+        "minigpt_jax.data.shards.prepare",
+        "minigpt_jax.data.shards.read",
+    ),
 }
 
 
@@ -48,17 +66,34 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=3,
         )
+        module.__getattr__ = old_names(module.__name__, warn=False)
 
-        def __getattr__(name: str):
+
+def old_names(old: str, *, warn: bool = True):
+    """A module __getattr__ that finds the names module `old` held in the modules of MOVED[old]
+    (warning once, when `warn`, with the module that defines it now); AttributeError for any
+    other."""
+    homes = MOVED[old]
+
+    def __getattr__(name: str):
+        if not name.startswith("__"):
             for home in homes:
                 found = importlib.import_module(home)
                 if hasattr(found, name):
-                    return getattr(found, name)
-            raise AttributeError(
-                f"{module.__name__} (now {' and '.join(homes)}) has no attribute {name!r}"
-            )
+                    value = getattr(found, name)
+                    if warn:
+                        defined_in = getattr(value, "__module__", None)
+                        warnings.warn(
+                            f"{old}.{name} has moved: import it from "
+                            f"{defined_in if isinstance(defined_in, str) else home}",
+                            DeprecationWarning,
+                            stacklevel=2,
+                        )
+                        setattr(sys.modules[old], name, value)  # found once, warned once
+                    return value
+        raise AttributeError(f"{old} (now {' and '.join(homes)}) has no attribute {name!r}")
 
-        module.__getattr__ = __getattr__
+    return __getattr__
 
 
 def install() -> None:

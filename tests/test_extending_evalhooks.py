@@ -19,8 +19,9 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.data.memory import get_batch
-from minigpt_jax.experiment import check_experiment_config, dataset_from, default_config
+from minigpt_jax.data.dataset import get_batch
+from minigpt_jax.data.storage import dataset_from
+from minigpt_jax.experiment import check_experiment_config, default_config
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.gpt import forward_with_attention
 from minigpt_jax.settings.registry import RegistryError

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import Mesh
 
 from minigpt_jax import sharding
-from minigpt_jax.data import memory as data
+from minigpt_jax.data import dataset as data
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
 from minigpt_jax.model.gpt import (
