@@ -47,12 +47,6 @@ class Dataset:
     val: Any
     digest: DataDigest | None = None
 
-    def split(self, name: str) -> np.ndarray:
-        """Returns the token array of split `name` ("train" or "val")."""
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; choose one of {list(SPLITS)}.")
-        return self.train if name == "train" else self.val
-
 
 def split_tokens(tokens: np.ndarray, val_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """Splits tokens of shape (n,) into contiguous (train, val): the first
