@@ -135,9 +135,9 @@ def prepare(corpus: Path, out: Path, tokenizer: str, vocab_size: int, sample_mb:
 
 _NAIVE = """
 import sys, time
-from minigpt_jax.data import memory as data
+from minigpt_jax.data.in_memory import prepare_dataset
 start = time.perf_counter()
-dataset = data.prepare_dataset("text", sys.argv[1], sys.argv[2], int(sys.argv[3]), 1024, None)
+dataset = prepare_dataset("text", sys.argv[1], sys.argv[2], int(sys.argv[3]), 1024, None)
 print(len(dataset.train) + len(dataset.val), time.perf_counter() - start)
 """
 

@@ -99,7 +99,8 @@ class _Paused:
 
 
 def _load(name: str, data_dir: str, overrides: dict | None = None):
-    from minigpt_jax.experiment import check_experiment_config, dataset_from, load_config_file
+    from minigpt_jax.data.storage import dataset_from
+    from minigpt_jax.experiment import check_experiment_config, load_config_file
 
     config = load_config_file(str(REPO / CONFIGS[name]))
     for dotted, value in (overrides or {}).items():
@@ -119,7 +120,7 @@ def run_jax(
     import jax
     import numpy as np
 
-    from minigpt_jax.data.memory import get_batch
+    from minigpt_jax.data.dataset import get_batch
     from minigpt_jax.experiment import gpt_config_from
     from minigpt_jax.model.losses import parse_terms
     from minigpt_jax.optimizers import make_optimizer
@@ -176,7 +177,7 @@ def run_twin(name: str, data_dir: str, eval_every: int) -> list[dict]:
         make_torch_optimizer,
         torch_train_step,
     )
-    from minigpt_jax.data.memory import get_batch
+    from minigpt_jax.data.dataset import get_batch
     from minigpt_jax.experiment import gpt_config_from
 
     clock = Clock()

@@ -161,7 +161,8 @@ def with_overrides(config, overrides: dict[str, Any]) -> tuple[Any, dict[str, An
 
 def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
     """num_steps batches (num_steps, B, T+1) of the real corpus (or random ids) and V."""
-    from minigpt_jax.data import memory as data
+    from minigpt_jax.data.dataset import get_batch
+    from minigpt_jax.data.in_memory import prepare_dataset
 
     block_size = config.model.block_size
     if args.synthetic:
@@ -171,7 +172,7 @@ def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
         return rng.integers(0, vocab_size, shape).astype(np.int32), vocab_size
     path = args.data or config.data.path
     with tempfile.TemporaryDirectory() as workdir:
-        dataset = data.prepare_dataset(
+        dataset = prepare_dataset(
             config.data.corpus,
             path,
             config.data.tokenizer,
@@ -181,7 +182,7 @@ def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
             config.data.val_fraction,
         )
     batches = [
-        data.get_batch(dataset.train, config.batch_size, block_size, seed=config.seed, step=s)
+        get_batch(dataset.train, config.batch_size, block_size, seed=config.seed, step=s)
         for s in range(num_steps)
     ]
     return np.stack(batches), dataset.tokenizer.vocab_size

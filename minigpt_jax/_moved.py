@@ -1,6 +1,8 @@
 """Module paths of earlier versions that user code may import, kept working: importing an old
 path gives a module whose names are looked up in the modules that hold them now, with a
-DeprecationWarning naming those (installed by minigpt_jax/__init__.py)."""
+DeprecationWarning naming those (installed by minigpt_jax/__init__.py). A module that became a
+package of the same name (minigpt_jax.data.shards) looks its old names up the same way
+(`old_names`, its __init__'s __getattr__)."""
 
 from __future__ import annotations
 
@@ -14,22 +16,11 @@ import warnings
 MOVED = {
     "minigpt_jax.io": (),
     "minigpt_jax.io.pretrained": ("minigpt_jax.gpt2", "minigpt_jax.loading"),
-    "minigpt_jax.io.sampling": (
-        "minigpt_jax.sampling.api",
-        "minigpt_jax.sampling.settings",
-        "minigpt_jax.sampling.filters",
-        "minigpt_jax.sampling.plan",
-        "minigpt_jax.sampling.decode",
-        "minigpt_jax.sampling.loop",
-    ),
-    "minigpt_jax.io.runs": (
-        "minigpt_jax.sampling.texts",
-        "minigpt_jax.sampling.command",
-        "minigpt_jax.runtime.signals",
-    ),
+    "minigpt_jax.io.sampling": ("minigpt_jax.sampling.api",),
+    "minigpt_jax.io.runs": ("minigpt_jax.sampling.texts",),
     "minigpt_jax.io.evaluate": ("minigpt_jax.train.evaluation",),
     "minigpt_jax.registry": ("minigpt_jax.settings.registry",),
-    "minigpt_jax.run_config": ("minigpt_jax.experiment",),
+    "minigpt_jax.run_config": ("minigpt_jax.experiment", "minigpt_jax.data.storage"),
     "minigpt_jax.signals": ("minigpt_jax.runtime.signals",),
     "minigpt_jax.locks": ("minigpt_jax.runtime.locks",),
     "minigpt_jax.train.run_lock": ("minigpt_jax.runtime.locks",),
@@ -39,7 +30,24 @@ MOVED = {
     "minigpt_jax.timing": ("minigpt_jax.runtime.timing",),
     "minigpt_jax.train.optimizers": ("minigpt_jax.optimizers",),
     "minigpt_jax.train.checkpoint": ("minigpt_jax.checkpoint",),
+    "minigpt_jax.data.memory": (
+        "minigpt_jax.data.dataset",
+        "minigpt_jax.data.sources",
+        "minigpt_jax.data.in_memory",
+        "minigpt_jax.data.corpus",
+        "minigpt_jax.data.tokenizers",
+        "minigpt_jax.runtime.run_dir",
+    ),
+    # now a package: its __init__ looks the old names up (old_names)
+    "minigpt_jax.data.shards": (
+        "minigpt_jax.data.shards.layout",
+        "minigpt_jax.data.shards.verify",
+        "minigpt_jax.data.shards.digest",
+        "minigpt_jax.data.shards.prepare",
+        "minigpt_jax.data.shards.read",
+    ),
 }
+
 _SAMPLING_CHECKS = (
     "minigpt_jax.sampling.settings.SampleSettings, which checks its values when made, and "
     "minigpt_jax.sampling.api.check_request"
@@ -73,20 +81,37 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=3,
         )
+        module.__getattr__ = old_names(module.__name__, warn=False)
 
-        def __getattr__(name: str):
-            instead = REPLACED.get(f"{module.__name__}.{name}")
-            if instead is not None:
-                raise AttributeError(f"{module.__name__}.{name} is gone: use {instead}")
+
+def old_names(old: str, *, warn: bool = True):
+    """A module __getattr__ that finds the names module `old` held in the modules of MOVED[old]
+    (warning once, when `warn`, with the module that defines it now); AttributeError for any
+    other."""
+    homes = MOVED[old]
+
+    def __getattr__(name: str):
+        instead = REPLACED.get(f"{old}.{name}")
+        if instead is not None:
+            raise AttributeError(f"{old}.{name} is gone: use {instead}")
+        if not name.startswith("__"):
             for home in homes:
                 found = importlib.import_module(home)
                 if hasattr(found, name):
-                    return getattr(found, name)
-            raise AttributeError(
-                f"{module.__name__} (now {' and '.join(homes)}) has no attribute {name!r}"
-            )
+                    value = getattr(found, name)
+                    if warn:
+                        defined_in = getattr(value, "__module__", None)
+                        warnings.warn(
+                            f"{old}.{name} has moved: import it from "
+                            f"{defined_in if isinstance(defined_in, str) else home}",
+                            DeprecationWarning,
+                            stacklevel=2,
+                        )
+                        setattr(sys.modules[old], name, value)  # found once, warned once
+                    return value
+        raise AttributeError(f"{old} (now {' and '.join(homes)}) has no attribute {name!r}")
 
-        module.__getattr__ = __getattr__
+    return __getattr__
 
 
 def install() -> None:

@@ -131,7 +131,7 @@ def _train() -> None:
 
 
 def _prepare() -> None:
-    from minigpt_jax.data.shards import sharded_dataset
+    from minigpt_jax.data.shards.read import sharded_dataset
     from minigpt_jax.experiment import check_experiment_config
 
     if _CONFIG.value is None:

@@ -10,22 +10,16 @@ file leaves out, and `gpt_config_from` turns the model group into the frozen `GP
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib.util
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax
 import ml_collections
-from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
 from minigpt_jax import optimizers  # noqa: F401 (its registries pick optim.*)
-from minigpt_jax.data import memory as data
-from minigpt_jax.data import shards
-from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.data import storage  # noqa: F401 (its registries pick data.*)
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.settings import groups as settings
@@ -33,7 +27,6 @@ from minigpt_jax.settings.groups import check_values, declarations
 from minigpt_jax.settings.registry import (
     REGISTRIES,
     PluginError,
-    Registry,
     RegistryError,
     is_user_key,
 )
@@ -325,83 +318,6 @@ def _gpt_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig
     model = config.model.to_dict()
     own = {name: model.pop(name) for name in list(model) if name not in MODEL_KEYS}
     return GPTConfig(vocab_size=vocab_size, entry_settings=tuple(own.items()), **model)
-
-
-def dataset_from(
-    config: Any,
-    workdir: str | Path | None,
-    tokenizer: Tokenizer | None = None,
-    *,
-    progress: bool = False,
-    before_writing: Callable[[], None] | None = None,
-    check_data: Callable[[data.DataDigest], None] | None = None,
-) -> data.Dataset:
-    """The run's tokenizer and token splits as its data group describes them, cached in
-    `workdir` (a resumed or re-read run finds its own tokenizer and tokens there), by the entry
-    of DATA_FORMATS that data.format picks: held in RAM ("memory"), or memory-mapped from
-    shards prepared on first use ("shards"). A given `tokenizer` (a pretrained model's)
-    replaces data.tokenizer and data.vocab_size. check_data(digest) sees the digest of the
-    token stream the run will train on once it is known, and before_writing() is called once
-    the data checks have passed; both come before the first write, so a check_data that raises
-    leaves every data file as it was."""
-    return DATA_FORMATS[config.data.format](
-        config,
-        workdir,
-        tokenizer,
-        progress=progress,
-        before_writing=before_writing,
-        check_data=check_data,
-    )
-
-
-def _memory_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
-    del progress  # one call; nothing to show
-    return data.prepare_dataset(
-        config.data.corpus,
-        config.data.path,
-        config.data.tokenizer,
-        config.data.vocab_size,
-        config.model.block_size,
-        workdir,
-        config.data.val_fraction,
-        tokenizer=tokenizer,
-        text_field=config.data.text_field,
-        file_format=config.data.file_format,
-        data=config.data,
-        before_writing=before_writing,
-        check_data=check_data,
-    )
-
-
-def _sharded_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
-    if workdir is None:
-        raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
-    prepare = functools.partial(
-        shards.sharded_dataset,
-        config.data,
-        config.model.block_size,
-        workdir,
-        tokenizer=tokenizer,
-        before_writing=before_writing,
-        check_data=check_data,
-    )
-    if jax.process_count() > 1:
-        # One process prepares the shards in the shared folder while the others wait;
-        # then every process maps them (and a host without that folder prepares its own).
-        if jax.process_index() == 0:
-            prepare(progress=progress)
-        multihost_utils.sync_global_devices("minigpt_jax: shards prepared")
-    return prepare(progress=progress and jax.process_index() == 0)
-
-
-DATA_FORMATS = Registry(
-    "data format",
-    "data.format",
-    {"memory": _memory_dataset, "shards": _sharded_dataset},
-    arity=3,
-    shape="a function (config, workdir, tokenizer, *, progress, before_writing, check_data) -> "
-    "data.Dataset",
-)
 
 
 # The built-in configs, shipped in the package (minigpt_jax/configs/*.py).

@@ -24,7 +24,7 @@ import test_train
 from test_cli import _train_args
 
 from minigpt_jax.checkpoint import CheckpointError, load_params
-from minigpt_jax.data import memory as data
+from minigpt_jax.data import in_memory
 from minigpt_jax.data.tokenizers import CharTokenizer
 from minigpt_jax.runtime.locks import RunDirectoryInUse, RunLock
 from minigpt_jax.train.loop import train_and_evaluate
@@ -446,11 +446,11 @@ def test_tampered_token_cache_is_rebuilt(tmp_path, caplog):
     text = "to be or not to be, that is the question\n" * 20
     tokenizer = CharTokenizer.from_text(text)
     cache = tmp_path / "tokens.npy"
-    original = data.encode_cached(text, tokenizer, cache)
+    original = in_memory.encode_cached(text, tokenizer, cache)
     rng = np.random.default_rng(0)
     np.save(cache, rng.integers(0, tokenizer.vocab_size, original.shape).astype(np.uint16))
     with caplog.at_level(logging.WARNING):
-        np.testing.assert_array_equal(data.encode_cached(text, tokenizer, cache), original)
+        np.testing.assert_array_equal(in_memory.encode_cached(text, tokenizer, cache), original)
     assert "does not match the sha256" in caplog.text
     np.testing.assert_array_equal(np.load(cache), original)
 
@@ -464,7 +464,7 @@ def test_tampered_token_cache_is_rebuilt(tmp_path, caplog):
     sidecar.write_text(f"{fingerprint}\n{hashlib.sha256(out_of_range.tobytes()).hexdigest()}\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        np.testing.assert_array_equal(data.encode_cached(text, tokenizer, cache), original)
+        np.testing.assert_array_equal(in_memory.encode_cached(text, tokenizer, cache), original)
     assert f"outside the tokenizer's [0, {tokenizer.vocab_size})" in caplog.text
 
 

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from minigpt_jax.data import corpus
-from minigpt_jax.data import memory as data
-from minigpt_jax.data.tokenizers import load_tokenizer
+from minigpt_jax.data.in_memory import prepare_dataset
+from minigpt_jax.data.sources import find_sources, load_text
+from minigpt_jax.data.tokenizers import TOKENIZERS, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
@@ -263,20 +264,20 @@ def test_csv_details(tmp_path):
     a short row names its line; invalid UTF-8 names the file."""
     path = tmp_path / "a.csv"
     path.write_bytes(b'\xef\xbb\xbftext,n\r\n"one\r\ntwo",1\r\n\r\nthree,2\r\n')
-    assert data.load_text("text", path) == "one\r\ntwo\nthree"
+    assert load_text("text", path) == "one\r\ntwo\nthree"
     path.write_bytes(b"n,text\r\n1,fine\r\n2\r\n")
     with pytest.raises(ValueError, match=r"a.csv, line 3: a row of 1 fields has no 'text'"):
-        data.load_text("text", path)
+        load_text("text", path)
     path.write_bytes(b"text\r\ncaf\xe9\r\n")
     with pytest.raises(ValueError, match=r"a.csv is not valid UTF-8.*iconv"):
-        data.load_text("text", path)
+        load_text("text", path)
 
 
 def test_record_formats_resume_from_a_document_count(tmp_path):
     """A cursor into a .csv file counts its documents: reading from one yields the rest, as
     an interrupted prepare resumes."""
     write_csv(tmp_path / "a.csv")
-    sources = data.find_sources("text", tmp_path / "a.csv")
+    sources = find_sources("text", tmp_path / "a.csv")
     pieces = list(corpus.read_pieces(sources, "text"))
     assert [p.text for p in pieces] == DOCUMENTS
     assert pieces[9].cursor == (0, 10) and pieces[-1].cursor == (1, 0)
@@ -289,8 +290,8 @@ def test_a_directory_picks_up_every_known_suffix(tmp_path):
     write_csv(tmp_path / "b.csv", ["two", "three"])
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "four"}) + "\n")
     (tmp_path / "notes.md").write_text("not read")
-    assert data.load_text("text", tmp_path) == "one\ntwo\nthree\nfour"
-    formats = [s.format.name for s in data.find_sources("text", tmp_path)]
+    assert load_text("text", tmp_path) == "one\ntwo\nthree\nfour"
+    formats = [s.format.name for s in find_sources("text", tmp_path)]
     assert formats == ["txt", "csv", "jsonl"]
 
 
@@ -302,9 +303,9 @@ def test_file_format_entries_are_checked():
             ValueError,
             match=rf"file_format=.{key}.*must be a function \(path, data\).*{got}.*not called",
         ):
-            data.FILE_FORMATS.check(key)
+            corpus.FILE_FORMATS.check(key)
     with pytest.raises(ValueError, match=r"not a known file format.*txt, jsonl, csv, parquet"):
-        data.FILE_FORMATS.check("tsv")
+        corpus.FILE_FORMATS.check("tsv")
 
 
 def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
@@ -312,9 +313,9 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` now fails
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(ValueError, match=r"a.parquet: reading .parquet files needs pyarrow.*"):
-        data.load_text("text", tmp_path / "a.parquet")
+        load_text("text", tmp_path / "a.parquet")
     with pytest.raises(ValueError, match=re.escape("pip install 'minigpt-jax[parquet]'")):
-        data.load_text("text", tmp_path / "a.parquet")
+        load_text("text", tmp_path / "a.parquet")
 
 
 def test_corpus_and_tokenizer_entries_of_your_own(tmp_path, monkeypatch):
@@ -329,10 +330,10 @@ def test_corpus_and_tokenizer_entries_of_your_own(tmp_path, monkeypatch):
         "    return CharTokenizer('abcdefgh', eot=eot)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    dataset = data.prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
+    dataset = prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
     assert dataset.tokenizer.vocab_size == 8  # the entry's alphabet, not the text's 3 letters
     assert dataset.tokenizer.decode(np.concatenate([dataset.train, dataset.val])) == "abcab" * 40
-    again = data.prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
+    again = prepare_dataset("my_data:poem", None, "my_data:alphabet", 0, 8, tmp_path / "r")
     assert again.digest == dataset.digest  # the saved tokenizer is reused on a second start
     with pytest.raises(ValueError, match=r"data.tokenizer='my_data:nothing' names user code"):
-        data.TOKENIZERS.check("my_data:nothing")
+        TOKENIZERS.check("my_data:nothing")

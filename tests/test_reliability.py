@@ -180,7 +180,7 @@ def test_prepare_stopped_by_a_signal_is_one_line_and_resumes(corpus_dir, tmp_pat
     prepare's."""
     workdir = tmp_path / "run"
     args = _prepare_args(corpus_dir, workdir)
-    result = _signalled(args, sig, "minigpt_jax.data.shards:_EncodingPass.flush")
+    result = _signalled(args, sig, "minigpt_jax.data.shards.encoding:EncodingPass.flush")
     assert result.returncode == status, result.stderr
     assert result.stderr.strip().splitlines() == [
         f"minigpt-jax prepare: stopped by {sig}; what was written is kept in "

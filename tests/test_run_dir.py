@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minigpt_jax.checkpoint import Checkpointer
-from minigpt_jax.data import memory as data
+from minigpt_jax.data.in_memory import prepare_dataset
 from minigpt_jax.runtime import locks as run_lock
 from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
 from minigpt_jax.train import metrics
@@ -72,7 +72,7 @@ def test_the_writers_of_a_run_directory_use_its_paths(tmp_path):
     checkpointer.close()
     assert run.checkpoints.is_dir() and run.best.is_dir()
     (tmp_path / "a.txt").write_text("abcdefghij" * 10, encoding="utf-8")
-    dataset = data.prepare_dataset("text", tmp_path / "a.txt", "char", 0, 8, tmp_path)
+    dataset = prepare_dataset("text", tmp_path / "a.txt", "char", 0, 8, tmp_path)
     assert run.tokenizer.is_file() and run.tokens_fingerprint.is_file()
     np.testing.assert_array_equal(np.load(run.tokens), np.concatenate([dataset.train, dataset.val]))
 

@@ -3,6 +3,7 @@ derive from it, and they say what they said before the declarations existed."""
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -19,6 +20,7 @@ from minigpt_jax.experiment import (
 from minigpt_jax.gpt2 import check_exportable
 from minigpt_jax.loading import shape_mismatch
 from minigpt_jax.settings.groups import GROUPS, KINDS, Loop, declarations
+from minigpt_jax.settings.registry import REGISTRIES
 from minigpt_jax.train.resume import SPEED_FIELDS, check_resume
 
 
@@ -29,6 +31,15 @@ def test_every_key_has_one_declaration_with_a_doc_and_a_kind():
                 continue
             spec = declaration(f"{group}.{key}" if group else key)
             assert spec is not None and spec.doc and spec.kind in KINDS, (group, key)
+
+
+def test_data_docs_name_every_built_in_entry_of_their_registry():
+    """The names of the data group's choices live in their registries (settings import no
+    data module); a setting's doc that lists them is checked against them."""
+    for config_key in ("data.corpus", "data.file_format", "data.tokenizer", "data.format"):
+        doc = declaration(config_key).doc
+        for name in REGISTRIES[config_key].names():
+            assert re.search(rf"\b{name}\b", doc), (config_key, name, doc)
 
 
 def test_default_config_is_every_declared_default():

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from minigpt_jax.data import corpus, shards
-from minigpt_jax.data import memory as data
+from minigpt_jax.data import corpus
+from minigpt_jax.data.dataset import get_batch
+from minigpt_jax.data.shards import encoding, layout, prepare, read, verify
+from minigpt_jax.data.sources import DOCUMENT_SEPARATOR, find_sources, load_text
 from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
@@ -64,11 +66,11 @@ def _data_config(path, tokenizer="char", **overrides):
 def small_pieces(monkeypatch):
     """Reads and batches far smaller than a document, so pieces and shards cut mid-document."""
     monkeypatch.setattr(corpus, "_READ_BYTES", 700)
-    monkeypatch.setattr(shards, "_BATCH_CHARS", 2500)
+    monkeypatch.setattr(encoding, "BATCH_CHARS", 2500)
 
 
 def _stream(directory):
-    manifest, _, train, val = shards.load_shards(directory)
+    manifest, _, train, val = read.load_shards(directory)
     return manifest, np.concatenate([np.asarray(train), np.asarray(val)])
 
 
@@ -76,7 +78,7 @@ def _stream(directory):
 def test_many_files_and_documents_equal_encoding_the_concatenation(
     corpus_dir, tmp_path, small_pieces, kind
 ):
-    manifest = shards.prepare_shards(tmp_path / "shards", _data_config(corpus_dir, kind))
+    manifest = prepare.prepare_shards(tmp_path / "shards", _data_config(corpus_dir, kind))
     tokenizer = load_tokenizer(tmp_path / "shards" / "tokenizer.json")
     docs = _documents()  # in the files' sorted order: a0-a3, c.jsonl, d.jsonl, sub/b4, sub/b5
     ordered = docs[:4] + docs[6:12] + docs[4:6]
@@ -93,27 +95,27 @@ def test_many_files_and_documents_equal_encoding_the_concatenation(
     sizes = [s["tokens"] for s in manifest["shards"]]
     assert sizes[:-1] == [5000] * (len(sizes) - 1) and 0 < sizes[-1] <= 5000
     assert manifest["split"]["train_tokens"] == int(len(expected) * 0.9)
-    assert not (tmp_path / "shards" / shards.PROGRESS_FILENAME).exists()
+    assert not (tmp_path / "shards" / layout.PROGRESS_FILENAME).exists()
 
 
 def test_memory_and_shards_read_the_same_documents_of_a_directory(corpus_dir, tmp_path):
     """One reader: data.path=DIR names the same files (nested .txt and .jsonl) in the same order
     and the same documents for data.format "memory" and "shards"; memory joins them with
-    data.DOCUMENT_SEPARATOR where shards put an end-of-text id."""
+    DOCUMENT_SEPARATOR where shards put an end-of-text id."""
     (corpus_dir / "notes.md").write_text("neither format reads this", encoding="utf-8")
-    manifest = shards.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
-    sources = data.find_sources("text", corpus_dir)
+    manifest = prepare.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
+    sources = find_sources("text", corpus_dir)
     assert manifest["inputs"]["files"] == len(sources) == 8
     assert [manifest["inputs"]["first"], manifest["inputs"]["last"]] == [
         sources[0].path,
         sources[-1].path,
     ]
-    assert manifest["inputs_fingerprint"] == shards.inputs_fingerprint(sources)
+    assert manifest["inputs_fingerprint"] == prepare.inputs_fingerprint(sources)
     _, stream = _stream(tmp_path / "s")
     documents = load_tokenizer(tmp_path / "s" / "tokenizer.json").decode(stream).split(GPT2_EOT)
     assert documents[-1] == "" and len(documents) - 1 == manifest["documents"] == 12
-    memory = data.load_text("text", corpus_dir, "body")
-    assert memory == data.DOCUMENT_SEPARATOR.join(documents[:-1])
+    memory = load_text("text", corpus_dir, "body")
+    assert memory == DOCUMENT_SEPARATOR.join(documents[:-1])
     ordered = _documents()[:4] + _documents()[6:12] + _documents()[4:6]
     assert memory == "\n".join(ordered)
 
@@ -121,7 +123,7 @@ def test_memory_and_shards_read_the_same_documents_of_a_directory(corpus_dir, tm
 def test_bpe_tokenizer_is_trained_on_a_sample(corpus_dir, tmp_path):
     """A 20 kB sample of a 36 kB corpus: the vocabulary differs from training on all of it."""
     config = _data_config(corpus_dir, "bpe", tokenizer_sample_bytes=20_000)
-    shards.prepare_shards(tmp_path / "sampled", config)
+    prepare.prepare_shards(tmp_path / "sampled", config)
     sampled = load_tokenizer(tmp_path / "sampled" / "tokenizer.json")
     whole = BPETokenizer.train("".join(_documents()), 300, eot=True)
     assert sampled.vocab_size == whole.vocab_size == 300
@@ -130,23 +132,23 @@ def test_bpe_tokenizer_is_trained_on_a_sample(corpus_dir, tmp_path):
 
 def test_token_stream_windows_equal_the_array_across_shard_boundaries():
     tokens = np.random.default_rng(0).integers(0, 60_000, 1000).astype(np.uint16)
-    stream = shards.TokenStream([tokens[:300], tokens[300:310], tokens[310:]], 5, 990)
+    stream = read.TokenStream([tokens[:300], tokens[300:310], tokens[310:]], 5, 990)
     assert len(stream) == 985
     for step in range(5):
         np.testing.assert_array_equal(
-            data.get_batch(stream, 64, 40, seed=1, step=step),
-            data.get_batch(tokens[5:990], 64, 40, seed=1, step=step),
+            get_batch(stream, 64, 40, seed=1, step=step),
+            get_batch(tokens[5:990], 64, 40, seed=1, step=step),
         )
 
 
 def test_unchanged_inputs_reuse_the_shards_and_changed_ones_rebuild_them(corpus_dir, tmp_path):
     config = _data_config(corpus_dir)
-    first = shards.prepare_shards(tmp_path / "s", config)
+    first = prepare.prepare_shards(tmp_path / "s", config)
     inode = (tmp_path / "s" / "tokens_000000.bin").stat().st_ino
-    assert shards.prepare_shards(tmp_path / "s", config) == first
+    assert prepare.prepare_shards(tmp_path / "s", config) == first
     assert (tmp_path / "s" / "tokens_000000.bin").stat().st_ino == inode
     (corpus_dir / "a0.txt").write_text("A new first document.", encoding="utf-8")
-    second = shards.prepare_shards(tmp_path / "s", config)
+    second = prepare.prepare_shards(tmp_path / "s", config)
     assert second["inputs_fingerprint"] != first["inputs_fingerprint"]
     assert second["tokens"] < first["tokens"]
     _, stream = _stream(tmp_path / "s")
@@ -159,23 +161,23 @@ def test_a_start_reads_only_the_shards_whose_stat_changed(corpus_dir, tmp_path):
     read again while their size, mtime, inode and ctime stay as verified.json recorded them; a
     touched shard or one replaced by a copy of itself is read in full (and found good)."""
     directory, config = tmp_path / "s", _data_config(corpus_dir)
-    manifest = shards.prepare_shards(directory, config)
+    manifest = prepare.prepare_shards(directory, config)
     names = [shard["file"] for shard in manifest["shards"]]
     assert len(names) > 2
-    check = shards.verify_shards(directory, manifest)
+    check = verify.verify_shards(directory, manifest)
     assert check.problem is None and check.read == []
     assert check.sha256s == [shard["sha256"] for shard in manifest["shards"]]
     second = directory / names[1]
     os.utime(second, ns=(second.stat().st_atime_ns, second.stat().st_mtime_ns + 10**9))
-    check = shards.verify_shards(directory, manifest)
+    check = verify.verify_shards(directory, manifest)
     assert check.problem is None and check.read == [names[1]]
-    assert shards.prepare_shards(directory, config) == manifest  # records the new stat
-    assert shards.verify_shards(directory, manifest).read == []
+    assert prepare.prepare_shards(directory, config) == manifest  # records the new stat
+    assert verify.verify_shards(directory, manifest).read == []
     copy = directory / "copy.bin"
     shutil.copy2(second, copy)  # the same bytes and mtime, another inode
     os.replace(copy, second)
-    assert shards.verify_shards(directory, manifest).read == [names[1]]
-    stamp = json.loads((directory / shards.VERIFIED_FILENAME).read_text())
+    assert verify.verify_shards(directory, manifest).read == [names[1]]
+    stamp = json.loads((directory / layout.VERIFIED_FILENAME).read_text())
     assert sorted(stamp["shards"]) == names
     assert [stamp["shards"][n]["sha256"] for n in names] == [
         s["sha256"] for s in manifest["shards"]
@@ -187,9 +189,9 @@ def test_manifest_counts_the_ids_of_each_split_and_one_id_warns(corpus_dir, tmp_
     start warns, naming the corpus, when a split holds one id: a text of newlines only trains
     to a loss near 0 that means nothing (issue 22: no warning)."""
     with caplog.at_level("WARNING"):
-        dataset = shards.sharded_dataset(_data_config(corpus_dir), 16, tmp_path / "a")
+        dataset = read.sharded_dataset(_data_config(corpus_dir), 16, tmp_path / "a")
     assert "distinct token id" not in caplog.text
-    manifest = json.loads((tmp_path / "a" / "shards" / shards.MANIFEST_FILENAME).read_text())
+    manifest = json.loads((tmp_path / "a" / "shards" / layout.MANIFEST_FILENAME).read_text())
     train, val = np.asarray(dataset.train), np.asarray(dataset.val)
     assert manifest["split"]["train_distinct_ids"] == np.unique(train).size > 60
     assert manifest["split"]["val_distinct_ids"] == np.unique(val).size > 30
@@ -197,8 +199,8 @@ def test_manifest_counts_the_ids_of_each_split_and_one_id_warns(corpus_dir, tmp_
     newlines = tmp_path / "newlines.txt"
     newlines.write_text("\n" * 4000, encoding="utf-8")
     with caplog.at_level("WARNING"):
-        shards.sharded_dataset(_data_config(newlines), 16, tmp_path / "b")
-    manifest = json.loads((tmp_path / "b" / "shards" / shards.MANIFEST_FILENAME).read_text())
+        read.sharded_dataset(_data_config(newlines), 16, tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "shards" / layout.MANIFEST_FILENAME).read_text())
     assert manifest["split"]["train_distinct_ids"] == 1  # "\n"; val also ends with end-of-text
     assert manifest["split"]["val_distinct_ids"] == 2
     [warning] = [r.getMessage() for r in caplog.records if "distinct token id" in r.getMessage()]
@@ -209,29 +211,29 @@ def test_manifest_counts_the_ids_of_each_split_and_one_id_warns(corpus_dir, tmp_
 def test_bad_inputs_are_named(corpus_dir, tmp_path):
     (corpus_dir / "c.jsonl").write_text('{"text": "no body field"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"c.jsonl.*'body' field.*data.text_field"):
-        shards.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
+        prepare.prepare_shards(tmp_path / "s", _data_config(corpus_dir))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        shards.prepare_shards(tmp_path / "s", _data_config(tmp_path / "missing.txt"))
+        prepare.prepare_shards(tmp_path / "s", _data_config(tmp_path / "missing.txt"))
     (tmp_path / "bad.txt").write_bytes(b"ok \xff bad")
     with pytest.raises(ValueError, match="not valid UTF-8"):
-        shards.prepare_shards(tmp_path / "s", _data_config(tmp_path / "bad.txt"))
+        prepare.prepare_shards(tmp_path / "s", _data_config(tmp_path / "bad.txt"))
 
 
 _KILLER = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
 from minigpt_jax.data import corpus
-from minigpt_jax.data import shards
+from minigpt_jax.data.shards import encoding, prepare
 from tests.test_shards import _data_config
-corpus._READ_BYTES, shards._BATCH_CHARS = 700, 2500
-original = shards._ShardWriter.{hook}
+corpus._READ_BYTES, encoding.BATCH_CHARS = 700, 2500
+original = encoding.ShardWriter.{hook}
 def hooked(self, *args):
     result = original(self, *args)
     if self.written > {after}:
         os.kill(os.getpid(), signal.SIGKILL)  # as abrupt as a power cut: no cleanup runs
     return result
-shards._ShardWriter.{hook} = hooked
-shards.prepare_shards({out!r}, _data_config({corpus!r}, {kind!r}), progress=False)
+encoding.ShardWriter.{hook} = hooked
+prepare.prepare_shards({out!r}, _data_config({corpus!r}, {kind!r}), progress=False)
 """
 
 
@@ -252,14 +254,14 @@ def test_killed_prepare_resumes_to_identical_shards(
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert not (killed / shards.MANIFEST_FILENAME).exists(), "a manifest over partial shards"
-    progress = json.loads((killed / shards.PROGRESS_FILENAME).read_text())
+    assert not (killed / layout.MANIFEST_FILENAME).exists(), "a manifest over partial shards"
+    progress = json.loads((killed / layout.PROGRESS_FILENAME).read_text())
     assert progress["tokens"] > 0
     done = sorted(killed.glob("tokens_*.bin"))
     inodes = {p.name: p.stat().st_ino for p in done if p.stat().st_size == 10_000}
 
-    resumed = shards.prepare_shards(killed, _data_config(corpus_dir, kind), progress=False)
-    fresh = shards.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir, kind))
+    resumed = prepare.prepare_shards(killed, _data_config(corpus_dir, kind), progress=False)
+    fresh = prepare.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir, kind))
     for manifest in (resumed, fresh):
         manifest.pop("prepare_seconds")
     assert resumed == fresh
@@ -300,7 +302,7 @@ def test_run_on_shards_resumes_bit_exactly(corpus_dir, tmp_path):
     train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False, stop_at=10)
     resumed = train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False)
     assert resumed.resumed_from == 10
-    assert (tmp_path / "full" / "shards" / shards.MANIFEST_FILENAME).exists()
+    assert (tmp_path / "full" / "shards" / layout.MANIFEST_FILENAME).exists()
     losses = [
         [r["train_loss"] for r in read_metrics(tmp_path / run) if "train_loss" in r]
         for run in ("full", "resumed")
@@ -360,11 +362,11 @@ def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, d
     vocabulary (same size, same mtime), is found when a run starts and prepared again (issue:
     trained on silently, or NaN with "lower optim.lr")."""
     config, workdir = _data_config(corpus_dir), tmp_path / "run"
-    good = np.asarray(shards.sharded_dataset(config, 16, workdir, progress=False).train)
+    good = np.asarray(read.sharded_dataset(config, 16, workdir, progress=False).train)
     vocab_size = load_tokenizer(workdir / "tokenizer.json").vocab_size
     directory = workdir / "shards"
-    assert (directory / shards.VERIFIED_FILENAME).exists()  # caught although recorded verified
-    manifest = json.loads((directory / shards.MANIFEST_FILENAME).read_text())
+    assert (directory / layout.VERIFIED_FILENAME).exists()  # caught although recorded verified
+    manifest = json.loads((directory / layout.MANIFEST_FILENAME).read_text())
     shard = directory / manifest["shards"][1]["file"]
     original = shard.read_bytes()
     rng = np.random.default_rng(0)
@@ -378,9 +380,9 @@ def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, d
         if damage.endswith("no digest"):  # a manifest of an older version
             for entry in manifest["shards"]:
                 del entry["sha256"]
-            (directory / shards.MANIFEST_FILENAME).write_text(json.dumps(manifest))
+            (directory / layout.MANIFEST_FILENAME).write_text(json.dumps(manifest))
     with caplog.at_level("WARNING"):
-        again = shards.sharded_dataset(config, 16, workdir, progress=False)
+        again = read.sharded_dataset(config, 16, workdir, progress=False)
     assert problem in caplog.text and "preparing the shards of" in caplog.text
     assert shard.read_bytes() == original
     np.testing.assert_array_equal(np.asarray(again.train), good)
@@ -389,15 +391,15 @@ def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, d
 _SLOW_PREPARE = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from minigpt_jax.data import shards
+from minigpt_jax.data.shards import encoding, prepare
 from tests.test_shards import _data_config
-shards._BATCH_CHARS = 2500
-flush = shards._EncodingPass.flush
+encoding.BATCH_CHARS = 2500
+flush = encoding.EncodingPass.flush
 def slow_flush(self):
     flush(self)
     time.sleep(0.05)
-shards._EncodingPass.flush = slow_flush
-shards.prepare_shards({out!r}, _data_config({corpus!r}), progress=False)
+encoding.EncodingPass.flush = slow_flush
+prepare.prepare_shards({out!r}, _data_config({corpus!r}), progress=False)
 print("prepared")
 """
 
@@ -412,7 +414,7 @@ def test_second_prepare_of_a_directory_is_refused(corpus_dir, tmp_path):
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        while not (directory / shards.PROGRESS_FILENAME).exists():
+        while not (directory / layout.PROGRESS_FILENAME).exists():
             assert first.poll() is None, first.communicate()
         first.send_signal(signal.SIGSTOP)  # mid-way, holding the lock
         second = subprocess.run(
@@ -435,9 +437,9 @@ def test_second_prepare_of_a_directory_is_refused(corpus_dir, tmp_path):
         f"{first.pid} on host {os.uname().nodename}, holding {directory / 'prepare.lock'}); "
         "wait for it to finish, then rerun: shards are prepared once and shared."
     ]
-    fresh = shards.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir), progress=False)
+    fresh = prepare.prepare_shards(tmp_path / "fresh", _data_config(corpus_dir), progress=False)
     for entry in fresh["shards"]:
         name = entry["file"]
         assert (directory / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
-    rerun = shards.prepare_shards(directory, _data_config(corpus_dir), progress=False)
+    rerun = prepare.prepare_shards(directory, _data_config(corpus_dir), progress=False)
     assert rerun["shards"] == fresh["shards"]

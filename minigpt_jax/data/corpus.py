@@ -1,6 +1,6 @@
 """The one reader of corpus files, for in-memory corpora (data) and sharded ones (shards) alike.
 
-Each file is read by a file format (`FileFormat`, an entry of the registry memory.FILE_FORMATS,
+Each file is read by a file format (`FileFormat`, an entry of the registry `FILE_FORMATS`,
 config key data.file_format), picked by its suffix:
   .txt      one document, UTF-8 text;
   .jsonl    one document per non-blank line, the string in its `data.text_field`;
@@ -15,13 +15,14 @@ format for it (`format_of`). `sources(path, picked)` resolves data.path to its i
   - anything else is a glob pattern (`**` included), sorted. A path that exists is never read as
     a pattern, so a folder named `runs[1]` is that folder.
 `read_pieces` streams documents in bounded pieces (for shards), `read_documents` yields them
-whole (for in-memory corpora). A leaf module: it imports nothing of the package.
+whole (for in-memory corpora). It imports only the registry type of the package.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import glob
 import io
 import json
@@ -31,6 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from minigpt_jax.settings.registry import Registry
 
 _READ_BYTES = 1 << 20  # one read of a .txt file
 _MAX_CARRY_CHARS = 1 << 24  # a .txt stretch with no safe BPE cut is cut here anyway
@@ -275,9 +278,32 @@ TXT = FileFormat(_read_txt, (".txt",), "txt", sized=True, pieces=_txt_pieces)
 JSONL = FileFormat(_read_jsonl, (".jsonl",), "jsonl", sized=True, pieces=_jsonl_pieces)
 CSV = FileFormat(_read_csv, (".csv",), "csv", sized=True)
 PARQUET = FileFormat(_read_parquet, (".parquet",), "parquet")
-# The built-in file formats by name: memory.FILE_FORMATS' table.
+# The built-in file formats by name: FILE_FORMATS' table.
 BUILTIN_FORMATS = {entry.name: entry for entry in (TXT, JSONL, CSV, PARQUET)}
 _BY_SUFFIX = {suffix: entry for entry in BUILTIN_FORMATS.values() for suffix in entry.suffixes}
+
+# The registry of data.file_format (a setting of minigpt_jax.settings.groups.Data).
+FILE_FORMATS = Registry(
+    "file format",
+    "data.file_format",
+    BUILTIN_FORMATS,
+    entry_class=FileFormat,
+    arity=2,
+    shape="a function (path, data) -> iterable of document strings (its `suffixes` such as "
+    "('.tsv',) an attribute) or a minigpt_jax.data.corpus.FileFormat",
+    split=lambda value: [value] if value else [],  # "": no format beside the suffixes' own
+)
+
+
+def picked_format(key: str) -> FileFormat | None:
+    """The entry data.file_format picks (None for ""): a built-in name reads every file whose
+    suffix no built-in claims; a user entry the files of its suffixes (all such, without)."""
+    if not key:
+        return None
+    entry = FILE_FORMATS[key]
+    if key in BUILTIN_FORMATS:
+        return dataclasses.replace(entry, suffixes=())
+    return entry if entry.name else dataclasses.replace(entry, name=key)  # named in manifests
 
 
 @dataclass(frozen=True)

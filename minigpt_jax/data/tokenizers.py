@@ -1,4 +1,5 @@
-"""Text <-> token-id tokenizers: character-level and byte-level BPE, saved as JSON.
+"""Text <-> token-id tokenizers: character-level and byte-level BPE, saved as JSON, and the
+registry data.tokenizer picks from (`TOKENIZERS`).
 
 Every tokenizer maps a str to a 1-D int32 array of ids in [0, vocab_size) and back. A tokenizer
 built with `eot=True` also holds an end-of-text token, the last id (GPT-2's <|endoftext|> is
@@ -17,7 +18,8 @@ import numpy as np
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-TOKENIZER_KINDS = ("char", "bpe")  # the types of a saved tokenizer (its JSON "type")
+from minigpt_jax.settings.registry import Registry, is_user_key
+
 # The largest vocabulary whose ids fit uint16: token caches and shards store ids as uint16 up to
 # it (shards switch to uint32 beyond it; the in-memory cache refuses a larger vocabulary).
 MAX_UINT16_VOCAB = 1 << 16
@@ -35,7 +37,7 @@ _BPE_CHUNK_CHARS = 1 << 16
 class Tokenizer(Protocol):
     """What the data pipeline and the model need from a tokenizer."""
 
-    kind: str  # one of TOKENIZER_KINDS; also the "type" field of its JSON
+    kind: str  # "char" or "bpe": the "type" field of its JSON (the types that save and load)
 
     @property
     def vocab_size(self) -> int: ...
@@ -93,7 +95,7 @@ class CharTokenizer:
         self.chars = chars
         self.eot = bool(eot)
         # Sorted code points, so encode is a vectorised binary search.
-        self._codepoints = _codepoints(chars)
+        self._codepoints = codepoints(chars)
 
     @classmethod
     def from_text(cls, text: str, eot: bool = False) -> CharTokenizer:
@@ -113,10 +115,10 @@ class CharTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         """Returns int32 ids of shape (len(text),)."""
-        codepoints = _codepoints(text)
-        ids = np.searchsorted(self._codepoints, codepoints)
+        points = codepoints(text)
+        ids = np.searchsorted(self._codepoints, points)
         clipped = np.minimum(ids, len(self.chars) - 1)
-        unknown = np.flatnonzero(self._codepoints[clipped] != codepoints)
+        unknown = np.flatnonzero(self._codepoints[clipped] != points)
         if unknown.size:
             position = int(unknown[0])
             raise ValueError(
@@ -156,7 +158,7 @@ class CharTokenizer:
         Path(path).write_text(self.to_json(), encoding="utf-8")
 
 
-def _codepoints(text: str) -> np.ndarray:
+def codepoints(text: str) -> np.ndarray:
     """Returns the code points of `text` as a uint32 array of shape (len(text),)."""
     return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
 
@@ -358,19 +360,46 @@ def _char(text: str | Iterable[str], vocab_size: int, eot: bool = False) -> Toke
     return CharTokenizer.from_text(text if isinstance(text, str) else "".join(text), eot=eot)
 
 
-# The built-in tokenizers by name, each a function (text, vocab_size, eot) -> Tokenizer: the
-# table of the registry data.tokenizer picks from (memory.TOKENIZERS).
-BUILDERS = {"char": _char, "bpe": BPETokenizer.train}
+# The registry of data.tokenizer (a setting of minigpt_jax.settings.groups.Data): the built-in
+# tokenizers by name, each a function (text, vocab_size, eot) -> Tokenizer.
+TOKENIZERS = Registry(
+    "tokenizer",
+    "data.tokenizer",
+    {"char": _char, "bpe": BPETokenizer.train},
+    arity=3,
+    shape="a function (text, vocab_size, eot) -> a minigpt_jax.data.tokenizers.CharTokenizer "
+    "or BPETokenizer (the types that save and load)",
+)
 
 
 def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = False) -> Tokenizer:
     """Builds a built-in tokenizer of `kind` from `text`; vocab_size is used by 'bpe' only."""
-    if kind not in BUILDERS:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {list(BUILDERS)}.")
-    return BUILDERS[kind](text, vocab_size, eot=eot)
+    if kind not in TOKENIZERS.names():
+        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {TOKENIZERS.names()}.")
+    return TOKENIZERS[kind](text, vocab_size, eot=eot)
 
 
-# The fields a saved tokenizer of each type needs, with their JSON types.
+def check_saved_tokenizer(
+    tokenizer: Tokenizer, path: Path, tokenizer_kind: str, vocab_size: int
+) -> None:
+    """Raises ValueError unless a run's saved tokenizer (read from `path`) is what its
+    data.tokenizer and data.vocab_size ask for (a user entry's tokenizer saves as a built-in
+    type: not compared)."""
+    if is_user_key(tokenizer_kind):
+        return
+    if tokenizer.kind != tokenizer_kind or (
+        tokenizer_kind == "bpe" and tokenizer.vocab_size != vocab_size
+    ):
+        raise ValueError(
+            f"{path} holds a {tokenizer.kind!r} tokenizer with {tokenizer.vocab_size} tokens, but "
+            f"this run asks for {tokenizer_kind!r}"
+            + (f" with vocab_size {vocab_size}" if tokenizer_kind == "bpe" else "")
+            + "; use a fresh workdir, or match the settings of the run that created it."
+        )
+
+
+# The types a saved tokenizer may have (its JSON "type"), each with the field it needs and that
+# field's JSON type.
 _FIELDS = {"char": ("chars", str), "bpe": ("hf_tokenizer", str)}
 
 
@@ -386,7 +415,7 @@ def tokenizer_from_json(serialized: str) -> Tokenizer:
         ) from error
     if kind not in _FIELDS:
         raise ValueError(
-            f"saved tokenizer has unknown type {kind!r}; expected one of {list(TOKENIZER_KINDS)}. "
+            f"saved tokenizer has unknown type {kind!r}; expected one of {list(_FIELDS)}. "
             f"Recreate it with make_tokenizer(...).save(path)."
         )
     field, field_type = _FIELDS[kind]

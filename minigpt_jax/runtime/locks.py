@@ -1,6 +1,7 @@
 """Exclusive OS file locks that name their holder, released by the OS when the holding process
 ends in any way (kill -9 included), so a lock is never stale: `RunLock`, one trainer per run
-directory (WORKDIR/run.lock), and the prepare lock of a shards directory (data/shards.py)."""
+directory (WORKDIR/run.lock), and the prepare lock of a shards directory
+(data/shards/prepare.py)."""
 
 from __future__ import annotations
 

@@ -299,7 +299,8 @@ class Optim:
 class Data:
     """config.data: the corpus, its tokenizer and split, and how a run holds it. The keys that
     pick a part (corpus, file_format, tokenizer, format) name an entry of their registry
-    (data.memory's CORPORA, FILE_FORMATS, TOKENIZERS; run_config.DATA_FORMATS) or module:attr."""
+    (data.sources.CORPORA, data.corpus.FILE_FORMATS, data.tokenizers.TOKENIZERS,
+    data.storage.DATA_FORMATS) or module:attr."""
 
     corpus: str = setting(
         "pydoc",

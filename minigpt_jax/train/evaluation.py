@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from minigpt_jax import budget, sharding
-from minigpt_jax.data import memory as data
+from minigpt_jax.data import dataset as data
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.loading import load_model
 from minigpt_jax.model.config import GPTConfig

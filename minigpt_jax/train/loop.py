@@ -20,7 +20,7 @@ import numpy as np
 
 from minigpt_jax import sharding
 from minigpt_jax.checkpoint import Checkpointer
-from minigpt_jax.data import memory as data
+from minigpt_jax.data import dataset as data
 from minigpt_jax.experiment import check_experiment_config
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock

@@ -24,8 +24,9 @@ import numpy as np
 
 from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
-from minigpt_jax.data import memory as data
-from minigpt_jax.experiment import dataset_from, gpt_config_from
+from minigpt_jax.data import dataset as data
+from minigpt_jax.data.storage import dataset_from
+from minigpt_jax.experiment import gpt_config_from
 from minigpt_jax.loading import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.config import GPTConfig
