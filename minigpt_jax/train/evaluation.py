@@ -45,13 +45,8 @@ def make_eval_step(
     cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None, terms: LossTerms = ()
 ):
     """jit((params, batch_BxT1) -> (sums, token count)), sharded like training on a mesh."""
-    step = functools.partial(eval_step, cfg=cfg, terms=terms)
-    if mesh is None:
-        return jax.jit(step)
-    return jax.jit(
-        step,
-        in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
-        out_shardings=sharding.replicated(mesh),
+    return _jit_over_batches(
+        functools.partial(eval_step, cfg=cfg, terms=terms), mesh, params_sharding
     )
 
 
@@ -97,6 +92,12 @@ def make_metric_step(
 ):
     """jit((params, batch_BxT1) -> {name: value}) of `metric_step`, sharded like evaluation."""
     step = functools.partial(metric_step, cfg=cfg, metrics=metrics)
+    return _jit_over_batches(step, mesh, params_sharding)
+
+
+def _jit_over_batches(step, mesh: Mesh | None, params_sharding: Any):
+    """jit(step(params, batch_BxT1)): on a mesh, params as training holds them, the batch split
+    over the batch axes, the result replicated."""
     if mesh is None:
         return jax.jit(step)
     return jax.jit(
