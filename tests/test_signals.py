@@ -1,10 +1,14 @@
 """runtime/signals: the stop classes that long work reads between compiled calls."""
 
+import json
+import os
 import signal
+import sys
+import time
 
 import pytest
 
-from minigpt_jax.runtime.signals import StopThenInterrupt
+from minigpt_jax.runtime.signals import Interrupted, RaiseOnSignal, StopThenInterrupt
 
 
 def test_stop_then_interrupt_flags_the_first_signal_and_raises_on_the_second():
@@ -20,3 +24,28 @@ def test_stop_then_interrupt_flags_the_first_signal_and_raises_on_the_second():
             signal.raise_signal(signal.SIGINT)
         assert stop.signal_name == "SIGTERM"  # the first signal is what stopped the work
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
+
+
+def _library_frame():
+    """A frame of the standard library's code (json's decoder, calling our object_hook)."""
+    frames = []
+    json.loads("{}", object_hook=lambda d: frames.append(sys._getframe(1)) or d)
+    assert frames[0].f_code.co_filename.endswith(os.path.join("json", "decoder.py"))
+    return frames[0]
+
+
+def test_a_signal_in_a_librarys_code_is_delivered_again_in_code_of_our_own():
+    """Raised inside a library's code, which may be a callback from native code, the exception
+    would come out as another error (JAX's pytree code turned StopBeforeTraining into "Exception
+    raised while checking equality of metadata fields of pytree"): the signal is delivered
+    again until the main thread runs code of its own, and raised there."""
+    with RaiseOnSignal() as stop:
+        stop._handle(signal.SIGTERM, _library_frame())  # a signal landing in json's code
+        assert not stop.requested()  # not raised there, not taken as done
+        start = time.monotonic()
+        with pytest.raises(Interrupted) as raised:
+            while time.monotonic() - start < 5:  # our own code: the re-delivery raises here
+                time.sleep(0.001)
+        assert raised.value.signal_name == "SIGTERM" and time.monotonic() - start < 5
+        with pytest.raises(Interrupted):  # in our own code, at once
+            stop._handle(signal.SIGINT, sys._getframe())

@@ -8,9 +8,22 @@ from __future__ import annotations
 
 import gc
 import signal
+import sysconfig
 import threading
+from pathlib import Path
 
 REDELIVER_AFTER_S = 0.02
+# After this many deliveries that found no place to raise, raise wherever the signal lands.
+MAX_REDELIVERIES = 250  # 5 s
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent) + "/"
+# Where installed libraries live (the standard library included): their code may run as a
+# callback from native code.
+_LIBRARY_DIRS = tuple(
+    {
+        str(Path(sysconfig.get_paths()[key]).resolve()) + "/"
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+)
 
 
 class StopRequest:
@@ -22,6 +35,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self.signal_number = 0
         self._previous = {}
+        self._redeliveries = 0
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -33,11 +47,14 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         sig = signal.Signals(signum)
-        if self.raises_on(sig) and _swallows_exceptions(frame):
-            # Raised here, the exception would be printed as "Exception ignored" and lost (the
-            # signal came inside a gc callback or a __del__): the signal comes again shortly.
-            threading.Timer(REDELIVER_AFTER_S, self._redeliver, (signum,)).start()
-            return
+        if self.raises_on(sig) and not _safe_to_raise(frame):
+            if self._redeliveries < MAX_REDELIVERIES:
+                # Raised here, the exception could be lost or turned into another error: the
+                # signal comes again shortly, when the main thread is in code of its own.
+                self._redeliveries += 1
+                threading.Timer(REDELIVER_AFTER_S, self._redeliver, (signum,)).start()
+                return
+        self._redeliveries = 0
         self.on_signal(sig)
 
     def _redeliver(self, signum: int) -> None:
@@ -61,15 +78,25 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def _swallows_exceptions(frame) -> bool:
-    """Whether an exception raised at `frame` would be reported as unraisable and dropped: the
-    frame runs inside a gc callback (XLA's frees buffers there) or a __del__."""
+def _safe_to_raise(frame) -> bool:
+    """Whether an exception raised at `frame` (where a signal handler runs) reaches the code
+    that waits for it: in the package's code or a script's, not in an installed library's, which
+    may run as a callback from native code that reports it as another error (JAX's pytree code:
+    "Exception raised while checking equality of metadata fields of pytree"), nor in generated
+    code, a gc callback or a __del__ (where it would be printed as "Exception ignored")."""
+    if frame is None:
+        return False
+    filename = frame.f_code.co_filename
+    if not filename.startswith(_PACKAGE_DIR) and (
+        filename.startswith("<") or filename.startswith(_LIBRARY_DIRS)
+    ):
+        return False
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
-            return True
+            return False
         frame = frame.f_back
-    return False
+    return True
 
 
 class Interrupted(BaseException):
