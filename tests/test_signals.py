@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from minigpt_jax.runtime.signals import Interrupted, RaiseOnSignal, StopThenInterrupt
+from minigpt_jax.runtime.signals import (
+    REDELIVER_AFTER_S,
+    Interrupted,
+    RaiseOnSignal,
+    StopBeforeTraining,
+    StopThenInterrupt,
+    TrainingStop,
+)
 
 
 def test_stop_then_interrupt_flags_the_first_signal_and_raises_on_the_second():
@@ -49,3 +56,30 @@ def test_a_signal_in_a_librarys_code_is_delivered_again_in_code_of_our_own():
         assert raised.value.signal_name == "SIGTERM" and time.monotonic() - start < 5
         with pytest.raises(Interrupted):  # in our own code, at once
             stop._handle(signal.SIGINT, sys._getframe())
+
+
+def test_a_setup_signal_delivered_again_is_answered_before_training():
+    """A signal that lands in a library's code while the run is set up (after XLA compiled, in
+    JAX's own Python) waits to be delivered again; if setup ends first, training_starts answers
+    it as a stop before training, in the phase where it came, never as a request the loop
+    answers with a checkpoint of steps it then trains."""
+    with TrainingStop() as stop:
+        stop.setup_phase("compiling", 40)
+        stop._handle(signal.SIGTERM, _library_frame())
+        assert not stop.requested() and stop.pending == signal.SIGTERM
+        with pytest.raises(StopBeforeTraining) as raised:
+            stop.training_starts()
+        assert (raised.value.signal_name, raised.value.phase) == ("SIGTERM", "compiling")
+        assert stop.pending is None  # answered: the timer's delivery does nothing more
+        time.sleep(5 * REDELIVER_AFTER_S)
+
+
+def test_a_signal_in_a_scripts_code_is_raised_at_once():
+    """A script's own frame (`python -c` code is "<string>", like generated code) is code of
+    our own: the signal raises there, nothing waits to be delivered again."""
+    frame = {}
+    exec("import sys\nframe['f'] = sys._getframe()", {"__name__": "__main__", "frame": frame})
+    with RaiseOnSignal() as stop:
+        with pytest.raises(Interrupted):
+            stop._handle(signal.SIGINT, frame["f"])
+        assert stop.pending is None

@@ -36,6 +36,8 @@ class StopRequest:
         self.signal_number = 0
         self._previous = {}
         self._redeliveries = 0
+        # A signal that came where raising was not safe, until it is delivered again.
+        self.pending: signal.Signals | None = None
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -52,13 +54,15 @@ class StopRequest:
                 # Raised here, the exception could be lost or turned into another error: the
                 # signal comes again shortly, when the main thread is in code of its own.
                 self._redeliveries += 1
+                self.pending = sig
                 threading.Timer(REDELIVER_AFTER_S, self._redeliver, (signum,)).start()
                 return
-        self._redeliveries = 0
+        self._redeliveries, self.pending = 0, None
         self.on_signal(sig)
 
     def _redeliver(self, signum: int) -> None:
-        if self._previous:  # the handlers are still ours
+        # Only while the handlers are still ours and nothing answered the signal meanwhile.
+        if self._previous and self.pending is not None:
             signal.pthread_kill(threading.main_thread().ident, signum)
 
     def raises_on(self, sig: signal.Signals) -> bool:
@@ -87,9 +91,10 @@ def _safe_to_raise(frame) -> bool:
     if frame is None:
         return False
     filename = frame.f_code.co_filename
-    if not filename.startswith(_PACKAGE_DIR) and (
-        filename.startswith("<") or filename.startswith(_LIBRARY_DIRS)
-    ):
+    ours = filename.startswith(_PACKAGE_DIR) or (
+        frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name != "__eq__"
+    )  # a script's code, `python -c` included (its file is "<string>", as generated code's)
+    if not ours and (filename.startswith("<") or filename.startswith(_LIBRARY_DIRS)):
         return False
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
@@ -156,10 +161,19 @@ class TrainingStop(StopRequest):
         self.phase, self.step = phase, step
         if self.signal_name is not None:
             raise StopBeforeTraining(self.signal_name, phase)
+        if self.pending is not None:  # it came in a library's code, delivered again soon
+            self._answer_pending()
 
     def training_starts(self) -> None:
-        """From here on a signal is a request the loop answers between calls."""
+        """From here on a signal is a request the loop answers between calls; one that came
+        during the setup and waits to be delivered again is answered now, as before training."""
+        if self.pending is not None:
+            self._answer_pending()
         self.phase = None
+
+    def _answer_pending(self) -> None:
+        sig, self.pending, self._redeliveries = self.pending, None, 0
+        self.on_signal(sig)  # raises StopBeforeTraining: the phase is set
 
 
 class StopThenInterrupt(StopRequest):

@@ -103,6 +103,11 @@ def train_and_evaluate(
                 on_phase=stop.setup_phase,
                 last_step=last_step,
             )
+            try:
+                stop.training_starts()
+            except StopBeforeTraining:
+                run.checkpointer.close()
+                raise
         except StopBeforeTraining as stopped:
             return _stopped_before_training(stopped, stop.step, wall_start)
         except Exception:
@@ -115,7 +120,6 @@ def train_and_evaluate(
         trainer, log = Trainer(run), None
         try:
             log = RunLogger(config, workdir, run.step, trainer.non_finite_step, progress=progress)
-            stop.training_starts()
             _train(trainer, log, stop, last_step)
         finally:
             if log is not None:
