@@ -127,7 +127,7 @@ def _is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return False
     path = os.path.realpath(filename)
-    package = os.path.dirname(os.path.realpath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # minigpt_jax/
     if path.startswith(package + os.sep) or "site-packages" in path or "dist-packages" in path:
         return False
     stdlib = os.path.realpath(os.path.dirname(os.__file__))
