@@ -239,6 +239,15 @@ def main(argv: list[str]) -> int:
     """`minigpt-jax sweep ARGS`: the exit status (an error is one line on stderr)."""
     wall_start = time.perf_counter()
     try:
+        import optuna  # noqa: F401
+    except ImportError as error:
+        print(
+            f"minigpt-jax sweep: error: the sweep needs the `sweep` extra ({error}); install it "
+            "with pip install -e '.[sweep]'.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         sweep = check(argv)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
