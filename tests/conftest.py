@@ -1,7 +1,38 @@
-"""Shared test setup: strict numerics and small, shared models (compile time dominates)."""
+"""Shared test setup: strict numerics, and the fixtures many files use (the 40 kB corpus, one
+uninterrupted reference run); compile time dominates, so they are made once a session."""
+
+import shutil
 
 import jax
+import pytest
+from helpers import crash_train_args, pydoc_text, run
 
 # Implicit rank promotion hides shape bugs; full-precision matmuls keep GPU (TF32) runs honest.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "float32")
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory):
+    """About 40 kB of real English text, as a plain .txt corpus."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(pydoc_text())
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference(corpus_file, tmp_path_factory):
+    """One uninterrupted `train` of helpers.CRASH_SETTINGS (checkpoints 36 and 40), the run
+    every crash and reliability test resumes, copies or damages."""
+    workdir = tmp_path_factory.mktemp("reference")
+    result = run(crash_train_args(workdir, corpus_file))
+    assert result.returncode == 0, result.stderr
+    return workdir
+
+
+@pytest.fixture
+def copy_of(reference, tmp_path):
+    """A fresh copy of the reference run directory."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    return workdir

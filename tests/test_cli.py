@@ -8,39 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(topics[k] for k in sorted(topics))[:40_000])
-    return path
-
-
-def _train_args(workdir, corpus_file, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "minigpt_jax",
-        "train",
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        "--config.data.corpus=text",
-        f"--config.data.path={corpus_file}",
-        "--progress=false",
-        *extra,
-    ]
-
-
-def _run(args, **kwargs):
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, **kwargs)
+from helpers import REPO, run, train_args
 
 
 def _saved_steps(workdir):
@@ -69,7 +39,7 @@ LONG_RUN = ("--config.num_steps=1000", "--config.checkpoint_every=100", "--confi
 
 
 def test_config_key_typo_is_a_clear_error(tmp_path, corpus_file):
-    result = _run(_train_args(tmp_path, corpus_file, "--config.optim.lrr=0.1"))
+    result = run(train_args(tmp_path, corpus_file, "--config.optim.lrr=0.1"))
     assert result.returncode != 0
     assert "unknown config key config.optim.lrr (did you mean 'lr'?)" in result.stderr
     assert "valid keys of config.optim: lr, min_lr" in result.stderr
@@ -77,7 +47,7 @@ def test_config_key_typo_is_a_clear_error(tmp_path, corpus_file):
 
 
 def test_missing_corpus_is_a_clear_error(tmp_path):
-    result = _run(
+    result = run(
         [
             sys.executable,
             "-m",
@@ -97,15 +67,15 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 
 def test_unknown_command_and_missing_workdir(tmp_path):
-    result = _run([sys.executable, "-m", "minigpt_jax", "fly", "--workdir", str(tmp_path)])
+    result = run([sys.executable, "-m", "minigpt_jax", "fly", "--workdir", str(tmp_path)])
     assert result.returncode != 0 and "name one command: train | prepare | sample" in result.stderr
-    result = _run([sys.executable, "-m", "minigpt_jax", "train", "--config", "configs/tiny.py"])
+    result = run([sys.executable, "-m", "minigpt_jax", "train", "--config", "configs/tiny.py"])
     assert result.returncode != 0 and "--workdir is required" in result.stderr
 
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, corpus_file):
-    args = _train_args(tmp_path / "run", corpus_file, *LONG_RUN)
+    args = train_args(tmp_path / "run", corpus_file, *LONG_RUN)
     process = _start_and_wait_for_checkpoint(args)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=120)
@@ -118,13 +88,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, corpus_file):
 
 @pytest.mark.slow
 def test_sigkill_mid_training_resumes_from_the_last_checkpoint(tmp_path, corpus_file):
-    args = _train_args(tmp_path / "run", corpus_file, *LONG_RUN)
+    args = train_args(tmp_path / "run", corpus_file, *LONG_RUN)
     process = _start_and_wait_for_checkpoint(args)
     os.kill(process.pid, signal.SIGKILL)
     process.communicate(timeout=60)
     saved = _saved_steps(tmp_path / "run")
     assert saved and saved[-1] < 1000
-    result = _run(args)
+    result = run(args)
     assert result.returncode == 0, result.stderr
     assert f"resumed from step {saved[-1]}" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("step 1000:")
@@ -161,10 +131,10 @@ def test_sample_from_workdir_continues_the_prompt(trained_workdir):
 
 def test_sample_command_prints_samples_and_names_unknown_characters(trained_workdir):
     base = [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(trained_workdir)]
-    result = _run([*base, "--prompt=The ", "--max_new_tokens=25", "--num_samples=2"])
+    result = run([*base, "--prompt=The ", "--max_new_tokens=25", "--num_samples=2"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("---------- sample") == 2 and "\nThe " in result.stdout
-    result = _run([*base, "--prompt=The \u00fc", "--max_new_tokens=5"])
+    result = run([*base, "--prompt=The \u00fc", "--max_new_tokens=5"])
     assert result.returncode != 0
     assert (
         "character '\u00fc' at position 4 is not in the CharTokenizer vocabulary" in result.stderr
@@ -173,7 +143,7 @@ def test_sample_command_prints_samples_and_names_unknown_characters(trained_work
 
 
 def test_sample_without_a_trained_run_says_how_to_train(tmp_path):
-    result = _run(
+    result = run(
         [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(tmp_path), "--prompt=a"]
     )
     assert result.returncode != 0
@@ -232,7 +202,7 @@ def test_sample_command_prints_the_library_texts_in_batches(trained_workdir):
     from minigpt_jax.sampling.texts import sample_from_workdir
 
     args = ["--prompt=The ", "--max_new_tokens=40", "--seed=2", "--num_samples=3"]
-    result = _run(_sample_args(trained_workdir, *args, "--samples_per_batch=2"))
+    result = run(_sample_args(trained_workdir, *args, "--samples_per_batch=2"))
     assert result.returncode == 0, result.stderr
     texts = sample_from_workdir(trained_workdir, "The ", max_new_tokens=40, seed=2, num_samples=3)
     assert result.stdout == "".join(
@@ -282,7 +252,7 @@ def test_sample_streams_and_a_signal_ends_it_with_what_was_sampled(trained_workd
 
 
 def test_sample_refuses_more_tokens_than_positions_index(trained_workdir):
-    result = _run(_sample_args(trained_workdir, "--prompt=a", "--max_new_tokens=1000000000000"))
+    result = run(_sample_args(trained_workdir, "--prompt=a", "--max_new_tokens=1000000000000"))
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "minigpt-jax sample: error: max_new_tokens=1,000,000,000,000 needs 1,099,511,627,784 "
@@ -301,6 +271,6 @@ def test_sample_refuses_more_tokens_than_positions_index(trained_workdir):
 def test_sample_refuses_a_bad_setting_in_one_line_before_loading(tmp_path, flag, message):
     """The command's flags become one SampleSettings, which checks itself: a bad value is one
     line naming the setting and the fix, before any model is read (there is none here)."""
-    result = _run(_sample_args(tmp_path / "no_run", "--prompt=a", flag))
+    result = run(_sample_args(tmp_path / "no_run", "--prompt=a", flag))
     assert result.returncode == 1
     assert result.stderr.strip() == f"minigpt-jax sample: error: {message}"

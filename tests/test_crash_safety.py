@@ -20,8 +20,18 @@ import chex
 import jax
 import numpy as np
 import pytest
-import test_train
-from test_cli import _train_args
+from helpers import (
+    REPO,
+    crash_config,
+    crash_train_args,
+    largest_file,
+    resume,
+    run,
+    snapshot,
+    steps,
+    train_args,
+    trajectory,
+)
 
 from minigpt_jax.checkpoint import CheckpointError, load_params
 from minigpt_jax.data import in_memory
@@ -31,53 +41,7 @@ from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume
 
-REPO = Path(__file__).resolve().parents[1]
-corpus_file = test_train.corpus_file  # the same 40 kB text fixture
-# Saves every 4 steps keep the kill targets dense; 2 kept checkpoints leave one to fall back to.
-SETTINGS = {
-    "num_steps": 40,
-    "steps_per_call": 2,
-    "eval_every": 8,
-    "checkpoint_every": 4,
-    "keep_checkpoints": 2,
-}
-
-
-def _config(corpus_file, **overrides):
-    return test_train.tiny_config(corpus_file, **{**SETTINGS, **overrides})
-
-
-def _train_command(workdir, corpus_file):
-    return _train_args(workdir, corpus_file, *(f"--config.{k}={v}" for k, v in SETTINGS.items()))
-
-
-def _run(args):
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO)
-
-
-def _trajectory(workdir, upto_step=None):
-    """Every metrics record without its timing (tokens_per_sec), which differs run to run."""
-    return [
-        {k: v for k, v in record.items() if k != "tokens_per_sec"}
-        for record in read_metrics(workdir, upto_step)
-    ]
-
-
-@pytest.fixture(scope="module")
-def reference(corpus_file, tmp_path_factory):
-    """One uninterrupted run of the command every test resumes or damages."""
-    workdir = tmp_path_factory.mktemp("reference")
-    result = _run(_train_command(workdir, corpus_file))
-    assert result.returncode == 0, result.stderr
-    return workdir
-
-
-@pytest.fixture
-def copy_of(reference, tmp_path):
-    """A fresh copy of the reference run directory."""
-    workdir = tmp_path / "run"
-    shutil.copytree(reference, workdir)
-    return workdir
+# The corpus_file, reference and copy_of fixtures: conftest.py.
 
 
 # ----------------------------------------------------------------------------- fault injection
@@ -111,7 +75,7 @@ def test_random_sigkills_resume_bit_identically(reference, corpus_file, tmp_path
     every rerun of the same command resumes, and the finished run's metrics equal those of
     the uninterrupted one bit for bit."""
     workdir = tmp_path / "run"
-    args = _train_command(workdir, corpus_file)
+    args = crash_train_args(workdir, corpus_file)
     rng = random.Random(0)
 
     def after_a_new_checkpoint(delay_s):
@@ -137,10 +101,10 @@ def test_random_sigkills_resume_bit_identically(reference, corpus_file, tmp_path
     ]
     killed = sum(_kill_when(args, trigger) for trigger in kills)
     assert killed >= 3, f"only {killed} of {len(kills)} kills landed before the run finished"
-    result = _run(args)
+    result = run(args)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].startswith("step 40:")
-    assert _trajectory(workdir) == _trajectory(reference)
+    assert trajectory(workdir) == trajectory(reference)
 
 
 @pytest.mark.slow
@@ -160,7 +124,7 @@ def test_second_trainer_fails_at_once_naming_the_holder(corpus_file, tmp_path):
         cwd=REPO,
     )
     assert holder.stdout.readline().strip() == "locked"
-    result = _run(_train_command(workdir, corpus_file))
+    result = run(crash_train_args(workdir, corpus_file))
     assert result.returncode != 0
     assert f"in use by another trainer (PID {holder.pid} on host" in result.stderr
     assert not (workdir / "metrics.jsonl").exists()
@@ -223,7 +187,7 @@ SIGNAL_SETTINGS = ("--config.eval_every=6", "--config.eval_batches=4")
 
 def _signalled(args, sig, where, at=1, count=1):
     script = _SIGNALLER.format(sig=sig, at=at, count=count, where=where)
-    return _run([sys.executable, "-c", script, *args[3:]])
+    return run([sys.executable, "-c", script, *args[3:]])
 
 
 @pytest.mark.parametrize(
@@ -235,7 +199,7 @@ def test_signal_during_evaluation_saves_what_it_says(corpus_file, tmp_path, sig,
     batches, step 6 is saved, the message says so, and the rerun does the evaluation first and
     ends with the metrics of an uninterrupted run."""
     workdir = tmp_path / "run"
-    args = _train_command(workdir, corpus_file) + list(SIGNAL_SETTINGS)
+    args = crash_train_args(workdir, corpus_file) + list(SIGNAL_SETTINGS)
     result = _signalled(args, sig, "evaluation", at=2, count=count)  # the 2nd val batch
     assert result.returncode == 128 + getattr(signal, sig), result.stderr  # 143, 130
     lines = result.stdout.strip().splitlines()
@@ -244,15 +208,15 @@ def test_signal_during_evaluation_saves_what_it_says(corpus_file, tmp_path, sig,
         "first when the run resumes); rerun the same command to resume."
     )
     assert lines[1].startswith("step 6: train loss n/a") and lines[1].endswith(f"by {sig}")
-    assert _steps(workdir / "checkpoints") == [4, 6] and _steps(workdir / "best") == []
+    assert steps(workdir / "checkpoints") == [4, 6] and steps(workdir / "best") == []
     assert "Traceback" not in result.stderr
-    rerun = _run(args)
+    rerun = run(args)
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stdout.splitlines()[0].startswith("step 6: train loss")  # the evaluation
     assert "resumed from step 6" in rerun.stdout.splitlines()[-1]
     uninterrupted = tmp_path / "uninterrupted"
-    assert _run(_train_command(uninterrupted, corpus_file) + list(SIGNAL_SETTINGS)).returncode == 0
-    assert _trajectory(workdir) == _trajectory(uninterrupted)
+    assert run(crash_train_args(uninterrupted, corpus_file) + list(SIGNAL_SETTINGS)).returncode == 0
+    assert trajectory(workdir) == trajectory(uninterrupted)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
@@ -261,8 +225,8 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
     printed a 26-line KeyboardInterrupt traceback): one line saying where the run stood, rc
     128 + the signal, nothing changed, and the rerun resumes. Here in a resumed run (from step
     40 of 44)."""
-    args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
-    before = _snapshot(copy_of / "checkpoints")
+    args = crash_train_args(copy_of, corpus_file) + ["--config.num_steps=44"]
+    before = snapshot(copy_of / "checkpoints")
     result = _signalled(args, sig, "compile")
     assert result.returncode == 128 + getattr(signal, sig), result.stderr
     assert result.stdout.splitlines() == [
@@ -270,8 +234,8 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
         "(checkpoint 40 is unchanged); rerun the same command to resume."
     ]
     assert result.stderr == ""
-    assert _snapshot(copy_of / "checkpoints") == before
-    rerun = _run(args)
+    assert snapshot(copy_of / "checkpoints") == before
+    rerun = run(args)
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stdout.splitlines()[-1].startswith("step 44:")
     assert "resumed from step 40" in rerun.stdout
@@ -293,13 +257,13 @@ def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
     from minigpt_jax.train.evaluation import perplexity_of
 
     workdir = tmp_path / "run"
-    args = _train_args(workdir, corpus_file, "--config.num_steps=200", "--config.eval_every=2")
+    args = train_args(workdir, corpus_file, "--config.num_steps=200", "--config.eval_every=2")
     args += ["--config.checkpoint_every=1", "--config.keep_checkpoints=1"]
     trainer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     reads = {"latest": 0, "best": 0, "eval": 0, "sample": 0}
     try:
         while not all(
-            (workdir / name).is_dir() and _steps(workdir / name) for name in ("best", "checkpoints")
+            (workdir / name).is_dir() and steps(workdir / name) for name in ("best", "checkpoints")
         ):
             assert trainer.poll() is None, trainer.communicate()
             time.sleep(0.01)
@@ -329,19 +293,15 @@ def test_readers_beside_a_trainer_never_fail(corpus_file, tmp_path, caplog):
 # ----------------------------------------------------------------------------- crash windows
 
 
-def _resume(workdir, corpus_file, **overrides):
-    return train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
-
-
 def test_crash_between_best_and_checkpoint_saves_resumes(reference, copy_of, corpus_file):
     """best/40 written, checkpoints/40 not (issue: every rerun failed with
     StepAlreadyExistsError): the rerun resumes from 36 and rewrites best/40."""
     assert (copy_of / "best" / "40").is_dir()
     shutil.rmtree(copy_of / "checkpoints" / "40")
-    summary = _resume(copy_of, corpus_file)
+    summary = resume(copy_of, corpus_file)
     assert summary.resumed_from == 36 and summary.step == 40
-    assert _trajectory(copy_of) == _trajectory(reference)
-    assert _steps(copy_of / "checkpoints") == [36, 40] and _steps(copy_of / "best") == [40]
+    assert trajectory(copy_of) == trajectory(reference)
+    assert steps(copy_of / "checkpoints") == [36, 40] and steps(copy_of / "best") == [40]
     chex.assert_trees_all_equal(load_params(copy_of, "best")[0], load_params(reference, "best")[0])
 
 
@@ -352,11 +312,11 @@ def test_checkpoint_without_digest_is_used_unverified(reference, copy_of, corpus
     shutil.rmtree(copy_of / "best" / "40")
     (copy_of / "checkpoints" / "36" / "sha256sums.txt").unlink()
     with caplog.at_level(logging.WARNING):
-        summary = _resume(copy_of, corpus_file)
+        summary = resume(copy_of, corpus_file)
     assert "checkpoints/36 has no sha256sums.txt" in caplog.text
     assert summary.resumed_from == 36
     assert (copy_of / "checkpoints" / "40" / "sha256sums.txt").is_file()
-    assert _trajectory(copy_of) == _trajectory(reference)
+    assert trajectory(copy_of) == trajectory(reference)
 
 
 def test_run_directory_from_before_digests_still_resumes(reference, copy_of, corpus_file):
@@ -366,9 +326,9 @@ def test_run_directory_from_before_digests_still_resumes(reference, copy_of, cor
         digest.unlink()
     shutil.rmtree(copy_of / "checkpoints" / "40")
     shutil.rmtree(copy_of / "best" / "40")
-    summary = _resume(copy_of, corpus_file)
+    summary = resume(copy_of, corpus_file)
     assert summary.resumed_from == 36 and summary.step == 40
-    assert _trajectory(copy_of) == _trajectory(reference)
+    assert trajectory(copy_of) == trajectory(reference)
 
 
 def test_torn_metrics_line_is_dropped_on_resume(reference, copy_of, corpus_file):
@@ -379,9 +339,9 @@ def test_torn_metrics_line_is_dropped_on_resume(reference, copy_of, corpus_file)
     torn = text.index('{"step": 38')
     path.write_text(text[: torn + 20])
     shutil.rmtree(copy_of / "checkpoints" / "40")
-    summary = _resume(copy_of, corpus_file)
+    summary = resume(copy_of, corpus_file)
     assert summary.resumed_from == 36
-    assert _trajectory(copy_of) == _trajectory(reference)
+    assert trajectory(copy_of) == trajectory(reference)
 
 
 def test_metrics_reader_names_the_file_for_a_bad_middle_line(reference, tmp_path):
@@ -396,44 +356,36 @@ def test_metrics_reader_names_the_file_for_a_bad_middle_line(reference, tmp_path
 # ----------------------------------------------------------------------------- damage
 
 
-def _steps(directory: Path) -> list[int]:
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
-def _largest_file(directory: Path) -> Path:
-    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-
-
 def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(
     reference, copy_of, corpus_file, caplog
 ):
     """4 KB XOR-ed in checkpoints/40 (issue: loaded silently, NaN two steps later)."""
-    path = _largest_file(copy_of / "checkpoints" / "40")
+    path = largest_file(copy_of / "checkpoints" / "40")
     damaged = bytearray(path.read_bytes())
     for i in range(min(4096, len(damaged))):
         damaged[i] ^= 0xFF
     path.write_bytes(bytes(damaged))
     with caplog.at_level(logging.WARNING):
-        summary = _resume(copy_of, corpus_file)
+        summary = resume(copy_of, corpus_file)
     assert "does not match its sha256" in caplog.text and "using step 36" in caplog.text
     assert summary.resumed_from == 36
-    assert _trajectory(copy_of) == _trajectory(reference)
+    assert trajectory(copy_of) == trajectory(reference)
 
 
 def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(
     reference, copy_of, corpus_file
 ):
     for step in ("36", "40"):
-        path = _largest_file(copy_of / "checkpoints" / step)
+        path = largest_file(copy_of / "checkpoints" / step)
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=r"every checkpoint in .*checkpoints is damaged"):
-        _resume(copy_of, corpus_file)
+        resume(copy_of, corpus_file)
     with pytest.raises(CheckpointError, match="every checkpoint"):
         load_params(copy_of)
 
 
 def test_sampling_falls_back_past_a_damaged_checkpoint(reference, copy_of, caplog):
-    (_largest_file(copy_of / "checkpoints" / "40")).write_bytes(b"")
+    (largest_file(copy_of / "checkpoints" / "40")).write_bytes(b"")
     with caplog.at_level(logging.WARNING):
         params, meta = load_params(copy_of)
     assert "using step 36" in caplog.text
@@ -472,10 +424,10 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
     """lr=1e6 (issue: a NaN-val-loss checkpoint was saved and announced as good): the run
     stops naming the last good step, and every saved checkpoint holds finite params."""
     workdir = tmp_path / "run"
-    config = _config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
+    config = crash_config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
         train_and_evaluate(config, workdir, progress=False)
-    saved = _steps(workdir / "checkpoints")
+    saved = steps(workdir / "checkpoints")
     if saved:
         assert f"last good checkpoint, step {saved[-1]}" in str(error.value)
         params, _ = load_params(workdir)
@@ -489,34 +441,21 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
 
 def test_another_model_is_refused_naming_the_keys(reference, copy_of, corpus_file):
     with pytest.raises(ValueError, match=r"different model .*n_embd: 32 -> 64"):
-        _resume(copy_of, corpus_file, **{"model.n_embd": 64})
+        resume(copy_of, corpus_file, **{"model.n_embd": 64})
 
 
 def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_file):
     with pytest.raises(ValueError, match=r"config\.seed: 0 -> 7.*--allow_resume_changes"):
-        _resume(copy_of, corpus_file, seed=7, num_steps=44)
+        resume(copy_of, corpus_file, seed=7, num_steps=44)
     with pytest.raises(ValueError, match=r"config\.optim\.lr: 0\.003 -> 0\.001"):
-        _resume(copy_of, corpus_file, **{"optim.lr": 1e-3, "num_steps": 44})
+        resume(copy_of, corpus_file, **{"optim.lr": 1e-3, "num_steps": 44})
     summary = train_and_evaluate(
-        _config(corpus_file, seed=7, num_steps=44),
+        crash_config(corpus_file, seed=7, num_steps=44),
         copy_of,
         progress=False,
         allow_resume_changes=True,
     )
     assert summary.resumed_from == 40 and summary.step == 44
-
-
-def _snapshot(directory: Path) -> dict:
-    """Every path under `directory` with its size, mtime and contents (None: not there)."""
-    if not directory.exists():
-        return None
-    return {
-        str(p.relative_to(directory)): (
-            p.stat().st_mtime_ns,
-            p.read_bytes() if p.is_file() else b"",
-        )
-        for p in sorted(directory.rglob("*"))
-    }
 
 
 @pytest.mark.parametrize(
@@ -550,11 +489,11 @@ def test_refused_configs_create_nothing(corpus_file, tmp_path, overrides, messag
     on them)."""
     workdir = tmp_path / "run"
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
-        train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
+        train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
     assert not workdir.exists()
     workdir.mkdir()  # an empty directory stays empty
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
-        train_and_evaluate(_config(corpus_file, **overrides), workdir, progress=False)
+        train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
     assert list(workdir.iterdir()) == []
 
 
@@ -564,7 +503,7 @@ def test_refused_resumes_change_nothing(reference, copy_of, corpus_file, tmp_pat
     tokens.npy before the refusal)."""
     other_corpus = tmp_path / "other.txt"
     other_corpus.write_text(corpus_file.read_text()[::-1])
-    before = _snapshot(copy_of)
+    before = snapshot(copy_of)
     for overrides, message in [
         ({"seed": 7, "num_steps": 44}, "config.seed: 0 -> 7"),
         ({"model.n_embd": 64}, "n_embd: 32 -> 64"),
@@ -572,9 +511,9 @@ def test_refused_resumes_change_nothing(reference, copy_of, corpus_file, tmp_pat
         ({"num_steps": 20}, "is past num_steps=20, so there is nothing to train"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
-            _resume(copy_of, corpus_file, **overrides)
-        assert _snapshot(copy_of) == before, overrides
-    summary = _resume(copy_of, corpus_file)  # the same command still works
+            resume(copy_of, corpus_file, **overrides)
+        assert snapshot(copy_of) == before, overrides
+    summary = resume(copy_of, corpus_file)  # the same command still works
     assert summary.resumed_from == 40 and summary.step == 40
 
 
@@ -617,7 +556,7 @@ def test_speed_settings_may_change_on_resume_the_model_may_not():
 
 
 def _one_line_error(args) -> str:
-    result = _run(args)
+    result = run(args)
     assert result.returncode == 1, result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -645,9 +584,9 @@ def test_broken_config_file_is_one_line(tmp_path, body, message):
 
 def test_empty_workdir_is_refused(corpus_file, tmp_path):
     """Issue: `--workdir=` trained into the current directory."""
-    args = _train_args("unused", corpus_file)
+    args = train_args("unused", corpus_file)
     args[args.index("--workdir") : args.index("--workdir") + 2] = ["--workdir="]
-    result = _run(args)
+    result = run(args)
     assert result.returncode == 1
     assert "--workdir is empty: name a run directory" in result.stderr
     assert not (REPO / "checkpoints").exists() and not (REPO / "run.lock").exists()
@@ -674,7 +613,7 @@ def test_what_cannot_fit_is_refused_before_the_work(corpus_file, tmp_path, extra
     with big.open("wb") as file:
         file.truncate(3 << 30)  # sparse: takes no disk
     workdir = tmp_path / "run"
-    args = _train_args(workdir, corpus_file) + [a.format(big=big) for a in extra]
+    args = train_args(workdir, corpus_file) + [a.format(big=big) for a in extra]
     line = _one_line_error(args)
     assert message in line and ("data.format=shards" in line or "grad_accum_steps" in line)
     assert not workdir.exists()
@@ -693,10 +632,10 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state
 
-    line = _one_line_error(_train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
+    line = _one_line_error(train_args(tmp_path / "a", corpus_file, "--config.batch_size=1000000"))
     assert "GiB" in line and "a smaller batch_size" in line and "grad_accum_steps" in line
     saved = tmp_path / "a" / "checkpoints"
-    assert not saved.exists() or not _steps(saved)
+    assert not saved.exists() or not steps(saved)
 
     config = check_experiment_config(tiny.get_config())
     cfg, tx = gpt_config_from(config, 65), make_optimizer(config.optim, config.num_steps)[0]
@@ -709,19 +648,19 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     per_sequence = (bound(2000) - bound(1000)) / 1000
     batch = int(0.5 * host_memory_available() / per_sequence)
     workdir = tmp_path / "b"
-    line = _one_line_error(_train_args(workdir, corpus_file, f"--config.batch_size={batch}"))
+    line = _one_line_error(train_args(workdir, corpus_file, f"--config.batch_size={batch}"))
     assert line.startswith("minigpt-jax train: error: the compiled train step needs ")
     assert "XLA's account" in line and "so nothing was trained; use a smaller batch_size" in line
     # A fresh workdir whose setup fails is left as it was: no checkpoints folder at all.
     assert not (workdir / "checkpoints").exists()
-    rerun = _run(_train_args(workdir, corpus_file, "--config.num_steps=4"))
+    rerun = run(train_args(workdir, corpus_file, "--config.num_steps=4"))
     assert rerun.returncode == 0 and rerun.stdout.splitlines()[-1].startswith("step 4:")
 
 
 def test_prepare_refuses_shards_that_train_would_not_read(corpus_file, tmp_path):
     """Issue: `prepare` wrote shards for a data.format=memory config, then `train` ignored them
     and encoded the corpus in one call."""
-    args = _train_args(tmp_path / "run", corpus_file)
+    args = train_args(tmp_path / "run", corpus_file)
     args[3] = "prepare"
     line = _one_line_error(args)
     assert "prepare writes token shards, which only data.format='shards' reads" in line
@@ -738,8 +677,8 @@ def test_disk_full_during_a_save_is_one_line(corpus_file, tmp_path):
         pytest.skip("needs a tmpfs mount (root)")
     try:
         workdir = mount / "run"
-        args = _train_args(workdir, corpus_file, "--config.num_steps=400")
-        result = _run(args + ["--config.keep_checkpoints=100"])
+        args = train_args(workdir, corpus_file, "--config.num_steps=400")
+        result = run(args + ["--config.keep_checkpoints=100"])
         assert result.returncode == 1
         # Before, tensorstore's callbacks of the failed writes often printed "Event loop is
         # closed" tracebacks (unraisable errors of orbax's closed asyncio loop) before it.

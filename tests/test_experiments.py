@@ -8,6 +8,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+from helpers import pydoc_text
 
 from configs import tiny
 from experiments import (
@@ -173,10 +174,9 @@ TRAIN_STEPS = 30
 
 def _training_config(directory: Path):
     """configs/tiny.py (one layer) on a small text corpus written into `directory`."""
-    from pydoc_data.topics import topics
 
     corpus = directory / "corpus.txt"
-    corpus.write_text("\n\n".join(topics[key] for key in sorted(topics))[:40_000])
+    corpus.write_text(pydoc_text())
     config = tiny.get_config()
     config.model.n_layer = 1
     config.data.corpus = "text"

@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import chex
 import flax.linen as nn
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import pydoc_text, train_args
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
@@ -51,30 +51,21 @@ def user_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user_code")
     for name, source in doc_files().items():
         folder.joinpath(name).write_text(source)
-    (folder / "corpus.txt").write_text("\n\n".join(topics[k] for k in sorted(topics))[:40_000])
+    (folder / "corpus.txt").write_text(pydoc_text())
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
 
 
 def _train(user_dir, workdir, *extra):
-    args = [
-        sys.executable,
-        "-m",
-        "minigpt_jax",
-        "train",
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        "--config.data.corpus=text",
-        f"--config.data.path={user_dir / 'corpus.txt'}",
+    args = train_args(
+        workdir,
+        user_dir / "corpus.txt",
         "--config.eval_every=10",
         "--config.checkpoint_every=10",
-        "--progress=false",
         *PLUGINS,
         *extra,
-    ]
+    )
     # The user's folder is the working directory, as for a researcher running their study.
     result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=user_dir)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,7 +8,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import chex
 import jax
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import pydoc_text, train_args
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
@@ -53,30 +53,21 @@ def user_dir(tmp_path_factory):
         "def vector(params, batch_BxT1, intermediates, cfg):\n"
         "    return jnp.zeros(3)\n"
     )
-    (folder / "corpus.txt").write_text("\n\n".join(topics[k] for k in sorted(topics))[:40_000])
+    (folder / "corpus.txt").write_text(pydoc_text())
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
 
 
 def _args(user_dir, workdir, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "minigpt_jax",
-        "train",
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        "--config.data.corpus=text",
-        f"--config.data.path={user_dir / 'corpus.txt'}",
+    return train_args(
+        workdir,
+        user_dir / "corpus.txt",
         f"--config.num_steps={STEPS}",
         "--config.eval_every=10",
         "--config.checkpoint_every=10",
-        "--progress=false",
         *extra,
-    ]
+    )
 
 
 def _train(user_dir, workdir, *extra):

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import flax.linen as nn
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import pydoc_text, train_args
 from jax.sharding import PartitionSpec
 
 from minigpt_jax import GPTConfig, forward, init_params, sharding
@@ -58,30 +58,21 @@ def user_dir(tmp_path_factory):
     for name, source in doc_files().items():
         folder.joinpath(name).write_text(source)
     folder.joinpath("my_plain_mlp.py").write_text(UNDECLARED_MLP)
-    (folder / "corpus.txt").write_text("\n\n".join(topics[k] for k in sorted(topics))[:40_000])
+    (folder / "corpus.txt").write_text(pydoc_text())
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
 
 
 def _train(user_dir, workdir, *extra, ok=True):
-    args = [
-        sys.executable,
-        "-m",
-        "minigpt_jax",
-        "train",
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        "--config.data.corpus=text",
-        f"--config.data.path={user_dir / 'corpus.txt'}",
+    args = train_args(
+        workdir,
+        user_dir / "corpus.txt",
         "--config.num_steps=4",
         "--config.eval_every=4",
         "--config.checkpoint_every=4",
-        "--progress=false",
         *extra,
-    ]
+    )
     result = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=user_dir)
     if ok:
         assert result.returncode == 0, result.stderr[-3000:]

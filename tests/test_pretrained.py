@@ -6,11 +6,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import jax
 import numpy as np
 import pytest
+from helpers import pydoc_text
 
 from minigpt_jax import gpt2 as pretrained
 from minigpt_jax import loading
@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")  # the `hf` extra, installed by .ci/run
 transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = "\n\n".join(topics[k] for k in sorted(topics))[:20_000]
+TEXT = pydoc_text(20_000)
 VOCAB = 300  # 256 bytes, 43 merges and <|endoftext|>, last as in GPT-2
 
 

@@ -12,30 +12,28 @@ import socket
 import subprocess
 import sys
 import traceback
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-import test_crash_safety
-import test_train
-from test_cli import _train_args
+from helpers import (
+    REPO,
+    crash_train_args,
+    largest_file,
+    resume,
+    run,
+    snapshot,
+    tiny_config,
+    train_args,
+    trajectory,
+)
 
 from minigpt_jax import checkpoint
 from minigpt_jax.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.lab import serving
 from minigpt_jax.train.loop import train_and_evaluate
 
-REPO = Path(__file__).resolve().parents[1]
-corpus_file = test_train.corpus_file
-reference = test_crash_safety.reference  # 40 steps, checkpoints 36 and 40
-copy_of = test_crash_safety.copy_of
-_train_command, _run, _steps = (
-    test_crash_safety._train_command,
-    test_crash_safety._run,
-    test_crash_safety._steps,
-)
-_trajectory, _largest_file = test_crash_safety._trajectory, test_crash_safety._largest_file
+# The corpus_file, reference (40 steps, checkpoints 36 and 40) and copy_of fixtures: conftest.py.
 
 
 def _cli(*args, **kwargs):
@@ -79,7 +77,7 @@ main()
 def _signalled(args, sig, target, delay=None):
     """`minigpt-jax ARGS` (args as for _train_args: [python, -m, minigpt_jax, ...])."""
     script = _SIGNAL_AT.format(sig=sig, target=target, delay=delay)
-    return _run([sys.executable, "-c", script, *args[3:]])
+    return run([sys.executable, "-c", script, *args[3:]])
 
 
 @pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGINT", 130)])
@@ -88,8 +86,8 @@ def test_a_resumed_run_stopped_while_reading_its_data_names_its_step(
 ):
     """Issue: a resume from step 50 said `before training step 1` and `step 0: ... stopped by
     SIGTERM`, rc 0. Now one line naming the step the run stands at, and 128 + the signal."""
-    args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
-    before = test_crash_safety._snapshot(copy_of / "checkpoints")
+    args = crash_train_args(copy_of, corpus_file) + ["--config.num_steps=44"]
+    before = snapshot(copy_of / "checkpoints")
     result = _signalled(args, sig, "minigpt_jax.train.setup:dataset_from")
     assert result.returncode == status, result.stderr
     assert result.stdout.splitlines() == [
@@ -97,7 +95,7 @@ def test_a_resumed_run_stopped_while_reading_its_data_names_its_step(
         "(checkpoint 40 is unchanged); rerun the same command to resume."
     ]
     assert "Traceback" not in result.stderr and "Fatal" not in result.stderr
-    assert test_crash_safety._snapshot(copy_of / "checkpoints") == before
+    assert snapshot(copy_of / "checkpoints") == before
 
 
 @pytest.mark.slow
@@ -115,7 +113,7 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
         if resumed:
             shutil.copytree(reference, workdir)
         sig = ("SIGTERM", "SIGINT")[i // 2 % 2]
-        args = _train_command(workdir, corpus_file) + ["--config.num_steps=44"] * resumed
+        args = crash_train_args(workdir, corpus_file) + ["--config.num_steps=44"] * resumed
         result = _signalled(
             args, sig, "minigpt_jax.train.setup:dataset_from", delay=rng.uniform(0.0, 0.05)
         )
@@ -127,7 +125,7 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
 
 
 def test_a_run_stopped_while_checking_its_checkpoints_claims_no_step(copy_of, corpus_file):
-    args = _train_command(copy_of, corpus_file) + ["--config.num_steps=44"]
+    args = crash_train_args(copy_of, corpus_file) + ["--config.num_steps=44"]
     result = _signalled(args, "SIGTERM", "minigpt_jax.checkpoint:newest_intact_step")
     assert result.returncode == 143, result.stderr
     assert result.stdout.splitlines() == [
@@ -187,9 +185,9 @@ def test_prepare_stopped_by_a_signal_is_one_line_and_resumes(corpus_dir, tmp_pat
         f"{workdir / 'shards'}; rerun the same command to resume where it stopped."
     ]
     assert not (workdir / "shards" / "manifest.json").exists()
-    rerun = _run(args)
+    rerun = run(args)
     assert rerun.returncode == 0, rerun.stderr
-    fresh = _run(_prepare_args(corpus_dir, tmp_path / "fresh"))
+    fresh = run(_prepare_args(corpus_dir, tmp_path / "fresh"))
     assert fresh.returncode == 0, fresh.stderr
 
     def shard_digests(directory):
@@ -226,13 +224,13 @@ def test_a_run_already_at_num_steps_compiles_nothing(reference, copy_of, corpus_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(jax.stages.Lowered, "compile", no_compile)
-        summary = test_crash_safety._resume(copy_of, corpus_file)
+        summary = resume(copy_of, corpus_file)
     assert summary.step == 40 and summary.compile_time_s == 0.0
     assert "step 40 is already trained (num_steps=40)" in capsys.readouterr().out
 
 
 def test_warmup_longer_than_the_run_warns(corpus_file, tmp_path, caplog):
-    config = test_train.tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
+    config = tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
     config.optim.warmup_steps = 100000
     with caplog.at_level(logging.WARNING):
         train_and_evaluate(config, tmp_path / "run", progress=False)
@@ -247,7 +245,7 @@ def test_out_of_vocabulary_ids_in_the_data_are_named(corpus_file, tmp_path):
     loss nan ... lower optim.lr`. The batch is checked and the shards are named."""
     from minigpt_jax.train import loop
 
-    config = test_train.tiny_config(corpus_file, num_steps=8, eval_every=8, checkpoint_every=8)
+    config = tiny_config(corpus_file, num_steps=8, eval_every=8, checkpoint_every=8)
     config.data.format = "shards"
     workdir = tmp_path / "run"
     chunk = loop.Trainer.train_chunk
@@ -290,7 +288,7 @@ def test_a_workdir_that_is_a_file_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def small_run(corpus_file, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("small_run")
-    config = test_train.tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
+    config = tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
     train_and_evaluate(config, workdir, progress=False)
     return workdir
 
@@ -346,7 +344,7 @@ def test_prepare_disk_full_names_the_shards_and_what_it_redoes(corpus_dir, tmp_p
         pytest.skip("needs a tmpfs mount (root)")
     try:
         args = _prepare_args(corpus_dir, tmp_path / "run") + [f"--config.data.shards_dir={mount}"]
-        result = _run(args)
+        result = run(args)
         assert result.returncode == 1
         (line,) = result.stderr.strip().splitlines()
         start = f"minigpt-jax prepare: error: no space left on the device of {mount} while writing"
@@ -368,7 +366,7 @@ def test_unreadable_checkpoint_matching_its_digest_falls_back(
     """Issue: a damaged data file whose sha256sums.txt matches it (rewritten after the damage)
     was refused as `written by a different version`, though step 36 was intact."""
     step_dir = copy_of / "checkpoints" / "40"
-    path = _largest_file(step_dir)
+    path = largest_file(step_dir)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     write_digest(step_dir)
     with caplog.at_level(logging.WARNING):
@@ -377,10 +375,10 @@ def test_unreadable_checkpoint_matching_its_digest_falls_back(
     assert "checkpoints/40 (it matches its sha256sums.txt but cannot be read" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        summary = test_crash_safety._resume(copy_of, corpus_file)
+        summary = resume(copy_of, corpus_file)
     assert "using step 36, the newest intact checkpoint before it" in caplog.text
     assert summary.resumed_from == 36 and summary.step == 40
-    assert _trajectory(copy_of) == _trajectory(reference)
+    assert trajectory(copy_of) == trajectory(reference)
 
 
 def test_a_damaged_digest_file_is_named(reference, copy_of):
@@ -507,7 +505,7 @@ def test_a_typo_in_a_group_suggests_the_group():
 
 def test_an_interrupted_train_exits_with_128_plus_the_signal(corpus_file, tmp_path):
     """Issue: rc 0 for an interrupted train, as for a finished one."""
-    args = _train_args(tmp_path / "run", corpus_file, "--config.num_steps=40")
+    args = train_args(tmp_path / "run", corpus_file, "--config.num_steps=40")
     result = _signalled(args, "SIGTERM", "minigpt_jax.train.loop:Trainer.train_chunk")
     assert result.returncode == 143, result.stderr
     assert "SIGTERM received: checkpoint saved at step 1" in result.stdout

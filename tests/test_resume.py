@@ -6,22 +6,20 @@ the new stream with the best val loss started afresh."""
 import math
 import random
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import pytest
-import test_train
-from test_crash_safety import _snapshot
+from helpers import pydoc_text, snapshot, tiny_config
 
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume_data
 
-TEXT = "\n\n".join(topics[k] for k in sorted(topics))[:20_000]
+TEXT = pydoc_text(20_000)
 
 
 def _config(corpus: Path, data_format: str, num_steps: int):
-    return test_train.tiny_config(
+    return tiny_config(
         corpus,
         num_steps=num_steps,
         eval_every=4,
@@ -53,7 +51,7 @@ def test_a_resume_on_other_data_is_refused_and_changes_nothing(tmp_path, caplog,
     noise = "".join(random.Random(0).choices(alphabet, k=len(TEXT)))
     corpus.write_text(TEXT + noise, encoding="utf-8")
 
-    before = _snapshot(workdir)
+    before = snapshot(workdir)
     with pytest.raises(ValueError) as refused:
         _train(corpus, data_format, workdir, 12)
     message = str(refused.value)
@@ -65,7 +63,7 @@ def test_a_resume_on_other_data_is_refused_and_changes_nothing(tmp_path, caplog,
     assert f": {len(TEXT) + eot:,} tokens, sha256 " in message
     assert f" -> {2 * len(TEXT) + eot:,} tokens, sha256 " in message
     assert "Restore the input, use a fresh --workdir, or pass --allow_resume_changes" in message
-    assert _snapshot(workdir) == before
+    assert snapshot(workdir) == before
 
     corpus.write_text(TEXT, encoding="utf-8")  # restored: the same text, a new mtime
     restored = _train(corpus, data_format, workdir, 12)

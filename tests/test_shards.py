@@ -10,10 +10,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from pydoc_data.topics import topics
 
 import numpy as np
 import pytest
+from helpers import pydoc_text
 
 from configs import tiny
 from minigpt_jax.data import corpus
@@ -25,7 +25,7 @@ from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-_TEXT = "\n\n".join(topics[k] for k in sorted(topics))
+_TEXT = pydoc_text(None)
 
 
 def _documents():
@@ -221,7 +221,7 @@ def test_bad_inputs_are_named(corpus_dir, tmp_path):
 
 _KILLER = """
 import os, signal, sys
-sys.path.insert(0, {repo!r})
+sys.path[:0] = [{repo!r}, {repo!r} + '/tests']
 from minigpt_jax.data import corpus
 from minigpt_jax.data.shards import encoding, prepare
 from tests.test_shards import _data_config
@@ -390,7 +390,7 @@ def test_damaged_shard_is_caught_before_training(corpus_dir, tmp_path, caplog, d
 
 _SLOW_PREPARE = """
 import sys, time
-sys.path.insert(0, {repo!r})
+sys.path[:0] = [{repo!r}, {repo!r} + '/tests']
 from minigpt_jax.data.shards import encoding, prepare
 from tests.test_shards import _data_config
 encoding.BATCH_CHARS = 2500

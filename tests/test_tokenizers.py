@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import pydoc_text
 
 from minigpt_jax.data import tokenizers
 from minigpt_jax.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer, make_tokenizer
@@ -13,9 +14,8 @@ TRICKY = "  leading spaces\n\n\tand tabs\r\nünïcödé 日本語 🙂\n   \nend
 
 @pytest.fixture(scope="module")
 def bpe_corpus():
-    from pydoc_data.topics import topics
 
-    return "\n\n".join(topics[key] for key in sorted(topics))[:50_000] + TRICKY
+    return pydoc_text(50_000) + TRICKY
 
 
 @pytest.fixture(scope="module")

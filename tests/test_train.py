@@ -4,15 +4,14 @@ import dataclasses
 import functools
 import json
 import math
-from pydoc_data.topics import topics
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiny_config
 
-from configs import tiny
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.tokenizers import load_tokenizer
 from minigpt_jax.experiment import gpt_config_from
@@ -20,27 +19,6 @@ from minigpt_jax.optimizers import decay_mask, make_optimizer
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.step import accumulated_value_and_grad, init_state, loss_fn, make_train_chunk
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    """About 40 kB of real English text, as a plain .txt corpus."""
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n\n".join(topics[k] for k in sorted(topics))[:40_000])
-    return path
-
-
-def tiny_config(corpus_file, **overrides):
-    config = tiny.get_config()
-    config.data.corpus = "text"
-    config.data.path = str(corpus_file)
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,114 @@
+"""What many test files share: the repository, the pydoc corpus text, the tiny config on it, the
+CLI in a subprocess, and the crash tests' run settings and run-directory readers. The fixtures
+built from these live in conftest.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+from pydoc_data.topics import topics
+
+from configs import tiny
+from minigpt_jax.train.loop import train_and_evaluate
+from minigpt_jax.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Saves every 4 steps keep the crash tests' kill targets dense; 2 kept checkpoints leave one to
+# fall back to (the reference run: checkpoints 36 and 40).
+CRASH_SETTINGS = {
+    "num_steps": 40,
+    "steps_per_call": 2,
+    "eval_every": 8,
+    "checkpoint_every": 4,
+    "keep_checkpoints": 2,
+}
+
+
+def pydoc_text(chars: int | None = 40_000) -> str:
+    """The first `chars` characters (None: all) of CPython's own documentation topics: real
+    English text that ships with Python."""
+    return "\n\n".join(topics[k] for k in sorted(topics))[:chars]
+
+
+def tiny_config(corpus_file, **overrides):
+    """configs/tiny.py on a .txt corpus; overrides by dotted key ("data.format": ...)."""
+    config = tiny.get_config()
+    config.data.corpus = "text"
+    config.data.path = str(corpus_file)
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+def crash_config(corpus_file, **overrides):
+    """tiny_config with CRASH_SETTINGS."""
+    return tiny_config(corpus_file, **{**CRASH_SETTINGS, **overrides})
+
+
+def resume(workdir, corpus_file, **overrides):
+    """crash_config trained in process in `workdir` (resuming what is there)."""
+    return train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
+
+
+def train_args(workdir, corpus_file, *extra) -> list[str]:
+    """`python -m minigpt_jax train` of configs/tiny.py on `corpus_file`."""
+    return [
+        sys.executable,
+        "-m",
+        "minigpt_jax",
+        "train",
+        "--config",
+        str(REPO / "configs" / "tiny.py"),
+        "--workdir",
+        str(workdir),
+        "--config.data.corpus=text",
+        f"--config.data.path={corpus_file}",
+        "--progress=false",
+        *extra,
+    ]
+
+
+def crash_train_args(workdir, corpus_file) -> list[str]:
+    """train_args with CRASH_SETTINGS."""
+    return train_args(
+        workdir, corpus_file, *(f"--config.{k}={v}" for k, v in CRASH_SETTINGS.items())
+    )
+
+
+def run(args, **kwargs) -> subprocess.CompletedProcess:
+    """A command from the repository root, its output captured as text (5 min at most)."""
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, **kwargs)
+
+
+def steps(directory: Path) -> list[int]:
+    """The step folders of a checkpoints/ or best/ directory."""
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def trajectory(workdir, upto_step=None) -> list[dict]:
+    """Every metrics record without its timing (tokens_per_sec), which differs run to run."""
+    return [
+        {k: v for k, v in record.items() if k != "tokens_per_sec"}
+        for record in read_metrics(workdir, upto_step)
+    ]
+
+
+def snapshot(directory: Path) -> dict | None:
+    """Every path under `directory` with its mtime and contents (None: not there)."""
+    if not directory.exists():
+        return None
+    return {
+        str(p.relative_to(directory)): (
+            p.stat().st_mtime_ns,
+            p.read_bytes() if p.is_file() else b"",
+        )
+        for p in sorted(directory.rglob("*"))
+    }
+
+
+def largest_file(directory: Path) -> Path:
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
