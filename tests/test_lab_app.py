@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt_jax.lab import app, compute
+from minigpt_jax.lab import app, compute, parts, views
+from minigpt_jax.lab.state import from_storage, initial_state, table_key, to_storage
 from minigpt_jax.lab.text import TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,8 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 START_TIMEOUT_S = 120
 WAIT_S = 30
 DESKTOP, PHONE = (1400, 2400), (390, 844)
-PARTS = [part.name for part in app.PARTS]
-TABLE_PARTS = [part.name for part in app.PARTS if part.reads_table]
+PARTS = [part.name for part in parts.PARTS]
+TABLE_PARTS = [part.name for part in parts.PARTS if part.reads_table]
 
 
 def test_the_spanish_page_has_only_spanish_words():
@@ -45,11 +46,11 @@ def test_the_spanish_page_has_only_spanish_words():
 
 
 def test_stored_tables_are_checked_before_they_are_restored():
-    state = app.initial_state()._replace(steps=3, history=((0, 0.47, 0.755),))
-    restored = app.from_storage(json.loads(json.dumps(app.to_storage(state))))
+    state = initial_state()._replace(steps=3, history=((0, 0.47, 0.755),))
+    restored = from_storage(json.loads(json.dumps(to_storage(state))))
     np.testing.assert_array_equal(restored.table_VxD, state.table_VxD)  # float32 round-trips
-    assert restored.steps == 3 and app.table_key(restored) == app.table_key(state)
-    bad = app.to_storage(state)
+    assert restored.steps == 3 and table_key(restored) == table_key(state)
+    bad = to_storage(state)
     for broken in (
         {**bad, "table": [[float("nan")] * 6] * 6},
         {**bad, "vocab": ["a"] * 6},
@@ -58,7 +59,7 @@ def test_stored_tables_are_checked_before_they_are_restored():
         None,
         "text",
     ):
-        assert app.from_storage(broken) is None, broken
+        assert from_storage(broken) is None, broken
 
 
 async def _collect(outputs) -> list:
@@ -99,7 +100,7 @@ def test_an_error_in_a_handler_becomes_the_parts_message_and_changes_nothing():
         compute.parse_number("1e39", field="step_lr")
 
     for action, needle in ((broken, "Unexpected error (RuntimeError: boom)"), (refused, "float32")):
-        (out,) = asyncio.run(_collect(page.handler(app.PARTS[0], app.Event("x", action))({})))
+        (out,) = asyncio.run(_collect(page.handler(parts.PARTS[0], parts.Event("x", action))({})))
         assert list(out) == [components["lookup_message"]], out
         assert needle in out[components["lookup_message"]]
     np.testing.assert_array_equal(page.tabs.get("local").state.table_VxD, compute.TABLE_VxD)
@@ -130,29 +131,49 @@ def test_numbers_in_spanish_have_a_decimal_comma():
         .endswith("+0,500 → +1,500.")
     )
     assert (
-        app.shortest(np.float32(0.4)) == 0.4
-        and app.shortest(np.float32(5.9106364250183105)) == 5.9106364
+        views.shortest(np.float32(0.4)) == 0.4
+        and views.shortest(np.float32(5.9106364250183105)) == 5.9106364
     )
+
+
+# The lab with each run's chunk of steps slowed by a second (a 500-step run: about 20 s), so
+# that Stop and other tabs are tried on a run that is still going, on any machine.
+_SLOW_RUNS = """
+import sys, time
+from minigpt_jax.lab import compute
+train_steps = compute.train_steps
+
+def slow_train_steps(*args, **kwargs):
+    time.sleep(1.0)
+    return train_steps(*args, **kwargs)
+
+compute.train_steps = slow_train_steps
+from minigpt_jax.cli import main
+sys.argv = ["minigpt-jax", *sys.argv[1:]]
+main()
+"""
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """lang -> URL: one lab server per language, started on first use, stopped at the end."""
+    """(lang, slow_runs=False) -> URL: one lab server per language (and speed), started on first
+    use, stopped at the end."""
     started, processes, logs = {}, [], []
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
 
-    def url(lang: str) -> str:
-        if lang in started:
-            return started[lang]
+    def url(lang: str, slow_runs: bool = False) -> str:
+        if (lang, slow_runs) in started:
+            return started[lang, slow_runs]
         log_path = tmp_path_factory.mktemp(f"lab-{lang}") / "lab.log"
         logs.append(log_path)
         port = app.free_port()
+        command = ["-c", _SLOW_RUNS] if slow_runs else ["-m", "minigpt_jax"]
         with open(log_path, "w") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "minigpt_jax", "lab", "--port", str(port), "--lang", lang],
+                [sys.executable, *command, "lab", "--port", str(port), "--lang", lang],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -168,7 +189,7 @@ def servers(tmp_path_factory):
                 pytest.fail(f"no URL within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
             time.sleep(0.5)
         assert b"<html" in urllib.request.urlopen(address, timeout=30).read()
-        started[lang] = address
+        started[lang, slow_runs] = address
         return address
 
     yield url
@@ -602,8 +623,13 @@ def test_phone_width_scrolls_tables_and_keeps_plots_readable(servers, browser, t
         assert all(5_000 < size < 300_000 for size in sizes), sizes
 
 
-def test_no_request_leaves_the_machine(browser):
-    """Every request the page made went to 127.0.0.1 (read from Chromium's network log)."""
+def test_no_request_leaves_the_machine(servers, browser, tmp_path):
+    """Every request the page made went to 127.0.0.1 (read from Chromium's network log): the
+    pages the tests before opened, and one opened and used here."""
+    page = Page(browser, servers("es"), PHONE, tmp_path, lang="es")
+    page.type("lookup-ids", "[2, 2]")
+    page.click("lookup-button")
+    page.wait_for("lookup-result", "(zamek)")
     urls = []
     for entry in browser.get_log("performance"):
         message = json.loads(entry["message"])["message"]
@@ -832,7 +858,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
 def test_a_run_streams_stops_and_leaves_other_tabs_alone(servers, browser, tmp_path):
     """A 500-step run: another tab's lookup answers meanwhile; Stop ends the run where it is,
     with every part agreeing; learning rate 0 says that nothing moves."""
-    page = Page(browser, servers("en"), DESKTOP, tmp_path)
+    page = Page(browser, servers("en", slow_runs=True), DESKTOP, tmp_path)
     page.type("step-n", "500")
     page.type("step-lr", "0.001")
     page.click("steps-button")
@@ -845,7 +871,7 @@ def test_a_run_streams_stops_and_leaves_other_tabs_alone(servers, browser, tmp_p
     page.agree()
     first = browser.current_window_handle
     browser.switch_to.new_window("tab")
-    other = Page(browser, servers("en"), DESKTOP, tmp_path)
+    other = Page(browser, servers("en", slow_runs=True), DESKTOP, tmp_path)
     second = browser.current_window_handle
     browser.switch_to.window(first)
     page.click("steps-button")
@@ -855,8 +881,9 @@ def test_a_run_streams_stops_and_leaves_other_tabs_alone(servers, browser, tmp_p
     other.click("lookup-button")
     other.wait_for("lookup-result", "Id 2 (zamek) repeats at positions 0, 1")
     browser.switch_to.window(first)  # (how long the lookup took: benchmarks/lab_page.py)
+    assert "Training:" in page.text("step-message")  # the lookup answered during the run
     page.click("stop-button")
-    page.wait.until(lambda _: "Training:" not in page.text("step-message"))
+    page.wait_for("step-message", "Stopped after")
     page.agree()
     page.type("step-lr", "0")
     page.click("step-button")

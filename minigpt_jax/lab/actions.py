@@ -1,0 +1,176 @@
+"""What the lab page's buttons and fields do: each action makes the shared table's next state."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from minigpt_jax.lab import compute
+from minigpt_jax.lab.markup import paragraph
+from minigpt_jax.lab.state import LabState, from_storage, initial_state, table_key
+from minigpt_jax.lab.text import TEXT
+from minigpt_jax.lab.views import edit_cell, number, rename_inputs, stats
+
+RUN_FRAMES = 20  # chart updates during one run of N steps
+
+# action(state, fields, lang) -> (new state or None if unchanged, note HTML, {widget key: value})
+# or an iterator of such triples (a run of steps, shown as it goes). A FRAME key in the widget
+# values marks a frame of a run that re-renders only the table and the run's own part.
+
+FRAME = "_frame"
+
+
+def show_action(state, fields, lang):
+    """Recompute this part's view only."""
+    return None, "", {}
+
+
+def rename_action(state: LabState, fields: dict, lang: str):
+    """Renaming ids and rows together is applied to the shared table; then π's inverse and the
+    renamed ids fill the fields, so pressing Rename again undoes it."""
+    words = TEXT[lang]
+    ids_T, perm_V, mode = rename_inputs(state, fields)
+    if mode != "both":
+        return None, paragraph(words["rename_not_applied"]), {}
+    result = compute.rename(state.table_VxD, ids_T, perm_V)
+    new_state = LabState(result.renamed_table_VxD, compute.rename_vocab(state.vocab, perm_V))
+    new_state = new_state._replace(steps=state.steps, history=state.history)
+    inverse_V = np.argsort(perm_V)
+    note = words.f(
+        "rename_applied",
+        diff=result.max_abs_diff,
+        word=compute.STEP_INPUT,
+        id=new_state.vocab.index(compute.STEP_INPUT),
+    )
+    extra = {
+        "rename_ids": compute.format_ids(result.renamed_ids_T),
+        "rename_perm": compute.format_ids(inverse_V),
+    }
+    return new_state, paragraph(note, "lab-ok"), extra
+
+
+def _set_value(state: LabState, fields: dict, lang: str, value: float):
+    words = TEXT[lang]
+    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    row, dim = edit_cell(state, fields)
+    old = float(state.table_VxD[row, dim])
+    positions = ", ".join(map(str, np.flatnonzero(ids_T == row))) or "—"
+    if old == value:
+        note = words.f("edit_same", row=row, dim=dim, value=value, positions=positions)
+        return None, paragraph(note, "lab-ok"), {}
+    edited_VxD = compute.set_coordinate(state.table_VxD, row, dim, value)
+    new_state = state._replace(table_VxD=edited_VxD, last_run=None)
+    before_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
+    after_TxD = np.asarray(compute.lookup(edited_VxD, ids_T[None]))[0]
+    changed = compute.changed_positions(before_TxD, after_TxD)
+    others = [t for t in range(len(ids_T)) if ids_T[t] != row]
+    other = float(np.abs(after_TxD[others] - before_TxD[others]).max()) if others else 0.0
+    summary = words.f("edit_summary", row=row, dim=dim, word=state.vocab[row], old=old, new=value)
+    if changed:
+        effect = words.f(
+            "edit_changed", positions=", ".join(map(str, changed)), row=row, other=other
+        )
+    else:
+        effect = words.f("edit_nothing", row=row)
+    return new_state, paragraph(f"{summary} {effect}", "lab-ok"), {}
+
+
+def slide_action(state: LabState, fields: dict, lang: str):
+    limit = compute.MAX_VALUE
+    value = compute.parse_number(fields["edit_slider"], field="value", low=-limit, high=limit)
+    return _set_value(state, fields, lang, value)
+
+
+def type_value_action(state: LabState, fields: dict, lang: str):
+    limit = compute.MAX_VALUE
+    value = number(fields, "edit_value", lang, low=-limit, high=limit)
+    return _set_value(state, fields, lang, value)
+
+
+def _learning_rate(fields: dict, lang: str) -> float:
+    limit = compute.MAX_LEARNING_RATE
+    return number(fields, "step_lr", lang, low=-limit, high=limit)
+
+
+def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) -> Iterator:
+    """n steps, yielding the state after each of up to RUN_FRAMES chunks; `stop()` true ends the
+    run after the chunk in progress."""
+    words = TEXT[lang]
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    before = stats(state)
+    grad_VxD = compute.step_gradient(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id)
+    last_run = dict(
+        n=n,
+        p=before.p,
+        loss=before.loss,
+        gap=before.gap,
+        rows=[],
+        lr=learning_rate,
+        grad=grad_VxD.tolist(),
+        before=state.table_VxD.tolist(),
+    )
+    start_VxD, history, done = state.table_VxD, list(state.history), 0
+    chunk = max(1, math.ceil(n / RUN_FRAMES))
+    while done < n:
+        size = min(chunk, n - done)
+        run = compute.train_steps(
+            state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate, size
+        )
+        if not history or history[-1][0] != state.steps:
+            history.append((state.steps, float(run.p_Q1[0]), float(run.loss_Q1[0])))
+        history += [
+            (state.steps + k + 1, float(p), float(loss))
+            for k, (p, loss) in enumerate(zip(run.p_Q1[1:], run.loss_Q1[1:], strict=True))
+        ]
+        done += size
+        rows = [
+            i for i in range(len(start_VxD)) if not np.array_equal(run.table_VxD[i], start_VxD[i])
+        ]
+        state = LabState(
+            run.table_VxD,
+            state.vocab,
+            state.steps + size,
+            tuple(history[-10 * compute.MAX_STEPS :]),
+            {**last_run, "n": done, "rows": rows},
+        )
+        stopped = stop is not None and stop() and done < n
+        last = done == n or stopped
+        if stopped:
+            note = words.f("steps_stopped", done=done, n=n)
+        else:
+            note = words.f("steps_running" if not last else "steps_done", done=done, n=n)
+        if learning_rate == 0:
+            note += " " + words["step_lr_zero"]
+        yield state, paragraph(note, "lab-ok"), {} if last else {FRAME: True}
+        if stopped:
+            return
+
+
+def step_action(state: LabState, fields: dict, lang: str, stop=None):
+    return _run(state, 1, _learning_rate(fields, lang), lang, stop)
+
+
+def steps_action(state: LabState, fields: dict, lang: str, stop=None):
+    n = compute.parse_int(fields["step_n"], field="steps", low=1, high=compute.MAX_STEPS)
+    return _run(state, n, _learning_rate(fields, lang), lang, stop)
+
+
+def reset_action(state: LabState, fields: dict, lang: str):
+    return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}
+
+
+def equal_action(state: LabState, fields: dict, lang: str):
+    return None, "", {"context_b": fields["context_a"]}
+
+
+def restore_action(state: LabState, fields: dict, lang: str):
+    """On page load: the table kept in this browser's storage, or the article's."""
+    words = TEXT[lang]
+    stored = from_storage(fields["storage"])
+    if stored is None:
+        return initial_state(), paragraph(words["storage_fresh"]), {}
+    if table_key(stored) == table_key(initial_state()) and stored.steps == 0:
+        return stored, paragraph(words["storage_fresh"]), {}
+    return stored, paragraph(words.f("storage_restored", n=stored.steps), "lab-ok"), {}

@@ -1,0 +1,544 @@
+"""What each part of the lab page shows, recomputed from the shared table and the part's fields."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import gradio as gr
+import numpy as np
+
+from minigpt_jax.lab import compute
+from minigpt_jax.lab.compute import LabInputError
+from minigpt_jax.lab.figures import (
+    chart_svg,
+    clip,
+    clock_figure,
+    cosine_svg,
+    heatmap_figure,
+    plot_html,
+    points_svg,
+    similarity_figure,
+    weights_svg,
+)
+from minigpt_jax.lab.markup import (
+    boxed,
+    escape,
+    labels,
+    lookup_html,
+    matrix_html,
+    one_hot_html,
+    op,
+    paragraph,
+    side,
+    step_words,
+    table_html,
+    view,
+)
+from minigpt_jax.lab.state import LabState
+from minigpt_jax.lab.text import TEXT, Words
+
+MAX_POSITIONS = compute.MAX_POSITIONS
+SLIDER_RANGE = 2.0  # the slider spans ±2 (wider when the coordinate is already beyond)
+
+# view(state, fields, lang) -> {output key: value}; fields holds every widget's value by key.
+
+
+def number(fields: dict, key: str, lang: str, **limits) -> float:
+    return compute.parse_number(fields[key], field=key, decimal_comma=lang == "es", **limits)
+
+
+def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    vocab_size = len(state.vocab)
+    ids_T = compute.parse_ids(fields["lookup_ids"], vocab_size)
+    x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
+    one_hot_TxV = compute.one_hot(ids_T, vocab_size)
+    via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
+    parts = [
+        side(
+            one_hot_html(one_hot_TxV, state.vocab, words["lookup_one_hot_matrix"], words),
+            op("·"),
+            table_html(state, words, caption=words["lookup_rows"], rows_hl=set(ids_T.tolist())),
+            op("="),
+            lookup_html(
+                state, ids_T, words.f("lookup_result", t=len(ids_T), d=x_TxD.shape[1]), words
+            ),
+        ),
+        paragraph(
+            words.f("lookup_one_hot", diff=float(np.abs(x_TxD - via_one_hot).max())), "lab-ok"
+        ),
+    ]
+    repeated = [i for i in dict.fromkeys(ids_T.tolist()) if (ids_T == i).sum() > 1]
+    for i in repeated:
+        positions = np.flatnonzero(ids_T == i)
+        diff = float(np.abs(x_TxD[positions] - x_TxD[positions[0]]).max())
+        text = words.f(
+            "lookup_repeat",
+            id=i,
+            word=state.vocab[i],
+            positions=", ".join(map(str, positions)),
+            diff=diff,
+        )
+        parts.append(paragraph(text, "lab-ok"))
+    if not repeated:
+        parts.append(paragraph(words["lookup_no_repeat"]))
+    return {"lookup_result": view(state, *parts)}
+
+
+def rename_inputs(state: LabState, fields: dict):
+    ids_T = compute.parse_ids(fields["rename_ids"], len(state.vocab))
+    perm_V = compute.parse_permutation(fields["rename_perm"], len(state.vocab))
+    return ids_T, perm_V, fields["rename_mode"]
+
+
+def rename_view(state: LabState, fields: dict, lang: str) -> dict:
+    """What renaming by π would do to the lookup, on the current table (a preview)."""
+    words = TEXT[lang]
+    ids_T, perm_V, mode = rename_inputs(state, fields)
+    result = compute.rename(
+        state.table_VxD, ids_T, perm_V, ids=mode in ("both", "ids"), rows=mode in ("both", "rows")
+    )
+    after_vocab = compute.rename_vocab(state.vocab, perm_V) if mode == "both" else state.vocab
+    after_state = LabState(result.renamed_table_VxD, after_vocab)
+    same = result.max_abs_diff == 0
+    html_parts = [
+        paragraph(words["rename_preview"]),
+        side(
+            lookup_html(
+                state, ids_T, words.f("rename_before", ids=compute.format_ids(ids_T)), words
+            ),
+            lookup_html(
+                after_state,
+                result.renamed_ids_T,
+                words.f("rename_after", ids=compute.format_ids(result.renamed_ids_T)),
+                words,
+            ),
+            table_html(
+                after_state,
+                words,
+                caption=words["rename_table_after"],
+                rows_hl=set(result.renamed_ids_T.tolist()),
+            ),
+        ),
+        paragraph(
+            words.f("rename_same" if same else "rename_changed", diff=result.max_abs_diff),
+            "lab-ok lab-big" if same else "lab-diff lab-big",
+        ),
+        paragraph(words["rename_will_apply" if mode == "both" else "rename_what_if"]),
+    ]
+    return {"rename_result": view(state, *html_parts)}
+
+
+def edit_cell(state: LabState, fields: dict) -> tuple[int, int]:
+    vocab_size, dim_count = state.table_VxD.shape
+    row = compute.parse_int(fields["edit_row"], field="row", low=0, high=vocab_size - 1)
+    dim = compute.parse_int(fields["edit_dim"], field="dimension", low=0, high=dim_count - 1)
+    return row, dim
+
+
+def shortest(value) -> float:
+    """The float32 value as its shortest decimal (0.4, not 0.4000000059604645): what the slider
+    holds; float32(shortest(v)) == float32(v)."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
+
+
+def edit_view(state: LabState, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    row, dim = edit_cell(state, fields)
+    occurrences = set(np.flatnonzero(ids_T == row).tolist())
+    value = float(state.table_VxD[row, dim])
+    ids = compute.format_ids(ids_T)
+    found = ", ".join(map(str, sorted(occurrences)))
+    html_parts = [
+        side(
+            table_html(state, words, caption="W_E", cells_hl={(row, dim)}),
+            lookup_html(
+                state, ids_T, words.f("edit_lookup", ids=ids, row=row), words, rows_hl=occurrences
+            ),
+        ),
+        paragraph(
+            words.f(
+                "edit_occurs" if occurrences else "edit_absent",
+                row=row,
+                word=state.vocab[row],
+                positions=found,
+            )
+        ),
+    ]
+    if row == state.vocab.index(compute.STEP_INPUT) and dim >= 3:
+        html_parts.append(paragraph(words.f("edit_no_effect", dim=dim, target=compute.STEP_TARGET)))
+    low, high = min(-SLIDER_RANGE, math.floor(value)), max(SLIDER_RANGE, math.ceil(value))
+    label = words.f("edit_slider", row=row, dim=dim, word=state.vocab[row])
+    return {
+        "edit_result": view(state, *html_parts),
+        "edit_slider": gr.update(value=shortest(value), minimum=low, maximum=high, label=label),
+        "edit_row": gr.update(choices=[(name, str(i)) for i, name in enumerate(labels(state))]),
+    }
+
+
+def stats(state: LabState) -> compute.Stats:
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    return compute.step_stats(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id)
+
+
+def _figures_html(columns: list[tuple[str, compute.Stats]], words: Words) -> str:
+    """p(target), the loss and the logit gap, one column per table (labels wrap on phones)."""
+    names = step_words()
+    rows = [
+        (words.f("step_p", **names), lambda s: words.num(s.p, ".1%")),
+        (words["step_loss"], lambda s: words.num(s.loss, ".3f")),
+        (words.f("step_gap", **names), lambda s: words.num(s.gap, "+.4f")),
+    ]
+    head = "<tr><th></th>" + "".join(f"<th>{escape(name)}</th>" for name, _ in columns) + "</tr>"
+    body = "".join(
+        f'<tr><th scope="row">{escape(label)}</th>'
+        + "".join(f"<td>{show(stats)}</td>" for _, stats in columns)
+        + "</tr>"
+        for label, show in rows
+    )
+    table = f'<table class="lab-table lab-big lab-figures" id="step-figures">{head}{body}</table>'
+    return boxed(table, "", words)
+
+
+def _chart_points(state: LabState, now: compute.Stats) -> list:
+    """(steps taken, p(target), loss) after each step taken, and at the table as it is now."""
+    points = list(state.history)
+    if not points or points[-1] != (state.steps, now.p, now.loss):
+        points.append((state.steps, now.p, now.loss))  # an edit since the last step shows a jump
+    return points
+
+
+def _chart_html(state: LabState, now: compute.Stats, words: Words) -> str:
+    points = _chart_points(state, now)
+    alt = words.f(
+        "step_chart_alt",
+        n=len(points),
+        first=points[0][1],
+        last=points[-1][1],
+        loss=points[-1][2],
+        **step_words(),
+    )
+    return plot_html(chart_svg(points, words), alt, words.lang, "step-chart")
+
+
+def _applied_html(state: LabState, run: dict, words: Words) -> str:
+    """The gradient the run's first step subtracted and each changed row before → after."""
+    grad_VxD = np.asarray(run["grad"], np.float32)
+    grad_rows = set(np.flatnonzero(np.abs(grad_VxD).max(1) > 0).tolist())
+    parts = [
+        matrix_html(
+            grad_VxD,
+            labels(state),
+            range(grad_VxD.shape[1]),
+            words=words,
+            caption=words.f("step_grad_applied", lr=run["lr"])
+            if run["n"] == 1
+            else words.f("steps_grad_applied", lr=run["lr"], n=run["n"]),
+            rows_hl=grad_rows,
+            spec="+.4f",
+            table_id="step-grad",
+        )
+    ]
+    for i in run["rows"]:
+        before_D = np.asarray(run["before"][i], np.float32)
+        rows = [before_D, state.table_VxD[i] - before_D, state.table_VxD[i]]
+        row_labels = [words["step_row_before"], words["step_row_change"], words["step_row_after"]]
+        caption = words.f("step_row_caption", row=i, word=state.vocab[i], n=run["n"])
+        parts.append(
+            matrix_html(
+                np.stack(rows),
+                row_labels,
+                range(len(before_D)),
+                words=words,
+                caption=caption,
+                spec="+.4f",
+                table_id=f"step-row-{i}",
+            )
+        )
+    return side(*parts)
+
+
+def step_view(state: LabState, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    now = stats(state)
+    input_id = state.vocab.index(compute.STEP_INPUT)
+    run = state.last_run
+    if run is not None:
+        before = compute.Stats(run["p"], run["loss"], run["gap"])
+        title = words["step_before"] if run["n"] == 1 else words.f("steps_before", n=run["n"])
+        columns = [(title, before), (words["step_now"], now)]
+        changed = ", ".join(f"{i} {state.vocab[i]}" for i in run["rows"]) or "—"
+        notes = [paragraph(words.f("step_rows", rows=changed), "lab-ok")]
+        gradient = _applied_html(state, run, words)
+    else:
+        columns = [(words["step_now"], now)]
+        notes = [paragraph(words["step_none"])]
+        grad_VxD = compute.step_gradient(state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id)
+        grad_rows = set(np.flatnonzero(np.abs(grad_VxD).max(1) > 0).tolist())
+        gradient = matrix_html(
+            grad_VxD,
+            labels(state),
+            range(grad_VxD.shape[1]),
+            words=words,
+            caption=words["step_grad"],
+            rows_hl=grad_rows,
+            spec="+.4f",
+            table_id="step-grad",
+        )
+    html_parts = [
+        _figures_html(columns, words),
+        *notes,
+        paragraph(words.f("step_count", n=state.steps)),
+        gradient,
+    ]
+    return {
+        "step_result": view(state, *html_parts),
+        "step_chart": _chart_html(state, now, words),
+    }
+
+
+def map_view(state: LabState, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    tokens = compute.token_map(state.table_VxD)
+    cosine = matrix_html(
+        tokens.cosine_VxV,
+        labels(state),
+        state.vocab,
+        words=words,
+        caption=words["map_cosine"],
+        spec="+.2f",
+    )
+    points = matrix_html(
+        tokens.points_Vx2,
+        labels(state),
+        [words.f("map_axis", k=1), words.f("map_axis", k=2)],
+        words=words,
+        caption=words["map_points"],
+    )
+    where = "; ".join(
+        f"{word} ({words.num(x, '+.2f')}; {words.num(y, '+.2f')})"
+        for word, (x, y) in zip(state.vocab, tokens.points_Vx2, strict=True)
+    )
+    return {
+        "map_result": view(state, side(points, cosine)),
+        "map_points": plot_html(
+            points_svg(state, tokens.points_Vx2, words),
+            f"{words['map_points']}: {where}",
+            lang,
+            "map-points",
+        ),
+        "map_cosine": plot_html(
+            cosine_svg(state, tokens.cosine_VxV, words),
+            words.f("map_cosine_alt", n=len(state.vocab)),
+            lang,
+            "map-cosine",
+        ),
+    }
+
+
+def _context_findings(heads, vocab, words: Words) -> list[str]:
+    """Whether the last words' inputs and outputs differ, and what that says."""
+    (_, ids_a, head_a), (_, ids_b, head_b) = heads
+    input_diff = float(np.abs(head_a.inputs_TxD[-1] - head_b.inputs_TxD[-1]).max())
+    output_diff = float(np.abs(head_a.outputs_TxD[-1] - head_b.outputs_TxD[-1]).max())
+    word_a, word_b = vocab[ids_a[-1]], vocab[ids_b[-1]]
+    pos_a, pos_b = len(ids_a) - 1, len(ids_b) - 1
+    if word_a == word_b and pos_a == pos_b:
+        where = words.f("context_inputs", word=word_a, pos=pos_a, diff=input_diff)
+    elif word_a == word_b:  # the same word, moved: only its position differs
+        where = words.f(
+            "context_inputs_moved", word=word_a, pos_a=pos_a, pos_b=pos_b, diff=input_diff
+        )
+    elif pos_a == pos_b:
+        where = words.f("context_inputs_words", a=word_a, b=word_b, pos=pos_a, diff=input_diff)
+    else:
+        where = words.f(
+            "context_inputs_other", a=word_a, pos_a=pos_a, b=word_b, pos_b=pos_b, diff=input_diff
+        )
+    if input_diff > 0:
+        verdict, cls = words["context_inputs_differ"], "lab-diff lab-big"
+    elif output_diff > 0:
+        verdict, cls = words["context_different_output"], "lab-diff lab-big"
+    else:
+        verdict, cls = words["context_same_output"], "lab-ok lab-big"
+    same_input = f" ({words['context_same_input']})." if input_diff == 0 else "."
+    return [
+        paragraph(where + same_input, "lab-ok"),
+        paragraph(f"{words.f('context_outputs', diff=output_diff)} ({verdict}).", cls),
+    ]
+
+
+def context_view(state: LabState, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    heads = []
+    for key in ("context_a", "context_b"):
+        sentence = fields[key]
+        ids_T = compute.parse_sentence(sentence, state.vocab)
+        heads.append((" ".join(sentence.split()), ids_T, compute.one_head(state.table_VxD, ids_T)))
+    inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])
+    outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
+    vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
+    labels = [
+        words.f("context_input_row", side="A"),
+        words.f("context_input_row", side="B"),
+        words.f("context_output_row", side="A"),
+        words.f("context_output_row", side="B"),
+    ]
+    vectors = matrix_html(
+        vectors_4xD,
+        labels,
+        range(vectors_4xD.shape[1]),
+        words=words,
+        caption=words.f("context_vectors", a=clip(heads[0][0], 60), b=clip(heads[1][0], 60)),
+        spec="+.4f",
+        table_id="context-vectors",
+    )
+    figures = {}
+    for letter, (text, ids_T, head) in zip("ab", heads, strict=True):
+        title = words.f("context_weights", side=letter.upper(), sentence=clip(text, 40))
+        alt = words.f(
+            "context_weights_alt",
+            side=letter.upper(),
+            t=len(ids_T),
+            last=words.num(float(head.weights_TxT[-1].max()), ".2f"),
+        )
+        figure = weights_svg([state.vocab[i] for i in ids_T], head.weights_TxT, title, words)
+        figures[f"context_weights_{letter}"] = plot_html(
+            figure, f"{title}. {alt}", lang, f"context-weights-{letter}"
+        )
+    result = view(state, *_context_findings(heads, state.vocab, words), vectors)
+    return {"context_result": result, **figures}
+
+
+def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
+    words = TEXT[lang]
+    dim = compute.parse_int(fields["positions_dim"], field="width", low=2, high=MAX_POSITIONS)
+    if dim % 2:
+        raise LabInputError(
+            "odd_width", value=dim, even=dim + 1 if dim < MAX_POSITIONS else dim - 1
+        )
+    length = compute.parse_int(
+        fields["positions_length"], field="length", low=2, high=MAX_POSITIONS
+    )
+    pos = compute.parse_int(fields["positions_pos"], field="position", low=0, high=length - 1)
+    pair = compute.parse_int(fields["positions_pair"], field="pair", low=0, high=dim // 2 - 1)
+    values = compute.position_pair(pos, pair, dim)
+    text = words.f(
+        "positions_values",
+        pair=pair,
+        dim=dim,
+        omega=values.omega,
+        period=values.period,
+        pos=pos,
+        even=2 * pair,
+        odd=2 * pair + 1,
+        sin=values.sin,
+        cos=values.cos,
+    )
+    heatmap = words.f("positions_heatmap_alt", length=length, dim=dim)
+    return {
+        "positions_result": view(None, paragraph(text, "lab-big")),
+        "positions_heatmap": plot_html(
+            heatmap_figure(length, dim, pos, pair, words), heatmap, lang, "positions-heatmap"
+        ),
+        "positions_similarity": plot_html(
+            similarity_figure(length, dim, pos, words),
+            words.f("positions_similarity", pos=pos),
+            lang,
+            "positions-similarity",
+        ),
+        "positions_clock": plot_html(
+            clock_figure(dim, pos, pair, words),
+            words.f("positions_clock", pos=pos),
+            lang,
+            "positions-clock",
+        ),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_counts() -> tuple[int, int]:
+    """GPT-2 small's parameters tied and untied, counted by the model from shapes alone."""
+    from minigpt_jax.model.config import GPTConfig
+    from minigpt_jax.model.gpt import count_params
+
+    sizes = dict(vocab_size=compute.REAL_VOCAB, n_embd=compute.GPT2_DIM, n_head=12, n_layer=12)
+    sizes.update(block_size=1024, pos_encoding="learned")
+    tied = count_params(GPTConfig(**sizes, tie_embeddings=True))
+    return tied, count_params(GPTConfig(**sizes, tie_embeddings=False))
+
+
+def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
+    """The article's [6, 9, 6] on ten rows; the lesson's sizes: V = 50,257, d = 128, learned
+    positions up to block_size 64, and GPT-2's tied table."""
+    words = TEXT[lang]
+    long_state = LabState(compute.LONG_TABLE_VxD, compute.LONG_VOCAB)
+    article_T = np.asarray(compute.ARTICLE_IDS, np.int32)
+    ids_T = compute.parse_ids(fields["sizes_ids"], compute.REAL_VOCAB, limit=compute.MAX_IDS)
+    length = compute.parse_int(
+        fields["sizes_length"], field="length", low=1, high=2 * compute.REAL_BLOCK + 36
+    )
+    x_1xTxD = compute.real_lookup(ids_T)
+    shown = min(6, compute.REAL_DIM)
+    lookup = matrix_html(
+        x_1xTxD[0, :, :shown],
+        [f"t={t}: {i}" for t, i in enumerate(ids_T)],
+        [*range(shown)],
+        words=words,
+        caption=words.f(
+            "sizes_real_result",
+            ids=compute.format_ids(ids_T),
+            shape=f"(1, {len(ids_T)}, {compute.REAL_DIM})",
+            shown=shown,
+        ),
+        spec="+.4f",
+        table_id="sizes-real",
+    )
+    try:
+        compute.real_lookup(np.zeros(length, np.int32))
+        beyond = words.f("sizes_fits", t=length, block=compute.REAL_BLOCK)
+        beyond_cls = "lab-ok"
+    except ValueError as error:
+        beyond = words.f("sizes_beyond", t=length, block=compute.REAL_BLOCK, error=str(error))
+        beyond_cls = "lab-diff"
+    tied, untied = _gpt2_counts()
+    table_size = compute.embedding_table_size(compute.REAL_VOCAB, compute.GPT2_DIM)
+    html_parts = [
+        side(
+            table_html(long_state, words, caption=words["sizes_long_table"], rows_hl={6, 9}),
+            op("→"),
+            lookup_html(
+                long_state,
+                article_T,
+                words.f("sizes_article", ids=compute.format_ids(article_T)),
+                words,
+                rows_hl={0, 2},
+                table_id="sizes-article",
+            ),
+        ),
+        paragraph(words.f("sizes_article_note"), "lab-ok"),
+        lookup,
+        paragraph(
+            words.f(
+                "sizes_real_note",
+                vocab=f"{compute.REAL_VOCAB:,}".replace(",", words["thousands"]),
+                dim=compute.REAL_DIM,
+                block=compute.REAL_BLOCK,
+            )
+        ),
+        paragraph(beyond, beyond_cls),
+        paragraph(
+            words.f(
+                "sizes_tying",
+                vocab=f"{compute.REAL_VOCAB:,}".replace(",", words["thousands"]),
+                dim=compute.GPT2_DIM,
+                table=f"{table_size:,}".replace(",", words["thousands"]),
+                tied=f"{tied:,}".replace(",", words["thousands"]),
+                untied=f"{untied:,}".replace(",", words["thousands"]),
+            ),
+            "lab-big",
+        ),
+    ]
+    return {"sizes_result": view(None, *html_parts)}
