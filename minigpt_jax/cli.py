@@ -194,7 +194,8 @@ def _export() -> None:
 
     if _OUT.value is None:
         raise app.UsageError("export needs --out, the directory to write, e.g. --out hf/run.")
-    out = export_run(_WORKDIR.value, _OUT.value, _CHECKPOINT.value)
+    with _stopped_says("export", f"nothing was written to {_OUT.value}; rerun the same command."):
+        out = export_run(_WORKDIR.value, _OUT.value, _CHECKPOINT.value)
     print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
 
 
@@ -262,7 +263,9 @@ def _settings() -> None:
     from minigpt_jax.experiment import settings_table
 
     # With --config (and overrides): that config's resolved values and its entries' settings.
-    print(settings_table(_CONFIG.value))
+    with _stopped_says("settings", "nothing was written."):
+        table = settings_table(_CONFIG.value)
+    print(table)
 
 
 def _run(argv: list[str]) -> None:
@@ -290,8 +293,11 @@ def _run(argv: list[str]) -> None:
         "lab": _lab,
         "settings": _settings,
     }
+    if command not in STOPPED_IN_STEPS:
+        _answer_early_signal(command)
     try:
         run[command]()
+        _answer_early_signal(command, after=True)
     except Exception as error:
         _exit_on_plugin_error(command, error)
         if not isinstance(
@@ -315,6 +321,27 @@ def _run(argv: list[str]) -> None:
             sys.stdout.flush()
             os._exit(1)
         sys.exit(f"minigpt-jax {command}: error: {error}")
+
+
+# The commands that take SIGINT/SIGTERM over from their start (runtime.signals.StopRequest);
+# the lab gets Python's own handling back before it begins (Gradio's server stops on it).
+STOPPED_IN_STEPS = ("train", "prepare", "sample", "eval", "export", "settings")
+
+
+def _answer_early_signal(command: str, after: bool = False) -> None:
+    """Hands SIGINT/SIGTERM back to Python; one that came while the command started ends it in
+    one line, before it does anything. after=True: one that came once its work was done still
+    gives the signal's exit status (and later ones are still recorded, not raised in the
+    interpreter's teardown)."""
+    from minigpt_jax.runtime.signals import recorded_signal, stop_recording
+
+    early = recorded_signal() if after else stop_recording()
+    if early is not None:
+        what = "after it was done" if after else "as it started; nothing was done"
+        print(
+            f"minigpt-jax {command}: stopped by {early.name} {what}.", file=sys.stderr, flush=True
+        )
+        _exit_stopped(128 + int(early))
 
 
 class _EntrySettingsParser(ConfigFileFlagParser):
@@ -503,6 +530,9 @@ def main() -> None:
 
         index = sys.argv.index("sweep")
         sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))
+    from minigpt_jax.runtime.signals import record_signals_while_starting
+
+    record_signals_while_starting()  # until the command's own stop handling takes them over
     logging.set_verbosity(logging.WARNING)  # absl INFO lines (e.g. "no TPU found") are noise here
     app.run(_run, flags_parser=_parse_flags)
 

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 
 import jax
@@ -122,6 +123,40 @@ def test_signals_while_reading_the_data_never_crash(reference, corpus_file, tmp_
         assert "Fatal" not in result.stderr and "Traceback" not in result.stderr
         shutil.rmtree(workdir, ignore_errors=True)  # a fresh run stopped here writes nothing
     assert all(status in (130, 143) and not fatal for status, fatal in outcomes)
+
+
+def _signalled_after(args, sig: str, delay_s: float) -> subprocess.CompletedProcess:
+    """`args` (a `python -m minigpt_jax ...` command) sent `sig` delay_s after it starts, from
+    outside, as a user's Ctrl-C or a scheduler's SIGTERM would come."""
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    time.sleep(delay_s)
+    process.send_signal(getattr(signal, sig))
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_a_command_starts_is_one_line(reference, corpus_file, tmp_path, sig):
+    """Found after issue 29's fixes: a signal in the first seconds, while imports, flags and the
+    config file were read (before the command's own handling), was a KeyboardInterrupt that
+    JAX's gc callback dropped (SIGINT ignored: the run trained to its end, rc 0), a 30-80-line
+    traceback, or a silent rc -15. Now it is recorded and answered as the command starts: one
+    line and 128 + the signal, at every moment of the start-up."""
+    status = 128 + getattr(signal, sig)
+    for delay_s in (0.3, 0.8, 1.5):
+        workdir = tmp_path / f"run{delay_s}"
+        result = _signalled_after(train_args(workdir, corpus_file), sig, delay_s)
+        assert result.returncode == status, (delay_s, result.stdout, result.stderr[-3000:])
+        assert len(result.stdout.splitlines()) == 1 and f"{sig} received" in result.stdout
+        assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+    eval_args = [sys.executable, "-m", "minigpt_jax", "eval", f"--workdir={reference}"]
+    result = _signalled_after(eval_args + [f"--text={corpus_file}"], sig, 0.3)
+    assert result.returncode == status, result.stderr[-3000:]
+    assert result.stderr.strip().startswith(f"minigpt-jax eval: stopped by {sig}")
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_a_run_stopped_while_checking_its_checkpoints_claims_no_step(copy_of, corpus_file):

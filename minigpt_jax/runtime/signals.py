@@ -26,6 +26,41 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+_EARLY: list[signal.Signals] = []  # what came before a command's own handling began
+
+
+def _record_early(signum, frame) -> None:
+    del frame
+    if not _EARLY:
+        _EARLY.append(signal.Signals(signum))
+
+
+def record_signals_while_starting() -> None:
+    """From here until a command's StopRequest takes over (or `stop_recording` hands the
+    signals back to Python), SIGINT/SIGTERM are recorded, not acted on: while imports, flags and
+    the config file are read, Python would raise KeyboardInterrupt wherever the signal lands
+    (in a gc callback of JAX's it is dropped, and the command runs on) and SIGTERM would end
+    the process with no word."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _record_early)
+
+
+def stop_recording() -> signal.Signals | None:
+    """Python's own handling of SIGINT and SIGTERM again; the signal recorded meanwhile, if
+    any (the caller answers it)."""
+    if signal.getsignal(signal.SIGINT) is _record_early:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is _record_early:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return recorded_signal()
+
+
+def recorded_signal() -> signal.Signals | None:
+    """The signal recorded since the command started and not answered, if any (taken: a second
+    call says None); signals are still recorded after it."""
+    return _EARLY.pop() if _EARLY else None
+
+
 class StopRequest:
     """Records the first SIGINT/SIGTERM; `requested()` says whether one came. Subclasses add
     what a signal does at once through `on_signal`. Outside the main thread signals are left
@@ -45,6 +80,9 @@ class StopRequest:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: leave signals alone
                 pass
+        if self._previous and _EARLY:  # it came while the command started: answered now
+            self.pending = _EARLY.pop()
+            threading.Timer(REDELIVER_AFTER_S, self._redeliver, (int(self.pending),)).start()
         return self
 
     def _handle(self, signum, frame):
@@ -80,6 +118,9 @@ class StopRequest:
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if self.pending is not None and previous.get(self.pending) is _record_early:
+            _EARLY[:] = [self.pending]  # never delivered: the command answers it as it ends
+            self.pending = None
 
 
 def _safe_to_raise(frame) -> bool:
@@ -94,7 +135,8 @@ def _safe_to_raise(frame) -> bool:
     ours = filename.startswith(_PACKAGE_DIR) or (
         frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name != "__eq__"
     )  # a script's code, `python -c` included (its file is "<string>", as generated code's)
-    if not ours and (filename.startswith("<") or filename.startswith(_LIBRARY_DIRS)):
+    generated = filename.startswith("<") and not filename.startswith("<frozen ")  # not imports
+    if not ours and (generated or filename.startswith(_LIBRARY_DIRS)):
         return False
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
