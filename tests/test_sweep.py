@@ -379,3 +379,19 @@ def test_every_sampler_and_pruner_proposes_values_of_the_space(sampler, pruner, 
         trial.should_prune()
         study.tell(trial, value)
     assert study.best_value == 1.0
+
+
+def test_an_entrys_own_setting_is_set_and_swept_as_a_number(tmp_path, env):
+    """An entry-owned setting (EMA's ema_decay, declared by the eval-params entry that a --set
+    picks; `--config tiny` by name) is searched as a float range like any built-in setting
+    (it was `unknown config key config.optim.ema_decay`)."""
+    out = tmp_path / "sweep"
+    command = _command(out, *SHORT, "--set", "optim.eval_params=ema", "--trials", "2")
+    command[command.index("--config") + 1] = "tiny"
+    command += ["--space", "optim.ema_decay=float:0.9..0.99"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = _study(out).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert all(0.9 <= t.params["optim.ema_decay"] <= 0.99 for t in trials)
+    assert "ema_decay" in (out / "best_config.py").read_text()

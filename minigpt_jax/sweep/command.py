@@ -90,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def check(argv: list[str]) -> Sweep:
     """Parses and checks the command; raises SweepError with one line, before any write."""
-    from minigpt_jax.experiment import check_experiment_config
+    from minigpt_jax.experiment import (
+        add_entry_settings,
+        check_experiment_config,
+        config_file_of,
+    )
     from minigpt_jax.sweep import space as spaces
 
     args = _parser().parse_args(argv)
@@ -121,8 +125,13 @@ def check(argv: list[str]) -> Sweep:
             f"--storage {storage_url!r} is not a database URL; e.g. sqlite:///sweep.db or "
             "postgresql://user:password@host/db."
         )
+    args.config = config_file_of(args.config)  # `--config tiny`: the packaged file
     try:
         config = spaces.base_config(args.config)
+        # The settings of the entries the config or a --set picks, so --set and --space find
+        # them (an entry's own setting is swept like any other).
+        picks = dict(argument.partition("=")[::2] for argument in args.set)
+        add_entry_settings(config, {key.strip(): text.strip() for key, text in picks.items()})
         fixed = spaces.parse_sets(config, args.set)
         dimensions = spaces.parse_space(config, args.space, fixed)
         spaces.check_space(args.config, fixed, dimensions)
