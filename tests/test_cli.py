@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run, train_args
 
+# The full suite only (`python -m pytest -q`): the command line in subprocesses.
+pytestmark = pytest.mark.slow
+
 
 def _saved_steps(workdir):
     directory = Path(workdir) / "checkpoints"

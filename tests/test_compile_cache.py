@@ -11,6 +11,9 @@ import pytest
 
 from minigpt_jax.runtime import compile_cache
 
+# The full suite only (`python -m pytest -q`): runs in subprocesses.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

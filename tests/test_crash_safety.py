@@ -41,6 +41,9 @@ from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume
 
+# The full suite only (`python -m pytest -q`): runs killed and signalled in subprocesses.
+pytestmark = pytest.mark.slow
+
 # The corpus_file, reference and copy_of fixtures: conftest.py.
 
 

@@ -27,6 +27,9 @@ from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.step import loss_fn
 
+# The full suite only (`python -m pytest -q`): plug-ins trained through the CLI.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
 PLUGINS = [

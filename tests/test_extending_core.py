@@ -39,6 +39,9 @@ import optax
 from minigpt_jax.settings.registry import declares
 from minigpt_jax.settings.groups import TRAJECTORY, setting
 
+# The full suite only (`python -m pytest -q`): plug-ins through the CLI.
+pytestmark = pytest.mark.slow
+
 
 @declares(sf_b1=setting(0.9, "schedule-free's interpolation", TRAJECTORY, low=0.0, high=1.0))
 def schedule_free(optim, learning_rate):

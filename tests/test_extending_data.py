@@ -23,6 +23,9 @@ from minigpt_jax.data.in_memory import prepare_dataset
 from minigpt_jax.data.sources import find_sources, load_text
 from minigpt_jax.data.tokenizers import TOKENIZERS, load_tokenizer
 
+# The full suite only (`python -m pytest -q`): corpora through the CLI.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
 # Quotes, commas, a newline inside a cell; csv.writer ends rows with \r\n.

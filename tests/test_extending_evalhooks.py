@@ -29,6 +29,9 @@ from minigpt_jax.optimizers import build_optimizer, decay_mask, make_optimizer
 from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.metrics import read_metrics
 
+# The full suite only (`python -m pytest -q`): plug-ins trained through the CLI.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
 MINE = ("my_schedule_free.py", "my_metrics.py")

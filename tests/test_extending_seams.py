@@ -27,6 +27,9 @@ from minigpt_jax.model.param_meta import UndeclaredParameterError
 from minigpt_jax.optimizers import decay_mask, muon_dimension_numbers
 from minigpt_jax.train.metrics import read_metrics
 
+# The full suite only (`python -m pytest -q`): plug-ins trained through the CLI.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
 SEAM_FILES = {"my_mlp.py", "my_blocks.py", "my_scores.py", "my_kernels.py"}

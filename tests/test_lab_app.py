@@ -28,6 +28,9 @@ from minigpt_jax.lab import app, compute, parts, views
 from minigpt_jax.lab.state import from_storage, initial_state, table_key, to_storage
 from minigpt_jax.lab.text import TEXT
 
+# The full suite only (`python -m pytest -q`): a real browser against lab servers.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

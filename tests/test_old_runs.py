@@ -18,6 +18,9 @@ from configs import tiny
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 
+# The full suite only (`python -m pytest -q`): an old run resumed.
+pytestmark = pytest.mark.slow
+
 FIXTURE = Path(__file__).parent / "data" / "run_f4f1dd3"
 
 

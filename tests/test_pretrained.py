@@ -19,6 +19,9 @@ from minigpt_jax.model.gpt import forward, forward_with_cache, init_cache
 from minigpt_jax.sampling.api import generate
 from minigpt_jax.train.evaluation import perplexity, sliding_windows
 
+# The full suite only (`python -m pytest -q`): GPT-2 round trips against transformers.
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")  # the `hf` extra, installed by .ci/run
 transformers = pytest.importorskip("transformers")
 

@@ -219,6 +219,7 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly():
     np.testing.assert_allclose(values, [0, 5e-4, 1e-3, 1e-3, 1e-3, 5e-4, 0], atol=1e-9)
 
 
+@pytest.mark.slow
 def test_muon_orthogonalises_the_blocks_matrices_and_adamw_the_rest():
     """Muon's first update of a block kernel has (nearly) equal singular values (Newton-Schulz
     orthogonalisation); the embedding's first update is Adam's, -lr·sign(g), elementwise."""

@@ -34,6 +34,9 @@ from minigpt_jax.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.lab import serving
 from minigpt_jax.train.loop import train_and_evaluate
 
+# The full suite only (`python -m pytest -q`): commands in subprocesses, signalled and refused.
+pytestmark = pytest.mark.slow
+
 # The corpus_file, reference (40 steps, checkpoints 36 and 40) and copy_of fixtures: conftest.py.
 
 

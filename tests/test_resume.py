@@ -15,6 +15,9 @@ from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume_data
 
+# The full suite only (`python -m pytest -q`): whole runs resumed on other data.
+pytestmark = pytest.mark.slow
+
 TEXT = pydoc_text(20_000)
 
 

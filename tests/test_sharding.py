@@ -35,6 +35,9 @@ MESHES = (
     "data2_fsdp2_tensor2_accum2",
 )
 
+# The full suite only (`python -m pytest -q`): eight fake devices in a subprocess.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def result():

@@ -297,6 +297,7 @@ def _run_config(corpus_dir, **overrides):
     return config
 
 
+@pytest.mark.slow
 def test_run_on_shards_resumes_bit_exactly(corpus_dir, tmp_path):
     full = train_and_evaluate(_run_config(corpus_dir), tmp_path / "full", progress=False)
     train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False, stop_at=10)

@@ -18,6 +18,9 @@ from minigpt_jax.sweep import command as sweep_command
 from minigpt_jax.sweep import study as sweep_study
 from minigpt_jax.sweep import worker as sweep_worker
 
+# The full suite only (`python -m pytest -q`): Optuna studies of trials in subprocesses.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
 # 20 steps, evaluated and saved every 10: the same programs in every test (the cache hits).
