@@ -21,6 +21,9 @@ from minigpt_jax.experiment import check_experiment_config, default_config, gpt_
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
 
+# The full suite only (`python -m pytest -q`): plug-ins through the CLI.
+pytestmark = pytest.mark.slow
+
 MASKS = """\
 from minigpt_jax.settings.registry import declares
 from minigpt_jax.settings.groups import MODEL, setting
@@ -38,9 +41,6 @@ import optax
 
 from minigpt_jax.settings.registry import declares
 from minigpt_jax.settings.groups import TRAJECTORY, setting
-
-# The full suite only (`python -m pytest -q`): plug-ins through the CLI.
-pytestmark = pytest.mark.slow
 
 
 @declares(sf_b1=setting(0.9, "schedule-free's interpolation", TRAJECTORY, low=0.0, high=1.0))
