@@ -6,9 +6,10 @@
 Starts `python -m minigpt_jax lab` on a free port and drives it as a learner would (Debian's
 chromium and chromium-driver, through Selenium). Each figure is from a click to the moment the
 page shows the result: one training step, runs of 5, 10, 100 and 500 steps, one slider move,
-and a lookup in a second tab while the first tab runs 500 steps. Then it sends --events events
-(steps, lookups with varying ids, slider moves, sentences, positions, resets), waiting for each,
-and prints the server's resident memory (VmRSS of its process) every 100 events.
+a lookup in a second browser while the first runs 500 steps, and Stop during a run. Then it
+sends --events events (steps, lookups with varying ids, slider moves, sentences, positions,
+resets), waiting for each, and prints the server's resident memory (VmRSS of its process)
+every 100 events.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class Tab:
         started = time.perf_counter()
         while not condition():
             if time.perf_counter() - started > timeout:
-                raise TimeoutError("the page did not answer in time")
+                shown = self.text("step-message") or self.text("table-message")
+                raise TimeoutError(f"the page did not answer in time; it shows: {shown!r}")
             time.sleep(0.01)
         return time.perf_counter() - started
 
@@ -155,32 +157,61 @@ def timings(driver, url: str) -> None:
         tab.until(lambda b=before: tab.text("table") != b)
         moves.append(time.perf_counter() - started)
     print(f"slider move, key to table: median {statistics.median(moves):.2f} s")
-    # Another tab's lookup while this one runs 500 steps.
-    first = driver.current_window_handle
-    driver.switch_to.new_window("tab")
-    other = Tab(driver, url)
-    second = driver.current_window_handle
-    driver.switch_to.window(first)
-    tab.type("step-lr", "0.001")
-    tab.type("step-n", "500")
-    driver.execute_script("document.getElementById('steps-button').click();")
-    tab.until(lambda: "Training:" in tab.text("step-message"))
-    driver.switch_to.window(second)
-    other.type("lookup-ids", "[2, 2, 1]")
-    lookup = other.click("lookup-button")
-    driver.switch_to.window(first)
-    running = tab.text("step-message")
-    print(f"another tab's lookup during a 500-step run: {lookup:.2f} s (the run then: {running})")
-    started = time.perf_counter()
-    driver.execute_script("document.getElementById('stop-button').click();")
-    tab.until(
-        lambda: "Stopped after" in tab.text("step-message") or "Done" in tab.text("step-message")
-    )
-    stopped = time.perf_counter() - started
-    print(f"Stop, click to stopped: {stopped:.2f} s ({tab.text('step-message')})")
-    driver.switch_to.window(second)
-    driver.close()
-    driver.switch_to.window(first)
+    # Another user's lookup while this tab runs 500 steps, and Stop during a run. Both pages
+    # log their parts' changes with Date.now() (one clock for both browsers), so the figures do
+    # not depend on how fast Selenium polls; Stop is clicked by the page itself on its first
+    # "Training:" frame.
+    log_changes = """
+        window.labLog = [];
+        for (const id of arguments[0]) {
+          const part = document.getElementById(id);
+          new MutationObserver(() => {
+            const text = part.innerText;
+            window.labLog.push([Date.now(), id, text]);
+            if (window.labStopOnTraining && text.includes('Training:') && !window.labStopAt) {
+              window.labStopAt = Date.now();
+              document.getElementById('stop-button').click();
+            }
+          }).observe(part, {subtree: true, childList: true, characterData: true});
+        }"""
+    other_driver = _driver(tempfile.mkdtemp(prefix="lab-other-"))
+    try:
+        other = Tab(other_driver, url)
+        other.type("lookup-ids", "[2, 2, 1]")
+        other_driver.execute_script(log_changes, ["lookup-result"])
+        driver.execute_script(log_changes, ["step-message"])
+        run_clicked = driver.execute_script(
+            "document.getElementById('steps-button').click(); return Date.now();"
+        )
+        clicked = other_driver.execute_script(
+            "document.getElementById('lookup-button').click(); return Date.now();"
+        )
+        tab.until(lambda: "Done" in tab.text("step-message"))
+        other.until(lambda: other_driver.execute_script("return window.labLog.length;") > 0)
+        answered = other_driver.execute_script("return window.labLog[0][0];")
+        run = driver.execute_script("return window.labLog;")
+        done = next(t for t, _, text in run if "Done" in text)
+        during = run_clicked <= clicked and answered <= done
+        print(f"another user's lookup during a 500-step run: {(answered - clicked) / 1e3:.2f} s "
+              f"(clicked {(clicked - run_clicked) / 1e3:.2f} s after the run; the run done "
+              f"{(done - answered) / 1e3:.2f} s after the lookup answered: "
+              f"{'during' if during else 'NOT during'} the run)")  # fmt: skip
+    finally:
+        other_driver.quit()
+    stops = []
+    for _ in range(3):
+        tab.click("reset-button")
+        driver.execute_script(log_changes, ["step-message"])
+        driver.execute_script("window.labStopAt = 0; window.labStopOnTraining = true;")
+        driver.execute_script("document.getElementById('steps-button').click();")
+        tab.until(lambda: "Stopped after" in tab.text("step-message")
+                  or "Done" in tab.text("step-message"))  # fmt: skip
+        stop_at = driver.execute_script("return window.labStopAt;")
+        run = driver.execute_script("return window.labLog;")
+        end_at, end_text = next((t, x) for t, _, x in run if "Stopped" in x or "Done" in x)
+        stops.append(f"{(end_at - stop_at) / 1e3:.2f} s ({end_text})" if stop_at else end_text)
+    driver.execute_script("window.labStopOnTraining = false;")
+    print("Stop on a run's first frame, click to stopped: " + "; ".join(stops))
 
 
 def memory(driver, url: str, pid: int, events: int) -> None:

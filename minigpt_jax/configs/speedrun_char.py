@@ -7,13 +7,16 @@ runs from process start (imports, data and compilation count) and stops during e
 which scores every position of the whole validation split (benchmarks/time_to_loss.py).
 Run:      python -m benchmarks.time_to_loss      (beside the twin and the course config)
           minigpt-jax train --config configs/speedrun_char.py --workdir runs/speedrun
-Swept:    with the hand-written grid that `minigpt-jax sweep` (an Optuna study with pruning,
-          experiments/README.md) has since replaced, not rerun with it: 19 trials, each to its
-          end (val loss on 60 fixed val batches, target 1.88), on the shared 2-core Xeon:
-          muon_lr 0.02/0.04/0.08 x AdamW lr 0.004/0.008/0.016 at 400 steps (best 0.02 and
-          0.016: 1.816; 0.08 misses 1.88); batch 12/24 x 200/300 steps x muon_lr
-          0.01/0.02 at lr 0.016 (12 x 300, 0.01: 1.854; 12 x 200: 1.900, misses; 24 x 200:
-          1.808 with twice the tokens per step); batch 24 x 150 steps: 1.889, misses. Kept: 12 x
+Swept:    with `minigpt-jax sweep` (experiments/README.md §11; TPE, median pruner, 2 workers,
+          target 1.88 on 60 fixed val batches, the 2-core AMD EPYC): 24 trials over muon_lr
+          0.005-0.1, lr 0.002-0.04, batch 12/24, 400 steps at most; 6 complete (all reach
+          1.88), 18 pruned (15 at step 50), 465 s of wall time. Fastest to 1.88: batch 24,
+          muon_lr 0.014, lr 0.014, at step 250; batch 12 (muon_lr 0.026, lr 0.017) at step
+          350. The pruner compares equal steps, so it pruned batch 12 (half the tokens a step)
+          early. Before it, a hand-written grid of 19 full trials: muon_lr 0.02/0.04/0.08 x
+          lr 0.004/0.008/0.016 at 400 steps (best 0.02 and 0.016: 1.816; 0.08 misses 1.88);
+          batch 12/24 x 200/300 steps x muon_lr 0.01/0.02 at lr 0.016 (12 x 300, 0.01: 1.854;
+          12 x 200: 1.900, misses; 24 x 200: 1.808 with twice the tokens per step). Kept: 12 x
           64, muon_lr 0.01, lr 0.016 (the fewest tokens that reach the target); on the whole
           validation split 300 steps end at 1.8606, 250 at 1.8717 and 220 at 1.8861, below the
           twin's 1.8943: 220 steps (168,960 tokens).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,7 +14,8 @@ from minigpt_jax.lab.state import LabState, from_storage, initial_state, table_k
 from minigpt_jax.lab.text import TEXT
 from minigpt_jax.lab.views import edit_cell, number, rename_inputs, stats
 
-RUN_FRAMES = 20  # chart updates during one run of N steps
+RUN_FRAMES = 20  # chunks of one run of N steps: where it may stop, and the most frames it shows
+FRAME_SECONDS = 0.25  # the least time between two frames of a run (the page renders each one)
 
 # action(state, fields, lang) -> (new state or None if unchanged, note HTML, {widget key: value})
 # or an iterator of such triples (a run of steps, shown as it goes). A FRAME key in the widget
@@ -95,8 +97,9 @@ def _learning_rate(fields: dict, lang: str) -> float:
 
 
 def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) -> Iterator:
-    """n steps, yielding the state after each of up to RUN_FRAMES chunks; `stop()` true ends the
-    run after the chunk in progress."""
+    """n steps in up to RUN_FRAMES chunks, yielding the state after a chunk when FRAME_SECONDS
+    have passed since the last frame (and after the last chunk); `stop()` true ends the run
+    after the chunk in progress."""
     words = TEXT[lang]
     input_id = state.vocab.index(compute.STEP_INPUT)
     before = stats(state)
@@ -113,6 +116,7 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
     )
     start_VxD, history, done = state.table_VxD, list(state.history), 0
     chunk = max(1, math.ceil(n / RUN_FRAMES))
+    shown_at = -math.inf
     while done < n:
         size = min(chunk, n - done)
         run = compute.train_steps(
@@ -137,6 +141,9 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
         )
         stopped = stop is not None and stop() and done < n
         last = done == n or stopped
+        if not last and time.monotonic() - shown_at < FRAME_SECONDS:
+            continue  # a frame the page would still be drawing when the next came: skipped
+        shown_at = time.monotonic()
         if stopped:
             note = words.f("steps_stopped", done=done, n=n)
         else:

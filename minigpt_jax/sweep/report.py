@@ -86,8 +86,15 @@ def write_plots(study: optuna.Study, out: Path) -> tuple[list[Path], list[str]]:
                 warnings.simplefilter("ignore")  # optuna's "experimental" warnings
                 result = plot(study)
             figure = (result.flat[0] if hasattr(result, "flat") else result).get_figure()
-            figure.set_size_inches(max(6.0, figure.get_size_inches()[0]), 4.5)
-            figure.tight_layout()
+            legends = [axes.get_legend() for axes in figure.axes if axes.get_legend()]
+            entries = max((len(legend.get_texts()) for legend in legends), default=0)
+            # tall enough for a legend of one line per trial (0.22 in each) to show whole
+            figure.set_size_inches(
+                max(6.0, figure.get_size_inches()[0]), max(4.5, 0.22 * entries + 1.0)
+            )
+            with warnings.catch_warnings():  # the contour's colorbar axes: laid out as they are
+                warnings.filterwarnings("ignore", "This figure includes Axes", UserWarning)
+                figure.tight_layout()
             path = folder / f"{name}.png"
             tmp = folder / f".{name}.{os.getpid()}.png"
             figure.savefig(tmp, dpi=100)
