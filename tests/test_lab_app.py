@@ -894,3 +894,43 @@ def test_a_run_streams_stops_and_leaves_other_tabs_alone(servers, browser, tmp_p
     browser.switch_to.window(second)
     browser.close()
     browser.switch_to.window(first)
+
+
+def test_repeated_events_leave_no_copies_in_the_session(browser, tmp_path):
+    """Gradio adds a copy of each output an event skips (and of each gr.update) to the session's
+    blocks under a fresh id; the lab drops them, so a session's blocks are the page's own and
+    the component instances do not pile up (the server's memory stays flat: the RSS over 1,000
+    events is benchmarks/lab_page.py's)."""
+    import gc
+
+    import gradio as gr
+
+    demo, url = app.serve("en")
+    try:
+        page = Page(browser, url, DESKTOP, tmp_path)
+        for k in range(6):
+            shown = page.text("lookup-result")
+            page.type("lookup-ids", str([k % 6, (k + 1) % 6]))
+            page.click("lookup-button")
+            page.wait.until(lambda _, shown=shown: page.text("lookup-result") != shown)
+            page.type("positions-pos", str(k + 1))
+            page.click("positions-button")
+            page.wait_for("positions-result", f"PE({k + 1}, ")
+            page.click("step-button")
+            page.wait_for("step-result", f"Steps taken on this table: {k + 1}.")
+        sessions = demo.state_holder.session_data
+        assert sessions, "no session reached the server"
+        for session, state in sessions.items():
+            extra = set(state.blocks_config.blocks) - set(demo.blocks)
+            assert not extra, f"session {session} holds {len(extra)} components not on the page"
+            assert set(state.config_values) <= set(demo.blocks), session
+        gc.collect()
+        heatmaps = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, gr.HTML) and o.elem_id == "positions-heatmap"
+        ]
+        # The page's own, each session's and the last event's copy: not one per event (18).
+        assert len(heatmaps) <= 2 + len(sessions), len(heatmaps)
+    finally:
+        demo.close()

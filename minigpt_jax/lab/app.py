@@ -172,12 +172,35 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
 
+def drop_skipped_copies(blocks: gr.Blocks | None, session: str) -> int:
+    """Drops, from the session's copy of the page, the components Gradio added to it during
+    events; returns how many went.
+
+    For each output an event leaves unchanged (`Page.changed` does not send it) and for each
+    `gr.update`, Gradio (6.31) builds a new instance of the component, and during a queued event
+    that instance also lands in the session's blocks under a fresh id, where nothing reads it
+    and nothing removes it: about 9 a lab event, each holding its HTML (~50 kB an event, so the
+    server grew without end). The page's own ids stay: those are the session's components."""
+    state = getattr(blocks, "state_holder", None)
+    state = state.session_data.get(session) if state is not None else None
+    if state is None:
+        return 0
+    session_blocks = state.blocks_config.blocks
+    extra = [key for key in session_blocks if key not in blocks.blocks]
+    for key in extra:
+        del session_blocks[key]
+        state.config_values.pop(key, None)
+    return len(extra)
+
+
 class Page(NamedTuple):
-    """The built page's components by key, the language and the open tabs."""
+    """The built page's components by key, the language, the open tabs and the page's Blocks
+    (None outside a served page)."""
 
     components: dict
     lang: str
     tabs: Tabs
+    blocks: gr.Blocks | None = None
 
     def fields(self, values: dict) -> dict:
         """The event's input values by key (Gradio passes a set of inputs as a dict)."""
@@ -189,7 +212,9 @@ class Page(NamedTuple):
         the other; other tabs do not wait (the work runs in threads)."""
 
         async def handle(values: dict, request: gr.Request = None):
-            tab = self.tabs.get(_session(request))
+            session = _session(request)
+            tab = self.tabs.get(session)
+            drop_skipped_copies(self.blocks, session)  # those of the tab's last event
             if event.stops:
                 tab.stop.set()
             if event.action is None:  # Stop: it writes nothing (the run says where it stopped)
@@ -225,6 +250,7 @@ class Page(NamedTuple):
                 yield {message: unexpected_html(error, self.lang)}
             finally:
                 tab.release(ticket)
+                drop_skipped_copies(self.blocks, session)
 
         return handle
 
@@ -399,7 +425,7 @@ def build(lang: str = "en") -> gr.Blocks:
             components["table_message"] = gr.HTML("", elem_id="table-message")
         for part in PARTS:
             _build_part(part, components, start, lang)
-        page = Page(components, lang, Tabs())
+        page = Page(components, lang, Tabs(), demo)
         demo.lab_tabs = page.tabs  # the tests and the memory script count the open tabs
         widgets = {w.key for part in PARTS for w in _widgets(part.layout) if w.default is not None}
         inputs = {components[key] for key in ("storage", *widgets)}
@@ -439,11 +465,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "en") -> None:
-    """Serve the lab on 127.0.0.1 until interrupted; prints the URL first."""
+def serve(lang: str = "en", port: int | None = None) -> tuple[gr.Blocks, str]:
+    """The lab served on 127.0.0.1 from a background thread: (its Blocks, its URL)."""
     demo = build(lang)
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}/"
     demo.queue(default_concurrency_limit=None)
     demo.launch(
         server_name="127.0.0.1",
@@ -455,6 +480,12 @@ def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "
         head=page_js(lang),
         footer_links=[],
     )
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "en") -> None:
+    """Serve the lab on 127.0.0.1 until interrupted; prints the URL first."""
+    demo, url = serve(lang, port)
     print(f"minigpt-jax lab: {url} (Ctrl-C stops it)", flush=True)
     if open_browser:
         webbrowser.open(url)
