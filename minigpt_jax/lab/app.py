@@ -172,25 +172,23 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
 
-def drop_skipped_copies(blocks: gr.Blocks | None, session: str) -> int:
+def drop_skipped_copies(blocks: gr.Blocks | None, session: str) -> None:
     """Drops, from the session's copy of the page, the components Gradio added to it during
-    events; returns how many went.
+    events.
 
     For each output an event leaves unchanged (`Page.changed` does not send it) and for each
     `gr.update`, Gradio (6.31) builds a new instance of the component, and during a queued event
     that instance also lands in the session's blocks under a fresh id, where nothing reads it
-    and nothing removes it: about 9 a lab event, each holding its HTML (~50 kB an event, so the
-    server grew without end). The page's own ids stay: those are the session's components."""
+    and nothing removes it: about 9 a lab event, each holding its HTML (the server grew about
+    80 kB an event, without end). The page's own ids stay: those are the session's components."""
     state = getattr(blocks, "state_holder", None)
     state = state.session_data.get(session) if state is not None else None
     if state is None:
-        return 0
+        return
     session_blocks = state.blocks_config.blocks
-    extra = [key for key in session_blocks if key not in blocks.blocks]
-    for key in extra:
+    for key in [key for key in session_blocks if key not in blocks.blocks]:
         del session_blocks[key]
         state.config_values.pop(key, None)
-    return len(extra)
 
 
 class Page(NamedTuple):
