@@ -26,6 +26,7 @@ class Column:
     compile_s: float | None = None
     note: str = ""
     capped: bool = False
+    dtype: str = "float32"  # the matmuls' dtype, whose peak its MFU is read against
     times_s: list[float] = dataclasses.field(default_factory=list)
     losses: list[float] = dataclasses.field(default_factory=list)
 

@@ -339,10 +339,12 @@ def main(argv: list[str] | None = None) -> None:
     names = args.only or list(CONTESTANTS)
     if "twin" not in names:
         parser.error("the target is the twin's final val loss: include --only twin")
-    print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"python {platform.python_version()}"
-    )
+    from benchmarks import machine
+
+    cpu = machine.this_cpu()
+    cores = len(os.sched_getaffinity(0))
+    print("\n".join(machine.describe(cpu, cores, machine.peaks(cpu, cores))))
+    print(f"python {platform.python_version()}", flush=True)
     runs: dict[str, list[list[dict]]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         order = names if round_index % 2 == 0 else names[::-1]

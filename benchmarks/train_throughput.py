@@ -13,18 +13,18 @@ Measures: the config's model, batch and optimizer trained for --steps steps per 
           round, so load from other processes hits them alike; warm-up steps (compiles, first
           calls) are excluded. Both sides use the same cores: all of them, or the first
           --threads N, pinned.
-Prints:   ms/step (median, p10, p90 over all rounds), tokens/s, achieved GFLOP/s (nanoGPT's
-          6N + 12·L·H·K·T FLOP per token), MFU against the peak of those cores (clock ×
-          cores × FLOP/cycle of the widest vector unit) and against a float32 matmul timed in
-          the same run, the ratios to PyTorch eager and to the JAX default, and the JAX compile
-          time. `--variants` adds a row for each JAX setting tried (VARIANTS: config overrides
-          and XLA options), so the output documents what won and what did not.
+Prints:   the CPU, its extensions and peaks first (benchmarks/machine.py); then ms/step (median,
+          p10, p90 over all rounds), tokens/s, achieved GFLOP/s (nanoGPT's 6N + 12·L·H·K·T FLOP
+          per token), MFU against the peak of those cores for the column's matmul dtype and
+          against a float32 matmul timed in the same run, the ratios to PyTorch eager and to the
+          JAX default, and the JAX compile time. `--variants` adds a row for each JAX setting
+          tried (VARIANTS: config overrides and XLA options), so the output documents what won
+          and what did not.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import statistics
@@ -36,16 +36,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import columns as benchmark_columns
+from benchmarks import machine
 from benchmarks.columns import Column, chunk_column, torch_twin
-
-# fp32 FLOP per cycle per core from the widest vector unit (/proc/cpuinfo flag): 2 FMA pipes x
-# lanes x 2 FLOP, or 2 pipes x lanes without FMA.
-FLOP_PER_CYCLE = (
-    ("avx512f", 64, "AVX-512"),
-    ("fma", 32, "AVX2+FMA"),
-    ("avx", 16, "AVX"),
-    ("sse2", 8, "SSE2"),
-)
 
 # JAX settings timed by --variants, on top of --config: dotted keys are config overrides, keys
 # starting "xla_" are XLA compiler options (the same as XLA_FLAGS, for this one compile). The
@@ -89,36 +81,6 @@ NOT_KEPT: tuple[tuple[str, str], ...] = (
 
 
 # ----------------------------------------------------------------------------- machine
-
-
-@dataclasses.dataclass(frozen=True)
-class Peak:
-    gflops: float
-    how: str
-
-
-def cpu_peak(cores: int, clock_ghz: float | None, peak_gflops: float | None) -> Peak:
-    """fp32 peak of `cores` cores: from --peak-gflops, or clock × cores × FLOP/cycle."""
-    if peak_gflops:
-        return Peak(peak_gflops, f"--peak-gflops {peak_gflops:g}")
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = next(
-        (line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")),
-        [],
-    )
-    per_cycle, isa = next(((n, isa) for f, n, isa in FLOP_PER_CYCLE if f in flags), (8, "?"))
-    source = f"--clock-ghz {clock_ghz}"
-    if clock_ghz is None:
-        mhz = [
-            float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")
-        ]
-        clock_ghz = (max(mhz) / 1000) if mhz else 3.0
-        source = "/proc/cpuinfo cpu MHz" if mhz else "a guessed 3.0 GHz"
-    gflops = clock_ghz * cores * per_cycle
-    return Peak(
-        gflops,
-        f"{clock_ghz:.3g} GHz ({source}) × {cores} cores × {per_cycle} FLOP/cycle ({isa} fp32)",
-    )
 
 
 def pin_cores(threads: int | None) -> int:
@@ -213,7 +175,9 @@ def jax_column(
     copies = len(re.findall(r"\s(?:copy|transpose)\(", train_chunk.as_text()))
     options = [f"{key}={value!r}" for key, value in compiler_options.items()]
     note = " ".join([_model_note(cfg), f"copies={copies}", *options])
-    return chunk_column(name, train_chunk, state, chunks, compile_s=compile_s, note=note)
+    column = chunk_column(name, train_chunk, state, chunks, compile_s=compile_s, note=note)
+    column.dtype = cfg.dtype
+    return column
 
 
 def torch_column(
@@ -240,7 +204,7 @@ def torch_column(
     ys = [torch.from_numpy(np.ascontiguousarray(b[:, 1:])).long() for b in batches]
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     precision = "bf16 autocast" if autocast else "float32"
-    return benchmark_columns.torch_column(
+    column = benchmark_columns.torch_column(
         name,
         torch.compile(model) if compile_ else model,
         optimizer,
@@ -252,6 +216,8 @@ def torch_column(
         note=f"gelu={gelu} {precision}",
         max_steps=max_steps,
     )
+    column.dtype = "bfloat16" if autocast else "float32"
+    return column
 
 
 def _model_note(cfg) -> str:
@@ -288,7 +254,7 @@ def report(
     columns: list[Column],
     flops: float,
     tokens: int,
-    peak: Peak,
+    peak_by_dtype: dict[str, machine.Peak],
     sgemm: float,
     reference: str | None,
     baseline: str,
@@ -309,6 +275,7 @@ def report(
         med = statistics.median(c.times_s)
         deciles = statistics.quantiles(c.times_s, n=10)
         gflops = flops / med / 1e9
+        peak = peak_by_dtype.get(c.dtype, peak_by_dtype["float32"])
         ratios = " ".join(f"{med / m:6.2f}" if m else "     -" for m in (ref_median, base_median))
         compile_s = f"{c.compile_s:6.1f}s" if c.compile_s is not None else "      -"
         print(
@@ -319,11 +286,11 @@ def report(
     print(
         f"ms/step: all timed steps (JAX: compiled-call time / K, so its p10-p90 spread is "
         f"over calls). /torch, /jax: median over the "
-        f"{reference!r} and {baseline!r} medians (<1 is faster). MFU against "
-        f"{peak.gflops:.1f} GFLOP/s = {peak.how}; /SGEMM against the {sgemm:.1f} GFLOP/s a "
-        f"2048² float32 matmul reached in this run."
+        f"{reference!r} and {baseline!r} medians (<1 is faster). MFU against the peak for "
+        f"the column's matmul dtype (above); /SGEMM against the {sgemm:.1f} GFLOP/s a 2048² "
+        f"float32 matmul reached in this run."
     )
-    if sgemm > peak.gflops:
+    if sgemm > peak_by_dtype["float32"].gflops:
         print(
             "note: the matmul beat the computed peak, so the cores run above the clock used; "
             "pass --clock-ghz (boost clock) or --peak-gflops for a true MFU."
@@ -367,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     threads = pin_cores(args.threads)  # before JAX and torch create their thread pools
+    cpu = machine.this_cpu()
+    peak_by_dtype = machine.peaks(cpu, threads, args.clock_ghz, args.peak_gflops)
+    print("\n".join(machine.describe(cpu, threads, peak_by_dtype)), flush=True)
     import jax
 
     from minigpt_jax import flops_per_token
@@ -458,12 +428,11 @@ def main(argv: list[str] | None = None) -> None:
         f"load average (1 min) before / after the timed rounds: {load_before:.2f} / "
         f"{load_after:.2f} on {os.cpu_count()} CPUs"
     )
-    peak = cpu_peak(threads, args.clock_ghz, args.peak_gflops)
     report(
         columns,
         flops,
         tokens,
-        peak,
+        peak_by_dtype,
         sgemm,
         reference if not args.no_torch else None,
         f"jax {DEFAULT}",
