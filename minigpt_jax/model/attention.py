@@ -34,6 +34,7 @@ GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other
 
 __all__ = [
     "KVCache",
+    "expand_kv_heads",
     "MultiHeadAttention",
     "attention_weights",
     "causal_mask",
@@ -43,25 +44,45 @@ __all__ = [
 
 
 class KVCache(NamedTuple):
-    """One layer's keys and values for S slots, written in order from slot 0.
+    """One layer's keys and values for S slots, written in order from slot 0 by `write`.
 
-    positions_BxS holds each slot's token position; -1 marks a slot that is empty or holds left
-    padding, and such a slot is never attended to. `index` is the next slot to write.
+    The layout, for attention modules of one's own: k_BxSxGxK and v_BxSxGxK hold G = cfg.kv_heads
+    key/value heads (H without grouped-query attention, fewer with `n_kv_head`) of width K;
+    positions_BxS holds each slot's token position, and -1 marks a slot that is empty or holds
+    left padding, never attended to; `index` is the next slot to write. A module reads the
+    filled slots by masking with `positions_BxS >= 0`, and widens G heads to its H query heads
+    with `expand_kv_heads`.
     """
 
-    k_BxSxHxK: Array
-    v_BxSxHxK: Array
+    k_BxSxGxK: Array
+    v_BxSxGxK: Array
     positions_BxS: Array
     index: Array
 
     @classmethod
     def empty(cls, cfg: GPTConfig, batch: int, length: int) -> KVCache:
-        kv_BxSxHxK = jnp.zeros((batch, length, cfg.n_head, cfg.head_dim), cfg.compute_dtype)
+        kv_BxSxGxK = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_dim), cfg.compute_dtype)
         return cls(
-            kv_BxSxHxK,
-            kv_BxSxHxK,
+            kv_BxSxGxK,
+            kv_BxSxGxK,
             jnp.full((batch, length), -1, jnp.int32),
             jnp.zeros((), jnp.int32),
+        )
+
+    def write(self, k_BxTxGxK: Array, v_BxTxGxK: Array, positions_BxT: Array) -> KVCache:
+        """The cache with T new keys, values and positions in slots index .. index+T-1."""
+        chex.assert_shape(positions_BxT, k_BxTxGxK.shape[:2])
+        chex.assert_equal_shape([k_BxTxGxK, v_BxTxGxK])
+        chex.assert_shape(k_BxTxGxK, (None, None, *self.k_BxSxGxK.shape[2:]))
+
+        def put(buf, new):
+            return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), self.index, 1)
+
+        return KVCache(
+            put(self.k_BxSxGxK, k_BxTxGxK),
+            put(self.v_BxSxGxK, v_BxTxGxK),
+            put(self.positions_BxS, positions_BxT),
+            self.index + positions_BxT.shape[1],
         )
 
     def extended(self, length: int) -> KVCache:
@@ -72,10 +93,19 @@ class KVCache(NamedTuple):
             return jnp.pad(x_BxSx, widths, constant_values=value)
 
         return self._replace(
-            k_BxSxHxK=pad(self.k_BxSxHxK, 0),
-            v_BxSxHxK=pad(self.v_BxSxHxK, 0),
+            k_BxSxGxK=pad(self.k_BxSxGxK, 0),
+            v_BxSxGxK=pad(self.v_BxSxGxK, 0),
             positions_BxS=pad(self.positions_BxS, -1),
         )
+
+
+def expand_kv_heads(x_BxSxGxK: Array, n_head: int) -> Array:
+    """x_BxSxHxK: each of the G key/value heads repeated for its n_head / G query heads, so query
+    head h reads kv head h // (H / G) (LLaMA's `repeat_kv` order); the input itself when G = H."""
+    groups = x_BxSxGxK.shape[2]
+    if groups == n_head:
+        return x_BxSxGxK
+    return jnp.repeat(x_BxSxGxK, n_head // groups, axis=2)
 
 
 class MultiHeadAttention(nn.Module):
@@ -105,39 +135,21 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
-        init = nn.initializers.normal(stddev=INIT_STDDEV)
-        # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py); Muon reads the
-        # kernel (D, 3, H, K) as q, k and v per head.
-        qkv_BxTx3xHxK = nn.DenseGeneral(
-            (3, cfg.n_head, cfg.head_dim),
-            kernel_init=declare(
-                init,
-                (None, None, "tensor", None),
-                muon=(0, (2, 3)),
-                decay=True,
-                gpt2="h.{i}.attn.c_attn.weight",
-            ),
-            bias_init=declare(
-                nn.initializers.zeros_init(), (None, "tensor", None), gpt2="h.{i}.attn.c_attn.bias"
-            ),
-            name="qkv",
-            **dense_options(cfg),
-        )(x_BxTxD)
-        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _project_qkv(cfg, x_BxTxD)
         if cfg.qk_norm:
-            q_BxTxHxK, k_BxTxHxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxHxK)
+            q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
-            k_BxTxHxK = rotary(k_BxTxHxK, positions_BxT)
+            k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT)
         mask_entry = ATTENTION_MASKS[cfg.attention_mask]
         if cache is None:
-            keys_BxSxHxK, v_BxSxHxK = k_BxTxHxK, v_BxTxHxK
+            keys_BxSxGxK, v_BxSxGxK = k_BxTxGxK, v_BxTxGxK
             k_positions_BxS = positions_BxT
             mask = mask_entry.fn(positions_BxT, positions_BxT, cfg)
         else:
-            cache = _write(cache, k_BxTxHxK, v_BxTxHxK, positions_BxT)
-            keys_BxSxHxK, v_BxSxHxK = cache.k_BxSxHxK, cache.v_BxSxHxK
+            cache = cache.write(k_BxTxGxK, v_BxTxGxK, positions_BxT)
+            keys_BxSxGxK, v_BxSxGxK = cache.k_BxSxGxK, cache.v_BxSxGxK
             k_positions_BxS = cache.positions_BxS
             mask = (cache.positions_BxS >= 0)[:, None, None, :]
             entry_mask = mask_entry.fn(positions_BxT, cache.positions_BxS, cfg)
@@ -160,6 +172,8 @@ class MultiHeadAttention(nn.Module):
             def score(scores_BxHxTxS):
                 return entry_score(scores_BxHxTxS, positions_BxT, k_positions_BxS, cfg)
 
+        keys_BxSxHxK = expand_kv_heads(keys_BxSxGxK, cfg.n_head)
+        v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
         kernel = ATTENTION_KERNELS[path]
         if kernel.explicit:
             weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask, score)
@@ -193,16 +207,44 @@ class MultiHeadAttention(nn.Module):
         return out_BxTxD, cache
 
 
-def _write(cache: KVCache, k_BxTxHxK: Array, v_BxTxHxK: Array, positions_BxT: Array) -> KVCache:
-    """The cache with T new keys, values and positions in slots index .. index+T-1."""
-    chex.assert_shape(positions_BxT, k_BxTxHxK.shape[:2])
-
-    def put(buf, new):
-        return jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), cache.index, 1)
-
-    return KVCache(
-        put(cache.k_BxSxHxK, k_BxTxHxK),
-        put(cache.v_BxSxHxK, v_BxTxHxK),
-        put(cache.positions_BxS, positions_BxT),
-        cache.index + positions_BxT.shape[1],
-    )
+def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
+    """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK): one fused (D, 3, H, K) projection (GPT-2's c_attn)
+    when G = H; a query projection (D, H, K) and a key/value one (D, 2, G, K) when fewer key/value
+    heads serve groups of query heads (cfg.n_kv_head)."""
+    init = nn.initializers.normal(stddev=INIT_STDDEV)
+    # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py); Muon reads each
+    # kernel as (D, H·K) matrices, one each for q, k and v.
+    if cfg.kv_heads == cfg.n_head:
+        qkv_BxTx3xHxK = nn.DenseGeneral(
+            (3, cfg.n_head, cfg.head_dim),
+            kernel_init=declare(
+                init,
+                (None, None, "tensor", None),
+                muon=(0, (2, 3)),
+                decay=True,
+                gpt2="h.{i}.attn.c_attn.weight",
+            ),
+            bias_init=declare(
+                nn.initializers.zeros_init(), (None, "tensor", None), gpt2="h.{i}.attn.c_attn.bias"
+            ),
+            name="qkv",
+            **dense_options(cfg),
+        )(x_BxTxD)
+        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+        return q_BxTxHxK, k_BxTxHxK, v_BxTxHxK
+    q_BxTxHxK = nn.DenseGeneral(
+        (cfg.n_head, cfg.head_dim),
+        kernel_init=declare(init, (None, "tensor", None), muon=(0, (1, 2)), decay=True),
+        bias_init=declare(nn.initializers.zeros_init(), ("tensor", None)),
+        name="q",
+        **dense_options(cfg),
+    )(x_BxTxD)
+    # G may be smaller than the tensor axis (multi-query: G = 1), so kv heads are not split.
+    kv_BxTx2xGxK = nn.DenseGeneral(
+        (2, cfg.kv_heads, cfg.head_dim),
+        kernel_init=declare(init, (None, None, None, None), muon=(0, (2, 3)), decay=True),
+        bias_init=declare(nn.initializers.zeros_init(), (None, None, None)),
+        name="kv",
+        **dense_options(cfg),
+    )(x_BxTxD)
+    return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]

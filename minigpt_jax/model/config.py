@@ -49,6 +49,17 @@ REMAT_POLICIES = Registry(
 )
 
 
+def _divides_n_head(n_kv_head: int, values: dict[str, Any]) -> str | None:
+    n_head = values.get("n_head", 1)
+    if n_kv_head == 0 or n_head % n_kv_head == 0:
+        return None
+    divisors = [g for g in range(1, n_head + 1) if n_head % g == 0]
+    return (
+        f"does not divide n_head={n_head}: each key/value head serves n_head / n_kv_head "
+        f"query heads; use 0 (one per query head) or one of {divisors}"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     """Hyperparameters of the mini-GPT, the run config's `model` group; the defaults are the
@@ -68,6 +79,18 @@ class GPTConfig:
     )
     n_layer: int = setting(4, "N: transformer blocks", MODEL, low=1)
     n_head: int = setting(4, "H: attention heads per block", MODEL, low=1)
+    # Grouped-query attention (Ainslie et al. 2023; multi-query: Shazeer 2019): G key/value
+    # heads, query head h reading kv head h // (H / G); the KV cache holds G heads, not H.
+    n_kv_head: int = setting(
+        0,
+        "G: key/value heads, each shared by n_head / G query heads (1: multi-query); "
+        "0: one per query head",
+        MODEL,
+        low=0,
+        requirement="0 (one per query head) or a divisor of n_head",
+        gpt2=0,
+        relation=_divides_n_head,
+    )
     n_embd: int = setting(128, "D: residual width", MODEL, low=1)
     dropout: float = setting(
         0.1,
@@ -282,6 +305,11 @@ class GPTConfig:
     def head_dim(self) -> int:
         """K: width of one attention head."""
         return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """G: key/value heads (n_kv_head, or n_head when it is 0)."""
+        return self.n_kv_head or self.n_head
 
     @property
     def padded_vocab_size(self) -> int:

@@ -73,7 +73,8 @@ def tokens_past_block(cfg: GPTConfig, longest_prompt: int, max_new_tokens: int) 
 
 def row_bytes(cfg: GPTConfig, slots: Slots, return_logits: bool = False) -> dict[str, int]:
     """An upper estimate, from shapes, of the memory one prompt's row takes while it is sampled,
-    by part: the KV cache (N × S × (2D + 1 position), twice: input and output of a call), the
+    by part: the KV cache (N × S × (2·G·K + 1 position), twice: input and output of a call; 2·G·K
+    is 2D without grouped key/value heads), the
     forward of the prefill or of a recomputed window of W slots (its own cache, twice; one
     layer's activations, W × (8D + 4F) float32; scores, softmax and mask, 3 × H × W × W float32),
     the logits and sampling's sorted copies (8 × V float32), the token buffer (P + G int32,
@@ -84,7 +85,7 @@ def row_bytes(cfg: GPTConfig, slots: Slots, return_logits: bool = False) -> dict
     sample` (which also times a step past block_size), 3.9 GiB estimated; with rope, 2,000
     rows of 120 tokens 1.4 GiB (2.4 estimated), 1,000 rows of 1,000 tokens 5.0 GiB (8.1)."""
     act = jnp.dtype(cfg.compute_dtype).itemsize
-    per_slot = 2 * cfg.n_embd * act + 4
+    per_slot = 2 * cfg.kv_heads * cfg.head_dim * act + 4
     window = max(slots.prompt, cfg.block_size if slots.recomputes else 0)
     activations = window * (8 * cfg.n_embd + 4 * cfg.mlp_dim) * 4
     scores = 3 * cfg.n_head * window * window * 4

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Container
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 MODEL, SPEED, TRAJECTORY, BOOKKEEPING = "model", "speed", "trajectory", "bookkeeping"
@@ -49,6 +49,9 @@ class Setting:
     requirement: str | None = None  # words for the rule, where the generic ones don't fit
     finetune_free: bool = False  # init_from may differ in it (pretrained.shape_mismatch)
     gpt2: Any = _NO_VALUE  # the value GPT-2's layout needs to export (pretrained)
+    # A rule across settings of the group: (value, {name: value} of the group) -> the problem
+    # in words ("must divide n_head=4"), or None; checked after every single value passed.
+    relation: Callable[[Any, Mapping[str, Any]], str | None] | None = None
 
     @property
     def needs_gpt2_value(self) -> bool:
@@ -138,6 +141,11 @@ def check_values(group: type, values: dict[str, Any], where: str) -> None:
             message = specs[name].problem(f"{where}.{name}", value)
             if message:
                 raise ValueError(message)
+    for name, value in values.items():
+        relation = specs[name].relation if name in specs else None
+        message = relation(value, values) if relation is not None else None
+        if message:
+            raise ValueError(f"{where}.{name}={value!r} {message}.")
 
 
 # ----------------------------------------------------------------------------- loop settings
