@@ -225,3 +225,19 @@ def test_user_position_encoding_adds_half_sinusoids(user_dir):
     expected_BxTxD = table_VxD[tokens_BxT] + 0.5 * sinusoidal_at(jnp.arange(12), 32)[None]
     np.testing.assert_allclose(x_BxTxD, expected_BxTxD, rtol=1e-6, atol=1e-6)
     assert "pos" not in variables["params"]
+
+
+def test_user_rotary_entry_reads_its_own_base(user_dir):
+    """my_positions:ROPE at base 10000 is the built-in rope bit for bit; its base is its own."""
+    cfg = CFG.replace(pos_encoding="rope")
+    user = CFG.replace(pos_encoding="my_positions:ROPE")
+    assert user.base == 10000.0
+    params = init_params(cfg, jax.random.key(0))
+    tokens_BxT = _tokens_BxT()
+    builtin = forward(params, tokens_BxT, cfg)
+    np.testing.assert_array_equal(forward(params, tokens_BxT, user), builtin)
+    np.testing.assert_array_equal(
+        forward(params, tokens_BxT, user.replace(base=5e5)),
+        forward(params, tokens_BxT, cfg.replace(rope_theta=5e5)),
+    )
+    assert not np.array_equal(forward(params, tokens_BxT, user.replace(base=5e5)), builtin)

@@ -140,8 +140,8 @@ class MultiHeadAttention(nn.Module):
             q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
         if rotary is not None:
-            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT)
-            k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT)
+            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, cfg)
+            k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
         mask_entry = ATTENTION_MASKS[cfg.attention_mask]
         if cache is None:
             keys_BxSxGxK, v_BxSxGxK = k_BxTxGxK, v_BxTxGxK

@@ -287,19 +287,25 @@ class GPTConfig:
         for key, value in self.__dict__.get("entry_settings", ()):
             if key == name:
                 return value
-        for field_name, spec in declarations(GPTConfig).items():  # a picked entry's default
-            settings_of = getattr(spec.choices, "settings_of", None)
-            if settings_of is not None and field_name in self.__dict__:
-                try:
-                    declared = settings_of(self.__dict__[field_name]).get(name)
-                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
-                    continue
-                if declared is not None:
-                    return declared.default
+        declared = self.declared_entry_settings().get(name)
+        if declared is not None:  # a picked entry's default
+            return declared.default
         raise AttributeError(
             f"GPTConfig has no setting {name!r}: a model entry that reads cfg.{name} declares "
             f"it (registry.declares({name}=setting(...))), and the config must pick that entry."
         )
+
+    def declared_entry_settings(self) -> dict[str, Any]:
+        """{name: dataclasses.Field of settings.setting} that the picked model entries declare."""
+        found: dict[str, Any] = {}
+        for field_name, spec in declarations(GPTConfig).items():
+            settings_of = getattr(spec.choices, "settings_of", None)
+            if settings_of is not None and field_name in self.__dict__:
+                try:
+                    found = {**settings_of(self.__dict__[field_name]), **found}
+                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
+                    continue
+        return found
 
     @property
     def head_dim(self) -> int:
@@ -332,4 +338,24 @@ class GPTConfig:
         return jnp.dtype(self.param_dtype)
 
     def replace(self, **changes: Any) -> GPTConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`: fields, or settings the picked entries declare
+        (`cfg.replace(rope_theta=5e5)`), each checked by its declaration."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        entry_changes = {k: v for k, v in changes.items() if k not in fields}
+        if not entry_changes:
+            return dataclasses.replace(self, **changes)
+        changed = dataclasses.replace(self, **{k: v for k, v in changes.items() if k in fields})
+        declared = changed.declared_entry_settings()
+        values = dict(changed.entry_settings)
+        for name, value in entry_changes.items():
+            if name not in declared and name not in values:
+                raise TypeError(
+                    f"GPTConfig.replace: {name!r} is neither a field nor a setting of the picked "
+                    f"entries; settings of the picked entries: {sorted({*declared, *values})}."
+                )
+            if name in declared:
+                problem = declared[name].metadata["setting"].problem(f"GPTConfig.{name}", value)
+                if problem:
+                    raise ValueError(problem)
+            values[name] = value
+        return dataclasses.replace(changed, entry_settings=tuple(sorted(values.items())))

@@ -119,7 +119,7 @@ class Embeddings(nn.Module):
         if scheme.learned:
             x_BxTxD = x_BxTxD + self.pos(positions_BxT)
         if scheme.additive is not None:
-            x_BxTxD = x_BxTxD + scheme.additive(positions_BxT, cfg.n_embd)
+            x_BxTxD = x_BxTxD + scheme.additive(positions_BxT, cfg)
         x_BxTxD = self.drop(x_BxTxD, deterministic=deterministic)
         chex.assert_shape(x_BxTxD, (*tokens_BxT.shape, cfg.n_embd))
         return x_BxTxD.astype(cfg.compute_dtype)

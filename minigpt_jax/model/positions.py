@@ -16,14 +16,15 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.settings.registry import Registry, expect_shape
+from minigpt_jax.settings.groups import MODEL, setting
+from minigpt_jax.settings.registry import Registry, declares, expect_shape
 
 Array = chex.Array
 
 
-def _inverse_frequencies(dim: int) -> Array:
-    """1 / 10000^(2i/dim) for i = 0 .. dim/2 - 1 (Vaswani et al. 2017, section 3.5)."""
-    return 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+def _inverse_frequencies(dim: int, base: float = 10000.0) -> Array:
+    """1 / base^(2i/dim) for i = 0 .. dim/2 - 1 (Vaswani et al. 2017, section 3.5: 10000)."""
+    return 1.0 / (base ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
 
 
 def sinusoidal_at(positions: Array, dim: int) -> Array:
@@ -43,12 +44,12 @@ def sinusoidal_positions(length: int, dim: int) -> Array:
     return sinusoidal_at(jnp.arange(length), dim)
 
 
-def apply_rope(x_BxTxHxK: Array, positions_BxT: Array) -> Array:
+def apply_rope(x_BxTxHxK: Array, positions_BxT: Array, theta: float = 10000.0) -> Array:
     """Rotary embeddings (Su et al. 2021, RoFormer): rotate each pair (x[2i], x[2i+1]) of every
-    head by the angle pos / 10000^(2i/K). Applied to queries and keys, the score q·k then depends
+    head by the angle pos / theta^(2i/K). Applied to queries and keys, the score q·k then depends
     on positions only through their difference."""
     head_dim = x_BxTxHxK.shape[-1]
-    inv_freq_1x1x1xR = _inverse_frequencies(head_dim)[None, None, None, :]
+    inv_freq_1x1x1xR = _inverse_frequencies(head_dim, theta)[None, None, None, :]
     angles_BxTx1xR = positions_BxT.astype(jnp.float32)[:, :, None, None] * inv_freq_1x1x1xR
     cos, sin = jnp.cos(angles_BxTx1xR), jnp.sin(angles_BxTx1xR)
     x = x_BxTxHxK.astype(jnp.float32)
@@ -65,15 +66,18 @@ class PositionEncoding:
     holding `PositionEncoding(...)`, named as `module:attr`):
       learned:  a trainable table `params['embed']['pos']['embedding']` of shape
                 (block_size, D), added to the token embeddings; longer inputs are refused.
-      additive: `(positions, dim) -> positions.shape + (dim,)`, fixed vectors added to the
+      additive: `(positions_BxT, cfg) -> (B, T, cfg.n_embd)`, fixed vectors added to the
                 token embeddings.
-      rotary:   `(x_BxTxHxK, positions_BxT) -> x_BxTxHxK`, applied to queries and keys.
+      rotary:   `(x_BxTxHxK, positions_BxT, cfg) -> x_BxTxHxK`, applied to queries and keys
+                (H may be the G key/value heads of grouped-query attention).
+    Both receive the model config, so a setting the entry declares (`registry.declares` on the
+    PositionEncoding) is read as `cfg.<name>`: the built-in rope's `rope_theta`.
       even:     a GPTConfig property that the scheme needs to be even ("n_embd", "head_dim").
     """
 
     learned: bool = False
-    additive: Callable[[Array, int], Array] | None = None
-    rotary: Callable[[Array, Array], Array] | None = None
+    additive: Callable[[Array, Any], Array] | None = None
+    rotary: Callable[[Array, Array, Any], Array] | None = None
     even: str | None = None
 
     def validate(self, cfg: Any) -> None:
@@ -85,15 +89,24 @@ class PositionEncoding:
             )
 
 
+def _sinusoids(positions_BxT: Array, cfg: Any) -> Array:
+    return sinusoidal_at(positions_BxT, cfg.n_embd)
+
+
+def _rope(x_BxTxHxK: Array, positions_BxT: Array, cfg: Any) -> Array:
+    return apply_rope(x_BxTxHxK, positions_BxT, cfg.rope_theta)
+
+
 def _encoding_contract(scheme: PositionEncoding, cfg: Any) -> None:
-    """additive(positions_BxT, D) is BxTxD; rotary(x_BxTxHxK, positions_BxT) is BxTxHxK."""
+    """additive(positions_BxT, cfg) is BxTxD; rotary(x_BxTxHxK, positions_BxT, cfg) is
+    BxTxHxK."""
     positions_BxT = jax.ShapeDtypeStruct((2, 5), jnp.int32)
     if scheme.additive is not None:
-        out = jax.eval_shape(lambda p: scheme.additive(p, cfg.n_embd), positions_BxT)
+        out = jax.eval_shape(lambda p: scheme.additive(p, cfg), positions_BxT)
         expect_shape(out, (2, 5, cfg.n_embd), "additive's output", dtype_kind="f")
     if scheme.rotary is not None:
         x_BxTxHxK = jax.ShapeDtypeStruct((2, 5, cfg.n_head, cfg.head_dim), jnp.float32)
-        out = jax.eval_shape(scheme.rotary, x_BxTxHxK, positions_BxT)
+        out = jax.eval_shape(lambda x, p: scheme.rotary(x, p, cfg), x_BxTxHxK, positions_BxT)
         expect_shape(out, x_BxTxHxK.shape, "rotary's output", dtype_kind="f")
 
 
@@ -102,8 +115,18 @@ POSITION_ENCODINGS: Registry[PositionEncoding] = Registry(
     "model.pos_encoding",
     {
         "learned": PositionEncoding(learned=True),
-        "sinusoidal": PositionEncoding(additive=sinusoidal_at, even="n_embd"),
-        "rope": PositionEncoding(rotary=apply_rope, even="head_dim"),
+        "sinusoidal": PositionEncoding(additive=_sinusoids, even="n_embd"),
+        "rope": declares(
+            rope_theta=setting(
+                10000.0,
+                "RoPE's base: pair i of a head turns by pos / rope_theta^(2i/K) "
+                "(500000 in LLaMA 3)",
+                MODEL,
+                low=1.0,
+                low_open=True,
+                requirement="a finite number > 1",
+            )
+        )(PositionEncoding(rotary=_rope, even="head_dim")),
         "none": PositionEncoding(),
     },
     entry_class=PositionEncoding,

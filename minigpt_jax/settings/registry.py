@@ -78,7 +78,10 @@ def declares(**fields: Any) -> Callable[[Entry], Entry]:
 
     def attach(entry: Entry) -> Entry:
         merged = {**(getattr(entry, "settings", None) or {}), **fields}
-        object.__setattr__(entry, "settings", merged)
+        if isinstance(entry, type):  # a class, flax modules included: a class attribute
+            entry.settings = merged
+        else:  # object's own __setattr__ passes a frozen dataclass's guard
+            object.__setattr__(entry, "settings", merged)
         return entry
 
     return attach

@@ -1,0 +1,89 @@
+"""Every entry sees its own settings: `declares` on a flax module class, RoPE's base as the
+built-in rope's own setting (`rope_theta`), a user rotary entry reading a setting of its own,
+and `GPTConfig.replace` setting an entry's setting as it does a field (checked by its rule)."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from minigpt_jax import GPTConfig, forward, init_params
+from minigpt_jax.model.positions import POSITION_ENCODINGS
+from minigpt_jax.settings.registry import declared_settings
+
+CFG = GPTConfig(vocab_size=40, block_size=12, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
+TOKENS_BxT = jax.random.randint(jax.random.key(3), (2, 9), 0, CFG.vocab_size)
+
+WIDE_MLP = """
+import flax.linen as nn
+
+from minigpt_jax.model.param_meta import declare
+from minigpt_jax.settings import MODEL, declares, setting
+
+
+@declares(widen=setting(2, "hidden width = widen x D", MODEL, low=1))
+class Wide(nn.Module):
+    cfg: object
+
+    @nn.compact
+    def __call__(self, x_BxTxD, *, deterministic=True):
+        init = declare(nn.initializers.normal(0.02), muon=(0, 1), decay=True)
+        h_BxTxF = nn.relu(nn.Dense(self.cfg.widen * self.cfg.n_embd, kernel_init=init)(x_BxTxD))
+        return nn.Dense(self.cfg.n_embd, kernel_init=init)(h_BxTxF)
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_wide_mlp.py").write_text(WIDE_MLP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("my_wide_mlp", None)
+
+
+def numpy_rope(x_BxTxHxK, positions_T, theta):
+    """RoFormer's rotation of pairs (2i, 2i+1) by pos / theta^(2i/K), in float64 numpy."""
+    x = np.asarray(x_BxTxHxK, np.float64)
+    k = x.shape[-1]
+    angles_TxR = positions_T[:, None] / theta ** (np.arange(0, k, 2) / k)
+    cos, sin = np.cos(angles_TxR)[None, :, None], np.sin(angles_TxR)[None, :, None]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return np.stack([even * cos - odd * sin, even * sin + odd * cos], -1).reshape(x.shape)
+
+
+def test_declares_works_on_a_flax_module_class(user_module):
+    import my_wide_mlp
+
+    assert set(declared_settings(my_wide_mlp.Wide)) == {"widen"}
+    cfg = CFG.replace(mlp="my_wide_mlp:Wide")
+    assert cfg.widen == 2
+    kernel = init_params(cfg.replace(widen=3), jax.random.key(0))["block_0"]["mlp"]["Dense_0"]
+    assert kernel["kernel"].shape == (16, 48)
+
+
+def test_rope_theta_is_the_builtin_ropes_own_setting():
+    cfg = CFG.replace(pos_encoding="rope")
+    assert cfg.rope_theta == 10000.0
+    rotary = POSITION_ENCODINGS["rope"].rotary
+    x_BxTxHxK = jax.random.normal(jax.random.key(1), (1, 9, 2, 8))
+    positions_BxT = jnp.arange(9)[None] * 7
+    for theta in (10000.0, 500000.0):
+        got = rotary(x_BxTxHxK, positions_BxT, cfg.replace(rope_theta=theta))
+        np.testing.assert_allclose(got, numpy_rope(x_BxTxHxK, np.arange(9) * 7, theta), atol=2e-5)
+    params = init_params(cfg, jax.random.key(0))
+    default = forward(params, TOKENS_BxT, cfg)
+    np.testing.assert_array_equal(forward(params, TOKENS_BxT, cfg.replace(rope_theta=1e4)), default)
+    assert not np.allclose(forward(params, TOKENS_BxT, cfg.replace(rope_theta=5e5)), default)
+
+
+def test_replace_checks_an_entry_setting_and_names_the_known_ones():
+    cfg = CFG.replace(pos_encoding="rope")
+    assert cfg.replace(rope_theta=5e5).entry_settings == (("rope_theta", 5e5),)
+    with pytest.raises(ValueError, match=r"GPTConfig.rope_theta must be a finite number > 1"):
+        cfg.replace(rope_theta=0.5)
+    with pytest.raises(TypeError, match=r"'window' is neither a field nor a setting .*rope_theta"):
+        cfg.replace(window=4)
+    with pytest.raises(AttributeError, match="has no setting 'rope_theta'"):
+        getattr(CFG, "rope_theta")  # noqa: B009 (learned positions declare no base)
