@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.settings.groups import TRAJECTORY, Optim, defaults, setting
+from minigpt_jax.settings.groups import TRAJECTORY, Optim, defaults, parse_tag_factors, setting
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
@@ -51,6 +51,40 @@ OptimizerFn = Callable[[Any, optax.Schedule], optax.GradientTransformation]
 ScheduleFn = Callable[[Any, int], optax.Schedule]
 # (an optimizer's state, params) -> the params to evaluate; optax's schedule_free_eval_params.
 EvalParamsFn = Callable[[optax.OptState, Params], Params]
+
+
+def scale_by_tags(factors: dict[str, float]) -> optax.GradientTransformation:
+    """Each update times the product of `factors` over its parameter's tags (1 for a parameter
+    without any of them; `param_meta.declare(tags=...)`). `init` raises ValueError for a tag
+    that no parameter declares, naming the tags there are."""
+
+    def factor_of(path, leaf) -> float:
+        scale = 1.0
+        for tag in param_meta.tags_of(path, leaf):
+            scale *= factors.get(tag, 1.0)
+        return scale
+
+    def init(params):
+        declared = set()
+        jax.tree_util.tree_map_with_path(
+            lambda path, leaf: declared.update(param_meta.tags_of(path, leaf)), params
+        )
+        unknown = sorted(set(factors) - declared)
+        if unknown:
+            raise ValueError(
+                f"optim.lr_multipliers names {unknown}, which no parameter declares; the "
+                f"parameters' tags: {sorted(declared)} (param_meta.declare(tags=...))."
+            )
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        scaled = jax.tree_util.tree_map_with_path(
+            lambda path, u: u * jnp.asarray(factor_of(path, u), u.dtype), updates
+        )
+        return scaled, state
+
+    return optax.GradientTransformation(init, update)
 
 
 def decay_mask(params: Params) -> Params:
@@ -428,6 +462,9 @@ def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
     key = _setting(optim, "name")
     entry = optimizer_entry(OPTIMIZERS[key])
     optimizer = call_optimizer(entry, optim, schedule, key)
+    factors = parse_tag_factors(_setting(optim, "lr_multipliers"))
+    if factors:  # the chain's shape (and the state's) is unchanged without multipliers
+        optimizer = optax.chain(optimizer, scale_by_tags(factors))
     tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer)
     choice = _setting(optim, "eval_params")
     if choice != AUTO:
@@ -436,7 +473,11 @@ def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
             tx = hook.track(tx, optim)
         return OptimizerParts(tx, schedule, lambda opt_state: (choice, hook.select))
     if entry.eval_params is not None:  # the entry's hook reads its own state: (clip, entry)[1]
-        select = lambda state, params: entry.eval_params(state[1], params)  # noqa: E731
+
+        def select(state, params):
+            own = state[1][0] if factors else state[1]  # (entry, scale_by_tags) with factors
+            return entry.eval_params(own, params)
+
         return OptimizerParts(tx, schedule, lambda opt_state: (key, select))
 
     def auto(opt_state):

@@ -30,6 +30,7 @@ from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
+ATTENTION = ("attention",)  # the tag of every parameter of the attention (param_meta)
 GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 __all__ = [
@@ -199,8 +200,11 @@ class MultiHeadAttention(nn.Module):
                 muon=((0, 1), 2),
                 decay=True,
                 gpt2="h.{i}.attn.c_proj.weight",
+                tags=ATTENTION,
             ),
-            bias_init=declare(nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias"),
+            bias_init=declare(
+                nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias", tags=ATTENTION
+            ),
             name="proj",
             **dense_options(cfg),
         )(out_BxTxHxK)
@@ -223,9 +227,13 @@ def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
                 muon=(0, (2, 3)),
                 decay=True,
                 gpt2="h.{i}.attn.c_attn.weight",
+                tags=ATTENTION,
             ),
             bias_init=declare(
-                nn.initializers.zeros_init(), (None, "tensor", None), gpt2="h.{i}.attn.c_attn.bias"
+                nn.initializers.zeros_init(),
+                (None, "tensor", None),
+                gpt2="h.{i}.attn.c_attn.bias",
+                tags=ATTENTION,
             ),
             name="qkv",
             **dense_options(cfg),
@@ -234,16 +242,20 @@ def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
         return q_BxTxHxK, k_BxTxHxK, v_BxTxHxK
     q_BxTxHxK = nn.DenseGeneral(
         (cfg.n_head, cfg.head_dim),
-        kernel_init=declare(init, (None, "tensor", None), muon=(0, (1, 2)), decay=True),
-        bias_init=declare(nn.initializers.zeros_init(), ("tensor", None)),
+        kernel_init=declare(
+            init, (None, "tensor", None), muon=(0, (1, 2)), decay=True, tags=ATTENTION
+        ),
+        bias_init=declare(nn.initializers.zeros_init(), ("tensor", None), tags=ATTENTION),
         name="q",
         **dense_options(cfg),
     )(x_BxTxD)
     # G may be smaller than the tensor axis (multi-query: G = 1), so kv heads are not split.
     kv_BxTx2xGxK = nn.DenseGeneral(
         (2, cfg.kv_heads, cfg.head_dim),
-        kernel_init=declare(init, (None, None, None, None), muon=(0, (2, 3)), decay=True),
-        bias_init=declare(nn.initializers.zeros_init(), (None, None, None)),
+        kernel_init=declare(
+            init, (None, None, None, None), muon=(0, (2, 3)), decay=True, tags=ATTENTION
+        ),
+        bias_init=declare(nn.initializers.zeros_init(), (None, None, None), tags=ATTENTION),
         name="kv",
         **dense_options(cfg),
     )(x_BxTxD)

@@ -34,6 +34,7 @@ GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other
 
 # Muon reads a (D, F) or (F, D) kernel as one matrix: inputs then outputs.
 MATRIX = (0, 1)
+MLP_TAGS = ("mlp",)  # the tag of every parameter of the MLPs (param_meta)
 
 
 def norm(cfg: GPTConfig, name: str) -> nn.Module:
@@ -56,9 +57,12 @@ def out_proj(cfg: GPTConfig, gpt2: bool) -> nn.Dense:
             muon=MATRIX,
             decay=True,
             gpt2="h.{i}.mlp.c_proj.weight" if gpt2 else None,
+            tags=MLP_TAGS,
         ),
         bias_init=declare(
-            nn.initializers.zeros_init(), gpt2="h.{i}.mlp.c_proj.bias" if gpt2 else None
+            nn.initializers.zeros_init(),
+            gpt2="h.{i}.mlp.c_proj.bias" if gpt2 else None,
+            tags=MLP_TAGS,
         ),
         name="proj",
         **dense_options(cfg),
@@ -82,9 +86,13 @@ class MLP(nn.Module):
                 muon=MATRIX,
                 decay=True,
                 gpt2="h.{i}.mlp.c_fc.weight",
+                tags=MLP_TAGS,
             ),
             bias_init=declare(
-                nn.initializers.zeros_init(), ("tensor",), gpt2="h.{i}.mlp.c_fc.bias"
+                nn.initializers.zeros_init(),
+                ("tensor",),
+                gpt2="h.{i}.mlp.c_fc.bias",
+                tags=MLP_TAGS,
             ),
             name="fc",
             **dense_options(cfg),
@@ -108,8 +116,10 @@ class GatedMLP(nn.Module):
         cfg = self.cfg
 
         def dense(name):
-            kernel_init = declare(hidden_init(), (None, "tensor"), muon=MATRIX, decay=True)
-            bias_init = declare(nn.initializers.zeros_init(), ("tensor",))
+            kernel_init = declare(
+                hidden_init(), (None, "tensor"), muon=MATRIX, decay=True, tags=MLP_TAGS
+            )
+            bias_init = declare(nn.initializers.zeros_init(), ("tensor",), tags=MLP_TAGS)
             return nn.Dense(
                 cfg.mlp_dim,
                 kernel_init=kernel_init,

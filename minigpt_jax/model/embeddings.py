@@ -80,7 +80,9 @@ class Embeddings(nn.Module):
             jnp.float32,
             cfg.weight_dtype,
             # The mesh's tensor axis splits the vocabulary (minigpt_jax/sharding.py).
-            embedding_init=declare(init, ("tensor", None), decay=True, gpt2="wte.weight"),
+            embedding_init=declare(
+                init, ("tensor", None), decay=True, gpt2="wte.weight", tags=("embedding",)
+            ),
         )
         if POSITION_ENCODINGS[cfg.pos_encoding].learned:
             self.pos = nn.Embed(
@@ -88,7 +90,7 @@ class Embeddings(nn.Module):
                 cfg.n_embd,
                 jnp.float32,
                 cfg.weight_dtype,
-                embedding_init=declare(init, decay=True, gpt2="wpe.weight"),
+                embedding_init=declare(init, decay=True, gpt2="wpe.weight", tags=("embedding",)),
             )
         self.drop = nn.Dropout(cfg.dropout)
 

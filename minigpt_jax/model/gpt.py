@@ -63,7 +63,12 @@ class _HeadKernel(nn.Module):
         )
         # tensor splits the vocabulary; AdamW's, as the speedrun keeps its head.
         init = declare(
-            base, (None, "tensor"), decay=True, gpt2="lm_head.weight", gpt2_transpose=True
+            base,
+            (None, "tensor"),
+            decay=True,
+            gpt2="lm_head.weight",
+            gpt2_transpose=True,
+            tags=("head",),
         )
         return self.param("kernel", init, shape, cfg.weight_dtype)
 

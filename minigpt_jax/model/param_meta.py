@@ -8,10 +8,14 @@ for `nn.Partitioned`), and a `ParamMeta`:
           (optax.contrib.MuonDimensionNumbers); None: AdamW's (`optimizers.muon`)
   decay   whether decoupled weight decay applies (`optimizers.decay_mask`)
   gpt2    its GPT-2 tensor name ("h.{i}.mlp.c_fc.weight", {i} the layer), where the GPT-2 layout
-          has it (`io.pretrained`); gpt2_transpose: stored transposed there (an untied head)
+          has it (`gpt2.py`); gpt2_transpose: stored transposed there (an untied head)
+  tags    names of groups it belongs to, open to any plug-in: the built-in ones are "embedding"
+          (the token and position tables), "attention", "mlp" and "head" (an untied head);
+          `optim.lr_multipliers` and optimizer entries select parameters by tag
+          (`optimizers.scale_by_tags`, `param_meta.tags_of`), never by name
 
 A vector (a bias, a norm's scale: ndim <= 1) may go undeclared: AdamW, no decay, no GPT-2 name
-beyond what `io.pretrained` names itself. A matrix that nothing declares is an error naming its
+beyond what `gpt2.py` names itself. A matrix that nothing declares is an error naming its
 path (`metadata`), never a silent AdamW.
 
 `init_annotated_params` records every parameter's metadata by path (`record`), and the
@@ -41,6 +45,7 @@ class ParamMeta:
     decay: bool = False
     gpt2: str | None = None
     gpt2_transpose: bool = False
+    tags: tuple[str, ...] = ()
 
 
 VECTOR = ParamMeta()  # what an undeclared vector gets: AdamW, no decay
@@ -60,10 +65,13 @@ def declare(
     decay: bool = False,
     gpt2: str | None = None,
     gpt2_transpose: bool = False,
+    tags: tuple[str, ...] | list[str] = (),
 ) -> Callable[..., Declared]:
     """`init` whose output is boxed with mesh axes `axes` (one per dimension, None: not split;
     None for all: no split at all) and the metadata (see the module docstring)."""
-    meta = ParamMeta(muon, decay, gpt2, gpt2_transpose)
+    if isinstance(tags, str):
+        raise TypeError(f"declare(tags=...) takes a tuple of names, got the string {tags!r}.")
+    meta = ParamMeta(muon, decay, gpt2, gpt2_transpose, tuple(tags))
 
     def declared_init(*args, **kwargs) -> Declared:
         value = init(*args, **kwargs)
@@ -132,6 +140,11 @@ def lookup(path, leaf: Any) -> ParamMeta:
         f"decay): build the params with minigpt_jax.init_params (or init_annotated_params), "
         f"whose modules declare it with param_meta.declare."
     )
+
+
+def tags_of(path, leaf: Any) -> tuple[str, ...]:
+    """The tags the parameter at `path` declares (`lookup`'s metadata); () for none."""
+    return lookup(path, leaf).tags
 
 
 @contextlib.contextmanager

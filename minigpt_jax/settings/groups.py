@@ -237,6 +237,43 @@ class Loop:
 # ----------------------------------------------------------------------------- groups
 
 
+def parse_tag_factors(text: str) -> dict[str, float]:
+    """{tag: factor} of optim.lr_multipliers' "tag=factor,tag=factor" ("" is {}); raises
+    ValueError naming the part that is not a tag=finite non-negative number pair."""
+    factors: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        tag, equals, number = part.partition("=")
+        try:
+            factor = float(number)
+        except ValueError:
+            factor = math.nan
+        if not equals or not tag.strip() or not (math.isfinite(factor) and factor >= 0):
+            raise ValueError(
+                f"optim.lr_multipliers={text!r}: {part!r} is not tag=factor (a parameter tag, "
+                f"then a finite number >= 0), e.g. 'embedding=10,head=0.5'."
+            )
+        factors[tag.strip()] = factor
+    return factors
+
+
+class TagFactors:
+    """The allowed values of optim.lr_multipliers, checked by `parse_tag_factors`."""
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            return isinstance(value, str) and parse_tag_factors(value) is not None
+        except ValueError:
+            return False
+
+    def __iter__(self):
+        return iter(("", "tag=factor,..."))
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ValueError(f"optim.lr_multipliers must be a string, got {value!r}.")
+        parse_tag_factors(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Optim:
     """config.optim: the optimizer, its learning-rate schedule and gradient clipping."""
@@ -300,6 +337,15 @@ class Optim:
         "module:attr (optimizers.EVAL_PARAMS)",
         TRAJECTORY,
         type=str,
+    )
+    # Per-group rates (muP's per-group learning rates, a frozen group at 0) by the tags the
+    # parameters declare where they are created (param_meta.declare(tags=...)), never by name.
+    lr_multipliers: str = setting(
+        "",
+        "tag=factor,...: each update x the factors of its parameter's tags (embedding, "
+        "attention, mlp, head, or a plug-in's own); '': none",
+        TRAJECTORY,
+        choices=TagFactors(),
     )
 
 
