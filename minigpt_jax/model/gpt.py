@@ -35,7 +35,14 @@ from minigpt_jax.model.config import REMAT_POLICIES, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import NORM_EPS
-from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy, term_name, term_values
+from minigpt_jax.model.losses import (
+    CROSS_ENTROPY,
+    cross_entropy,
+    model_term_values,
+    per_token_terms,
+    term_name,
+    term_values,
+)
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
@@ -121,6 +128,10 @@ class GPT(nn.Module):
                 x_BxTxD, positions_BxT, deterministic, None if cache is None else cache[i]
             )
             new_cache.append(layer_cache)
+            # Each block's mean square output, for terms of the model's internals
+            # (losses.activation_l2); kept only when applied with mutable 'intermediates'.
+            square_mean = jnp.mean(jnp.square(x_BxTxD), dtype=jnp.float32)
+            self.sow("intermediates", "residual_sq", square_mean)
         return self.ln_f(x_BxTxD), None if cache is None else new_cache
 
     def __call__(
@@ -250,21 +261,33 @@ def next_token_loss_terms(
     rng: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """(losses_BxT, {term name: values_BxT}): the next-token cross-entropy as in
-    `next_token_losses`, and each loss term's per-token values (`losses.parse_terms`'s
-    ((key, weight), ...); the weights are the caller's), from one read-out of the features."""
+    `next_token_losses`, and each loss term's values in `terms`' order (`losses.parse_terms`'s
+    ((key, weight), ...); the weights are the caller's): a per-token term's from the same
+    read-out of the features, a term of the model's internals (one scalar, from the forward's
+    sown 'intermediates') broadcast to every token, so means and sums treat both alike."""
     _check_dropout_rng(cfg, train, rng)
-    h_BxTxD, _ = GPT(cfg).apply(
+    internal = len(per_token_terms(terms)) < len(terms)
+    outputs = GPT(cfg).apply(
         {"params": params},
         tokens_BxT1[:, :-1],
         deterministic=not train,
         rngs=_dropout_rngs(train, rng),
         method=GPT.hidden,
+        mutable=["intermediates"] if internal else False,
     )
+    (h_BxTxD, _), state = outputs if internal else (outputs, {})
     per_token_BxT = chunked_cross_entropy(
         h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg, terms
     )
     losses_BxT = per_token_BxT.pop(CROSS_ENTROPY)
-    return losses_BxT, per_token_BxT
+    scalars = model_term_values(terms, state.get("intermediates", {}), params, cfg)
+    values_BxT = {
+        name: per_token_BxT[name]
+        if name in per_token_BxT
+        else jnp.broadcast_to(scalars[name], losses_BxT.shape)
+        for name in (term_name(key) for key, _ in terms)
+    }
+    return losses_BxT, values_BxT
 
 
 def head_weight(params: Params, cfg: GPTConfig) -> Array:
@@ -311,7 +334,7 @@ def chunked_cross_entropy(
         values_JxZxE = chunk_losses((h_JxExD[0], targets_JxE[0]))[None]
     else:
         values_JxZxE = jax.lax.map(jax.checkpoint(chunk_losses), (h_JxExD, targets_JxE))
-    names = [CROSS_ENTROPY, *(term_name(key) for key, _ in terms)]
+    names = [CROSS_ENTROPY, *(term_name(key) for key, _ in per_token_terms(terms))]
     values_ZxM = values_JxZxE.swapaxes(0, 1).reshape(len(names), -1)[:, :rows]
     return {
         name: values_M.reshape(batch, length)

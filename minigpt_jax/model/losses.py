@@ -1,8 +1,15 @@
 """Loss terms added to the next-token cross-entropy: the registry `LOSS_TERMS`.
 
-A term is one function `(logits_ExV, targets_E) -> values_E`: a float32 value per scored token,
-computed from that token's logits (float32, V columns) and its target id, inside the same
-read-out as the cross-entropy (so `loss_chunk` chunks it too). A run's objective is
+A term is either
+- per token, a function `(logits_ExV, targets_E) -> values_E`: a float32 value per scored token,
+  computed from that token's logits (float32, V columns) and its target id, inside the same
+  read-out as the cross-entropy (so `loss_chunk` chunks it too); or
+- of the model's internals, `LossTerm(of_model=fn)`, `fn(intermediates, params, cfg) -> value`:
+  one float32 scalar from what the model sowed in the step's forward (`self.sow("intermediates",
+  name, value)` in any module; `sown(intermediates, name)` finds every value of a name) and the
+  params: a router's balance loss, an activation or weight penalty. The model is applied with
+  the 'intermediates' collection only when such a term is picked.
+A run's objective is
 
     mean(cross-entropy) + sum over terms of weight * mean(term)
 
@@ -22,10 +29,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.settings.registry import Registry, expect_shape, is_user_key
+from minigpt_jax.settings.registry import ContractError, Registry, expect_shape, is_user_key
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]
+ModelTermFn = Callable[[Any, Any, Any], Array]  # (intermediates, params, cfg) -> scalar
 
 # The aux key of the plain next-token cross-entropy, logged beside the terms.
 CROSS_ENTROPY = "cross_entropy"
@@ -43,10 +51,37 @@ def cross_entropy(logits_ExV: Array, targets_E: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
-    """A per-token term and the weight it gets when `loss.terms` gives none."""
+    """A term (per token, or of the model's internals) and the weight it gets when
+    `loss.terms` gives none. Exactly one of `per_token` and `of_model` is set."""
 
-    per_token: TermFn
+    per_token: TermFn | None = None
     weight: float = 1.0
+    of_model: ModelTermFn | None = None
+
+    def __post_init__(self):
+        if (self.per_token is None) == (self.of_model is None):
+            raise ValueError(
+                "a LossTerm takes exactly one of per_token=(logits_ExV, targets_E) -> values_E "
+                "and of_model=(intermediates, params, cfg) -> scalar."
+            )
+
+
+def sown(intermediates: Any, name: str) -> list[Array]:
+    """Every value sown under `name` anywhere in the 'intermediates' tree, in tree order (one
+    per call of `sow`: a module applied in each block gives one per block)."""
+    found = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(intermediates):
+        keys = [str(getattr(k, "key", "")) for k in path]
+        if name in keys:
+            found.append(leaf)
+    return found
+
+
+def activation_l2(intermediates: Any, params: Any, cfg: Any) -> Array:
+    """The mean over blocks of mean(x²) of each block's output (`residual_sq`, sown by
+    `GPT.hidden`): a penalty on the residual stream's size."""
+    del params, cfg
+    return jnp.mean(jnp.stack(sown(intermediates, "residual_sq")))
 
 
 def z_loss(logits_ExV: Array, targets_E: Array) -> Array:
@@ -57,8 +92,11 @@ def z_loss(logits_ExV: Array, targets_E: Array) -> Array:
 
 
 def _term_contract(term: LossTerm, loss: Any) -> None:
-    """term.per_token(logits_ExV, targets_E) is values_E: one float per scored token."""
+    """term.per_token(logits_ExV, targets_E) is values_E: one float per scored token (a term of
+    the model's internals is checked when the step is traced: its value must be a scalar)."""
     del loss
+    if term.per_token is None:
+        return
     logits_ExV = jax.ShapeDtypeStruct((6, 11), jnp.float32)
     targets_E = jax.ShapeDtypeStruct((6,), jnp.int32)
     values = jax.eval_shape(term.per_token, logits_ExV, targets_E)
@@ -73,7 +111,10 @@ def _term_keys(spec: str) -> list[str]:
 LOSS_TERMS: Registry[LossTerm] = Registry(
     "loss term",
     "loss.terms",
-    {"z_loss": LossTerm(z_loss, weight=1e-4)},
+    {
+        "z_loss": LossTerm(z_loss, weight=1e-4),
+        "activation_l2": LossTerm(of_model=activation_l2, weight=1e-3),
+    },
     entry_class=LossTerm,
     arity=2,
     shape="a function (logits_ExV, targets_E) -> values_E (one value per token) or a LossTerm",
@@ -119,8 +160,32 @@ def term_name(key: str) -> str:
     return key.rpartition(":")[2].rpartition(".")[2] if is_user_key(key) else key
 
 
+def per_token_terms(terms: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """The terms computed per token from the logits (the rest read the model's internals)."""
+    return tuple(term for term in terms if LOSS_TERMS[term[0]].per_token is not None)
+
+
+def model_term_values(terms, intermediates: Any, params: Any, cfg: Any) -> dict[str, Array]:
+    """{name: float32 scalar} of each term of the model's internals among `terms`; raises
+    ContractError naming a term whose value is not a scalar."""
+    values = {}
+    for key, _ in terms:
+        entry = LOSS_TERMS[key]
+        if entry.of_model is None:
+            continue
+        value = jnp.asarray(entry.of_model(intermediates, params, cfg), jnp.float32)
+        if value.shape != ():
+            raise ContractError(
+                f"loss term {key!r} returned shape {value.shape}: a term of the model's "
+                f"internals returns one scalar (e.g. the mean of what it read)."
+            )
+        values[term_name(key)] = value
+    return values
+
+
 def term_values(terms: tuple[tuple[str, float], ...], logits_ExV: Array, targets_E: Array):
-    """[values_E of each term], in float32."""
+    """[values_E of each per-token term], in float32."""
     return [
-        LOSS_TERMS[key].per_token(logits_ExV, targets_E).astype(jnp.float32) for key, _ in terms
+        LOSS_TERMS[key].per_token(logits_ExV, targets_E).astype(jnp.float32)
+        for key, _ in per_token_terms(terms)
     ]

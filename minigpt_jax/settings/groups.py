@@ -203,6 +203,13 @@ class Loop:
         low=1,
         high=STEP_LIMIT,
     )
+    step_metrics: str = setting(
+        "",
+        "comma-separated per-step metrics of the gradients and updates, logged beside the "
+        "loss: grad_norm_by_tag | update_ratio (train/step_metrics.py) or module:attr",
+        BOOKKEEPING,
+        type=str,
+    )
     log_every: int = setting(
         10,
         "steps between progress-bar and TensorBoard updates",

@@ -43,6 +43,7 @@ from minigpt_jax.train.step import (
     make_train_chunk,
     state_shardings,
 )
+from minigpt_jax.train.step_metrics import parse_step_metrics
 
 _log = logging.getLogger(__name__)
 OnPhase = Callable[[str, "int | None"], None]  # (setup step starting, step the run stands at)
@@ -217,6 +218,7 @@ def _compile(run: Run, optimizer: Any) -> None:
         run.shardings,
         grad_accum_steps=run.config.grad_accum_steps,
         terms=run.terms,
+        step_metrics=parse_step_metrics(run.config.step_metrics),
     )
     run.train_chunk = chunk.lower(run.state, train_batches(run, run.step)).compile()
     budget.check_compiled_fits(run.train_chunk, run.mesh)

@@ -23,6 +23,7 @@ from minigpt_jax.model.gpt import (
     next_token_loss_terms,
 )
 from minigpt_jax.model.losses import CROSS_ENTROPY
+from minigpt_jax.train.step_metrics import step_metric_values
 
 Array = chex.Array
 
@@ -127,9 +128,11 @@ def train_step(
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
     terms: LossTerms = (),
+    step_metrics: tuple[str, ...] = (),
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer step. Metrics: loss (the objective, before the update), grad_norm (before
-    clipping), lr, and every aux value of the loss under its own name.
+    clipping), lr, every aux value of the loss under its own name, and the values of the
+    `step_metrics` entries (`step_metrics.STEP_METRICS`: of the gradients, updates and params).
 
     grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
     (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
@@ -144,7 +147,9 @@ def train_step(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
-    return new_state, {**aux, **metrics}
+    metrics.update(aux)
+    metrics.update(step_metric_values(step_metrics, grads, updates, state.params, set(metrics)))
+    return new_state, metrics
 
 
 def state_shardings(cfg: GPTConfig, tx: optax.GradientTransformation, mesh: Mesh) -> Any:
@@ -174,6 +179,7 @@ def make_train_chunk(
     grad_accum_steps: int = 1,
     *,
     terms: LossTerms = (),
+    step_metrics: tuple[str, ...] = (),
     donate: bool = True,
 ):
     """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
@@ -182,7 +188,7 @@ def make_train_chunk(
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
     over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
-    terms added to the cross-entropy."""
+    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys."""
     step = functools.partial(
         train_step,
         cfg=cfg,
@@ -190,6 +196,7 @@ def make_train_chunk(
         schedule=schedule,
         grad_accum_steps=grad_accum_steps,
         terms=terms,
+        step_metrics=step_metrics,
     )
 
     def train_chunk(state, batches_CxBxT1):
