@@ -30,7 +30,7 @@ from minigpt_jax.settings.registry import (
     RegistryError,
     is_user_key,
 )
-from minigpt_jax.train import step_metrics  # noqa: F401 (its registry picks step_metrics)
+from minigpt_jax.train import hooks, step_metrics  # noqa: F401 (their registries pick hooks, step_metrics)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer

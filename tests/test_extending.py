@@ -102,6 +102,8 @@ def test_the_docs_hold_every_example():
         "my_metrics.py",
         "my_formats.py",
         "my_config.py",
+        "my_aux.py",
+        "my_hooks.py",
     }
 
 

@@ -450,4 +450,24 @@ class Eval:
 
 
 # The groups of a run config besides `model` (GPTConfig, minigpt_jax.model.config), by key.
-GROUPS: dict[str, type] = {"optim": Optim, "data": Data, "mesh": Mesh, "loss": Loss, "eval": Eval}
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """config.hooks: code the training loop calls at steps, evaluations and checkpoints
+    (minigpt_jax/train/hooks.py); the picked hooks' own settings join this group."""
+
+    names: str = setting(
+        "",
+        "comma-separated hooks: samples (train/hooks.py) or module:attr; '': none",
+        BOOKKEEPING,
+        type=str,
+    )
+
+
+GROUPS: dict[str, type] = {
+    "optim": Optim,
+    "data": Data,
+    "mesh": Mesh,
+    "loss": Loss,
+    "eval": Eval,
+    "hooks": Hooks,
+}

@@ -27,6 +27,7 @@ from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.train.evaluation import evaluate
+from minigpt_jax.train.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.setup import Run, set_up, train_batches
 
@@ -141,10 +142,12 @@ def train_and_evaluate(
 
 def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int) -> None:
     """The loop: chunks of steps up to last_step, each evaluated and checkpointed on its
-    cadence; a signal is answered with a checkpoint after the chunk in flight."""
+    cadence, the hooks (config.hooks) called after; a signal, or a hook asking to stop, is
+    answered with a checkpoint after the chunk in flight."""
     run, config = trainer.run, trainer.run.config
+    hooks = Hooks(config)
     if run.pending_evaluation:  # a signal stopped this step's evaluation before it resumed
-        if _evaluate(trainer, log, run.step, stop):
+        if _evaluate(trainer, log, run.step, stop) is not None:
             trainer.save()  # the same step, its evaluation done
             log.flush()
         else:
@@ -165,17 +168,24 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
         end = first_step + config.steps_per_call
         evaluate_now = end % config.eval_every == 0 or end == config.num_steps
         save_now = end % config.checkpoint_every == 0 or end == last_step
-        if not (evaluate_now or save_now or stop.requested()):
+        hook_now = hooks.wants_step(end)
+        if not (evaluate_now or save_now or hook_now or stop.requested()):
             continue
         log.drain()
-        evaluated = _evaluate(trainer, log, end, stop) if evaluate_now else True
+        results = _evaluate(trainer, log, end, stop) if evaluate_now else None
+        evaluated = results is not None or not evaluate_now
+        hook_stop = trainer.call_hooks(hooks, log, hooks.step) if hook_now else False
+        if results is not None:
+            hook_stop |= trainer.call_hooks(hooks, log, hooks.evaluation, *results)
         # Decided after the evaluation: a signal during it is answered by this save.
-        if save_now or stop.requested():
+        if save_now or stop.requested() or hook_stop:
             trainer.save(pending_evaluation=not evaluated)
             log.flush()
-            if stop.requested():
+            hook_stop |= trainer.call_hooks(hooks, log, hooks.checkpoint, saved=True)
+            if stop.requested() or hook_stop:
+                why = "a hook asked to stop" if hook_stop else f"{stop.signal_name} received"
                 log.message(
-                    f"{stop.signal_name} received: checkpoint saved at step {end}"
+                    f"{why}: checkpoint saved at step {end}"
                     + ("" if evaluated else " (its evaluation was stopped; it runs first")
                     + ("" if evaluated else " when the run resumes)")
                     + "; rerun the same command to resume."
@@ -231,6 +241,37 @@ class Trainer:
             run.best_val = val_loss
             run.checkpointer.save_best(step, params, {**run.meta, "val_loss": val_loss})
         return val, train
+
+    def call_hooks(
+        self,
+        hooks: Hooks,
+        log: RunLogger,
+        call: Callable[..., bool],
+        *args: Any,
+        saved: bool = False,
+    ) -> bool:
+        """call(context, *args) for the step the run stands at: whether a hook asks to stop. A
+        hook's exception is raised as a plug-in error once the trained steps are in a
+        checkpoint (`saved`: they already are)."""
+        if not hooks.hooks:
+            return False
+        run = self.run
+        context = HookContext(
+            step=run.step,
+            config=run.config,
+            cfg=run.cfg,
+            state=run.state,
+            params=self.eval_params(),
+            tokenizer=run.dataset.tokenizer,
+            workdir=run.checkpointer.workdir,
+        )
+        try:
+            return call(context, *args)
+        except HookError as error:
+            if not saved:
+                self.save()
+                log.flush()
+            raise hook_plugin_error(error, run.step) from error.error
 
     def eval_params(self) -> Any:
         """The params evaluation, best/, sampling and export use (optim.eval_params): the
@@ -297,13 +338,15 @@ class Trainer:
             raise non_finite_error("parameters", step, self.run.checkpointer)
 
 
-def _evaluate(trainer: Trainer, log: RunLogger, step: int, stop: TrainingStop) -> bool:
-    """Evaluates at `step` and records it; False if a signal stopped it between batches."""
+def _evaluate(
+    trainer: Trainer, log: RunLogger, step: int, stop: TrainingStop
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Evaluates at `step` and records it: (val, train) results, or None if a signal stopped it
+    between batches."""
     results = trainer.evaluate_and_keep_best(step, should_stop=stop.requested)
-    if results is None:
-        return False
-    log.evaluation(step, *results)
-    return True
+    if results is not None:
+        log.evaluation(step, *results)
+    return results
 
 
 def _stopped_before_training(
