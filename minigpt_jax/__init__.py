@@ -9,10 +9,7 @@ The public API, each name loaded from its module on first use (so that importing
 
 import importlib
 
-from minigpt_jax import _moved
-
 __version__ = "0.1.0"
-_moved.install()  # old module paths (minigpt_jax.io.pretrained, ...) keep working
 
 # name -> the module that defines it
 _PUBLIC = {

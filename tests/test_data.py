@@ -6,9 +6,6 @@ No test touches the network: every path that could download replaces sources._do
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -375,41 +372,3 @@ def test_a_split_of_one_token_id_warns_naming_the_corpus(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         prepare_dataset("text", _write_corpus(tmp_path, "the cat sat. " * 90), "char", 0, 8, None)
     assert _warnings(caplog) == []
-
-
-def test_the_old_module_paths_of_the_data_package_still_resolve():
-    """data/memory.py and data/shards.py were split into modules (issue 27): their names still
-    import from the old paths, with a DeprecationWarning naming the module that holds each."""
-    script = """
-import warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    from minigpt_jax.data.memory import get_batch, load_text, prepare_dataset, TOKENIZERS
-    from minigpt_jax.data.shards import FORMAT, prepare_shards, sharded_dataset
-from minigpt_jax.data import dataset, in_memory, sources, tokenizers
-from minigpt_jax.data.shards import layout, prepare, read
-assert (get_batch, load_text, prepare_dataset, TOKENIZERS) == (
-    dataset.get_batch, sources.load_text, in_memory.prepare_dataset, tokenizers.TOKENIZERS)
-assert (FORMAT, prepare_shards, sharded_dataset) == (
-    layout.FORMAT, prepare.prepare_shards, read.sharded_dataset)
-for message in sorted({str(w.message) for w in caught}):
-    print(message)
-"""
-    root = str(Path(__file__).resolve().parents[1])
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": root},
-        check=True,
-    )
-    printed = result.stdout.splitlines()
-    assert printed[0].startswith("minigpt_jax.data.memory has moved: import from")
-    assert printed[1:] == [
-        f"minigpt_jax.data.shards.{name} has moved: import it from minigpt_jax.data.shards.{home}"
-        for name, home in (
-            ("FORMAT", "layout"),
-            ("prepare_shards", "prepare"),
-            ("sharded_dataset", "read"),
-        )
-    ]

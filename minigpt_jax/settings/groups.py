@@ -3,8 +3,8 @@
 A setting is a field of a typed group declared with `setting(...)`: `GPTConfig` (the model
 group, minigpt_jax.model.config) and the groups below (loop settings at the top level, `optim`,
 `data`, `mesh`, `loss`). Everything else derives from these declarations: the keys a config may
-hold and the "did you mean" of a typo (`run_config`), the range checks, what may change on
-resume (`resume`), what a fine-tune may change and what GPT-2's layout needs (`pretrained`), and
+hold and the "did you mean" of a typo (`experiment`), the range checks, what may change on
+resume (`train.resume`), what a fine-tune may change and what GPT-2's layout needs (`gpt2`), and
 the defaults a config file starts from, so `configs/*.py` state only what differs.
 
 Kinds:

@@ -65,7 +65,7 @@ class PluginError(Exception):
         return "\n".join([self.header, *self.frames])
 
 
-# Every registry by the config key that picks its entries (run_config walks them).
+# Every registry by the config key that picks its entries (experiment.py walks them).
 REGISTRIES: dict[str, Registry] = {}
 # {module name: (file, [picking keys])} of every user module a registry key imported.
 _USER_MODULES: dict[str, tuple[str | None, list[str]]] = {}
