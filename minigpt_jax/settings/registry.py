@@ -33,11 +33,13 @@ import importlib
 import importlib.util
 import inspect
 import linecache
+import logging
 import os
 import sys
 import traceback
 import types
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -55,14 +57,15 @@ class ContractError(Exception):
 
 class PluginError(Exception):
     """An exception raised in user code: `header` names the config key and `module:attr`,
-    `frames` the user's own frames (path:line and the source line); `__cause__` the original."""
+    `frames` the user's own frames (path:line and the source line), `note` (optional) what was
+    kept and how to go on; `__cause__` the original."""
 
-    def __init__(self, header: str, frames: list[str]):
+    def __init__(self, header: str, frames: list[str], note: str = ""):
         super().__init__(header)
-        self.header, self.frames = header, frames
+        self.header, self.frames, self.note = header, frames, note
 
     def __str__(self) -> str:
-        return "\n".join([self.header, *self.frames])
+        return "\n".join([self.header, *self.frames, *([self.note] if self.note else [])])
 
 
 # Every registry by the config key that picks its entries (run_config walks them).
@@ -177,6 +180,40 @@ def plugin_error(error: BaseException, *, where: str | None = None) -> PluginErr
     text = str(error).splitlines()[0] if str(error) else "no detail"
     header = f"error in user code of {where}: {type(error).__name__}: {text}"
     return PluginError(header, frames)
+
+
+# jax logs an exception raised in a host callback (jax.pure_callback, io_callback,
+# debug.callback) at length, then XLA raises a JaxRuntimeError whose traceback holds none of the
+# user's frames: `host_callback_errors` keeps the original and silences the log.
+_CALLBACK_LOGGERS = ("jax._src.callback", "jax._src.debugging")
+
+
+class _KeepCallbackErrors(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None:
+            return True
+        self.errors.append(error)
+        return False
+
+
+@contextmanager
+def host_callback_errors() -> Iterator[list[BaseException]]:
+    """Within: the exceptions user code raises in jax host callbacks are collected in the list
+    it yields (oldest first), not logged; `plugin_error` of one names its key and frames."""
+    keep = _KeepCallbackErrors()
+    loggers = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(keep)
+    try:
+        yield keep.errors
+    finally:
+        for logger in loggers:
+            logger.removeFilter(keep)
 
 
 # ----------------------------------------------------------------------------- digests
