@@ -81,3 +81,30 @@ def test_a_metric_raising_in_the_evaluation_keeps_the_steps_and_is_named(user_di
     again = _train(user_dir, "--config.eval.metrics=bad_metric:boom")
     assert again.returncode == 1 and _error_lines(again.stderr) == lines, again.stderr
     assert steps(user_dir / "run" / "checkpoints") == [4]
+
+
+ACTIVATION = """\
+import jax.numpy as jnp
+from my_scale import SCALE
+
+
+def scaled_tanh(x):
+    return jnp.tanh(x) * SCALE
+"""
+
+
+def test_editing_a_helper_module_of_a_plugin_is_a_change_of_code(user_dir):
+    """Issue 40, defect 7: a module the plug-in imports was edited and the run resumed silently
+    (it drifted from 3.2617 to 3.3703); sample, eval and export said nothing either."""
+    _write(user_dir, "my_act.py", ACTIVATION)
+    _write(user_dir, "my_scale.py", "SCALE = 1.0\n")
+    activation = "--config.model.activation=my_act:scaled_tanh"
+    _train(user_dir, activation, check=True, num_steps=2, eval_every=2, checkpoint_every=2)
+    _write(user_dir, "my_scale.py", "SCALE = 1.0  # a comment counts: the source's digest\n")
+    refused = _train(user_dir, activation, num_steps=2, eval_every=2, checkpoint_every=2)
+    assert refused.returncode == 1
+    assert "the source of module my_scale (sha256 " in refused.stderr, refused.stderr
+    assert "--allow_resume_changes" in refused.stderr
+    sampled = cli_in(user_dir, "sample", "--workdir", "run", "--max_new_tokens=4")
+    (warning,) = [line for line in sampled.stderr.splitlines() if "plug-in code" in line]
+    assert "run was trained with other plug-in code: the source of module my_scale" in warning
