@@ -5,6 +5,7 @@ shaped for a fine-tuning config (`params_for`)."""
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import shutil
@@ -37,6 +38,9 @@ from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.settings.groups import SPEED, declarations
+from minigpt_jax.settings.registry import changed_user_modules
+
+_log = logging.getLogger(__name__)
 
 
 class LoadedModel(NamedTuple):
@@ -51,6 +55,7 @@ def load_run(workdir: str | Path, checkpoint: str = "latest") -> LoadedModel:
     """(cfg, params, tokenizer) of a run's workdir: its checkpoint ('latest' or 'best') and the
     tokenizer `minigpt-jax train` saved beside it."""
     params, meta = load_params(workdir, checkpoint)
+    _warn_if_plugins_changed(workdir, meta.get("plugins") or {})
     cfg = GPTConfig(**meta["gpt_config"])
     tokenizer_path = RunDir(workdir).tokenizer
     if not tokenizer_path.exists():
@@ -59,6 +64,22 @@ def load_run(workdir: str | Path, checkpoint: str = "latest") -> LoadedModel:
             "`minigpt-jax train`, which saves its tokenizer there."
         )
     return LoadedModel(cfg, params, load_tokenizer(tokenizer_path))
+
+
+def _warn_if_plugins_changed(workdir: str | Path, recorded: dict[str, str]) -> None:
+    """Warns (one line) when a module of the user's own that the run imported
+    (registry.user_module_digests, recorded in its checkpoint) was edited since: the model may
+    then compute something else than it was trained with. `train` refuses to resume on it;
+    sampling, evaluating and exporting go on, since a comment-only edit changes the digest too."""
+    changed = changed_user_modules(recorded)
+    if changed:
+        _log.warning(
+            "%s was trained with other plug-in code: the source of %s changed since; the model "
+            "may compute something else than it was trained with (restore the module to get "
+            "the trained model back).",
+            workdir,
+            "; ".join(changed),
+        )
 
 
 def load_model(path: str | Path, checkpoint: str = "latest") -> LoadedModel:

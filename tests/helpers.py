@@ -2,6 +2,7 @@
 CLI in a subprocess, and the crash tests' run settings and run-directory readers. The fixtures
 built from these live in conftest.py."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,24 @@ def crash_train_args(workdir, corpus_file) -> list[str]:
 def run(args, **kwargs) -> subprocess.CompletedProcess:
     """A command from the repository root, its output captured as text (5 min at most)."""
     return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO, **kwargs)
+
+
+def cli_in(folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -m minigpt_jax ARGS` run from a user's folder (on PYTHONPATH beside this
+    checkout), as a researcher would; check: assert it exits 0."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(folder)])}
+    env.pop("MINIGPT_JAX_TRACEBACK", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+        env=env,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def steps(directory: Path) -> list[int]:

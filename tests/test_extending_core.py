@@ -5,8 +5,6 @@ run's identity that includes the plug-ins' source."""
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import cli_in
 
 from minigpt_jax import forward, init_params
 from minigpt_jax.experiment import check_experiment_config, default_config, gpt_config_from
@@ -55,25 +54,8 @@ def _write(folder: Path, name: str, source: str) -> Path:
     return path
 
 
-def _cli(folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m minigpt_jax ARGS` run from the user's folder, as a researcher would."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(folder)])}
-    env.pop("MINIGPT_JAX_TRACEBACK", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "minigpt_jax", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=folder,
-        env=env,
-    )
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
 def _train(folder: Path, workdir: str, *extra: str, check: bool = True):
-    return _cli(
+    return cli_in(
         folder,
         "train",
         "--config",
@@ -108,7 +90,7 @@ def user_dir(tmp_path, monkeypatch):
 
 def test_an_entry_setting_is_listed_overridden_checked_and_recorded(user_dir):
     pick = "--config.model.attention_mask=my_masks:sliding_window"
-    listed = _cli(user_dir, "settings", "--config", TINY, pick, "--config.model.window=8")
+    listed = cli_in(user_dir, "settings", "--config", TINY, pick, "--config.model.window=8")
     (line,) = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["window"]]
     assert line.split()[:3] == ["window", "8", "model"]
     assert "my_masks:sliding_window" in line

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -340,3 +341,51 @@ def test_corpus_and_tokenizer_entries_of_your_own(tmp_path, monkeypatch):
     assert again.digest == dataset.digest  # the saved tokenizer is reused on a second start
     with pytest.raises(ValueError, match=r"data.tokenizer='my_data:nothing' names user code"):
         TOKENIZERS.check("my_data:nothing")
+
+
+def test_a_document_too_long_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    """Issue 40, defect 5: a 256 MB-1 GB CSV row (or .jsonl line) was read whole and encoded,
+    driving the process past 7-9 GB. Here with the limit lowered to 1 MiB: a 4 MB row without a
+    newline is refused, naming the limit, with no more than about the limit allocated."""
+    monkeypatch.setattr(corpus, "MAX_DOCUMENT_BYTES", 1 << 20, raising=False)
+    long_text = "word " * 800_000  # 4 MB, no newline
+    write_csv(tmp_path / "a.csv", ["short", long_text])
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": long_text}))
+    (tmp_path / "c.csv").write_text('text\n"' + "line\n" * 300_000 + '"\n')  # one quoted cell
+    for name, what in (
+        ("a.csv", "line 3"),
+        ("b.jsonl", "the line at byte 0"),
+        ("c.csv", "the cell running to line"),
+    ):
+        tracemalloc.start()
+        try:
+            with pytest.raises(ValueError, match=rf"{name}: {what}.*longer than 1 MiB.*MAX_DOC"):
+                load_text("text", tmp_path / name)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        if name != "c.csv":  # (csv holds a cell's characters 4 bytes each)
+            assert peak < 4 << 20, (name, peak)  # the 4 MB document was never held whole
+
+
+def test_a_dictionary_encoded_parquet_column_is_strings(tmp_path):
+    """Issue 40: a categorical (dictionary-encoded) string column was refused as "not strings"."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"text": pa.array(DOCUMENTS).dictionary_encode()})
+    pq.write_table(table, tmp_path / "a.parquet")
+    assert load_text("text", tmp_path / "a.parquet") == EXPECTED
+
+
+def test_an_empty_or_truncated_parquet_file_is_named(tmp_path):
+    """Issue 40: `ArrowInvalid: Parquet file size is 0 bytes`, in a directory of five files."""
+    for i in range(3):
+        write_parquet(tmp_path / f"{i}.parquet")
+    (tmp_path / "3.parquet").write_bytes(b"")
+    whole = (tmp_path / "0.parquet").read_bytes()
+    (tmp_path / "4.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"/3.parquet is not a readable parquet file.*0 bytes"):
+        load_text("text", tmp_path)
+    (tmp_path / "3.parquet").unlink()
+    with pytest.raises(ValueError, match=r"/4.parquet is not a readable parquet file.*truncated"):
+        load_text("text", tmp_path)

@@ -15,7 +15,7 @@ from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
 from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
-from minigpt_jax.settings.registry import Registry, RegistryError
+from minigpt_jax.settings.registry import Registry, RegistryError, imported_user_modules
 
 
 def test_names_and_user_attributes_resolve():
@@ -242,3 +242,21 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_the_rest():
     embed_update = np.asarray(updates["embed"]["tok"]["embedding"])
     embed_grad = np.asarray(grads["embed"]["tok"]["embedding"])
     np.testing.assert_array_equal(np.sign(embed_update), -np.sign(embed_grad))
+
+
+def test_the_user_modules_a_plugin_imports_are_found_in_its_source(tmp_path, monkeypatch):
+    """Issue 40, defect 7: the digest covered the plug-in's own module only. Its imports at the
+    top, inside a function and relative ones count; the library's and the stdlib's do not."""
+    pkg = tmp_path / "my_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plug.py").write_text(
+        "import json\nimport numpy as np\nfrom . import near\n\n\n"
+        "def entry(x):\n    from my_far import FAR\n    return x * FAR\n"
+    )
+    (pkg / "near.py").write_text("from minigpt_jax.settings import registry\nNEAR = 1\n")
+    (tmp_path / "my_far.py").write_text("import my_farther\nFAR = 2\n")
+    (tmp_path / "my_farther.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = imported_user_modules("my_pkg.plug")
+    assert sorted(found) == ["my_far", "my_farther", "my_pkg", "my_pkg.near"]

@@ -38,6 +38,20 @@ from minigpt_jax.settings.registry import Registry
 _READ_BYTES = 1 << 20  # one read of a .txt file
 _MAX_CARRY_CHARS = 1 << 24  # a .txt stretch with no safe BPE cut is cut here anyway
 _PARQUET_BATCH_ROWS = 1024  # rows of a parquet record batch: bounds RAM on any file size
+# The longest document (a .jsonl line, a .csv row, a .parquet or user format's document) read:
+# each is encoded whole, at up to ~95 bytes of RAM a byte (budget.TEXT_BYTES_PER_BYTE), so a
+# longer one is refused, a .jsonl line or .csv row before it is read whole. A .txt file is
+# cut into pieces instead (shards) or is held whole under the memory budget (data.format memory).
+MAX_DOCUMENT_BYTES = 1 << 24
+
+
+def _too_long(where: str, what: str) -> ValueError:
+    return ValueError(
+        f"{where}: {what} is longer than {MAX_DOCUMENT_BYTES / 2**20:,.0f} MiB, the longest "
+        "document a corpus may hold (corpus.MAX_DOCUMENT_BYTES; each document is encoded "
+        "whole, at up to ~95 bytes of RAM a byte): split it into several documents (rows or "
+        "lines), or put it in a .txt file of its own, which is read in pieces."
+    )
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,8 @@ def _record_pieces(source: Source, index: int, skip: int, data: Any) -> Iterator
                 f"yielded {type(text).__name__}, not a document string; its read(path, data) "
                 f"must yield str."
             )
+        if len(text) > MAX_DOCUMENT_BYTES:
+            raise _too_long(source.path, f"document {read + 1}")
         following = next(documents, _END)
         read += 1
         yield Piece(text, True, (index + 1, 0) if following is _END else (index, read))
@@ -168,7 +184,9 @@ def _txt_pieces(file, source, index, offset, data, safe_cut) -> Iterator[Piece]:
 def _jsonl_pieces(file, source, index, offset, data, safe_cut) -> Iterator[Piece]:
     del safe_cut
     text_field = data.text_field
-    for line in iter(file.readline, b""):
+    for line in iter(lambda: file.readline(MAX_DOCUMENT_BYTES + 1), b""):
+        if len(line) > MAX_DOCUMENT_BYTES:
+            raise _too_long(source.path, f"the line at byte {offset}")
         line_start, offset = offset, offset + len(line)
         if not line.strip():
             continue
@@ -213,10 +231,10 @@ def _missing_column(path: str, field: str, columns: list[str]) -> ValueError:
 def _read_csv(path: str, data: Any) -> Iterator[str]:
     """The cells of column data.text_field, one document per row (a header row first)."""
     field = data.text_field
-    csv.field_size_limit(2**31 - 1)  # a document may be longer than the module's 128 KiB
+    csv.field_size_limit(MAX_DOCUMENT_BYTES)  # a document may be longer than its 128 KiB
     try:
         with open(path, newline="", encoding="utf-8-sig") as file:
-            reader = csv.reader(file)
+            reader = csv.reader(_bounded_lines(file, path))
             header = next(reader, None)
             if header is None:
                 return
@@ -238,7 +256,18 @@ def _read_csv(path: str, data: Any) -> Iterator[str]:
             f"convert it to UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path} > converted.csv`."
         ) from None
     except csv.Error as error:
+        if "field larger than field limit" in str(error):
+            raise _too_long(path, f"the cell running to line {reader.line_num}") from None
         raise ValueError(f"{path} is not a readable CSV file ({error}); fix the file.") from None
+
+
+def _bounded_lines(file, path: str) -> Iterator[str]:
+    """The lines of a text file, refusing one longer than MAX_DOCUMENT_BYTES characters before
+    it is read whole (iterating the file would read a row without newlines at once)."""
+    for number, line in enumerate(iter(lambda: file.readline(MAX_DOCUMENT_BYTES + 1), ""), 1):
+        if len(line) > MAX_DOCUMENT_BYTES:
+            raise _too_long(path, f"line {number}")
+        yield line
 
 
 def _read_parquet(path: str, data: Any) -> Iterator[str]:
@@ -252,18 +281,30 @@ def _read_parquet(path: str, data: Any) -> Iterator[str]:
             "pip install 'minigpt-jax[parquet]'."
         ) from None
     field = data.text_field
-    file = pq.ParquetFile(path)
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise _not_parquet(path, error) from None
     schema = file.schema_arrow
     if field not in schema.names:
         raise _missing_column(path, field, schema.names)
     kind = schema.field(field).type
+    if pa.types.is_dictionary(kind):  # dictionary-encoded strings (a categorical) are strings
+        kind = kind.value_type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ValueError(
             f"{path}: column {field!r} holds {kind}, not strings; set data.text_field to the "
             f"column that holds the text."
         )
     row = 0
-    for batch in file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[field]):
+    batches = file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[field])
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as error:  # a damaged row group, read late
+            raise _not_parquet(path, error) from None
+        if batch is None:
+            return
         for text in batch.column(0).to_pylist():
             if text is None:
                 raise ValueError(
@@ -272,6 +313,13 @@ def _read_parquet(path: str, data: Any) -> Iterator[str]:
                 )
             row += 1
             yield text
+
+
+def _not_parquet(path: str, error: Exception) -> ValueError:
+    return ValueError(
+        f"{path} is not a readable parquet file ({type(error).__name__}: {str(error).rstrip('.')}; "
+        "empty, truncated or damaged): write it again, or move it out of data.path."
+    )
 
 
 TXT = FileFormat(_read_txt, (".txt",), "txt", sized=True, pieces=_txt_pieces)

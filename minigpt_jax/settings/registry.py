@@ -26,6 +26,7 @@ A leaf module: it imports nothing of minigpt_jax.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import hashlib
@@ -33,11 +34,13 @@ import importlib
 import importlib.util
 import inspect
 import linecache
+import logging
 import os
 import sys
 import traceback
 import types
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -55,14 +58,15 @@ class ContractError(Exception):
 
 class PluginError(Exception):
     """An exception raised in user code: `header` names the config key and `module:attr`,
-    `frames` the user's own frames (path:line and the source line); `__cause__` the original."""
+    `frames` the user's own frames (path:line and the source line), `note` (optional) what was
+    kept and how to go on; `__cause__` the original."""
 
-    def __init__(self, header: str, frames: list[str]):
+    def __init__(self, header: str, frames: list[str], note: str = ""):
         super().__init__(header)
-        self.header, self.frames = header, frames
+        self.header, self.frames, self.note = header, frames, note
 
     def __str__(self) -> str:
-        return "\n".join([self.header, *self.frames])
+        return "\n".join([self.header, *self.frames, *([self.note] if self.note else [])])
 
 
 # Every registry by the config key that picks its entries (experiment.py walks them).
@@ -182,6 +186,40 @@ def plugin_error(error: BaseException, *, where: str | None = None) -> PluginErr
     return PluginError(header, frames)
 
 
+# jax logs an exception raised in a host callback (jax.pure_callback, io_callback,
+# debug.callback) at length, then XLA raises a JaxRuntimeError whose traceback holds none of the
+# user's frames: `host_callback_errors` keeps the original and silences the log.
+_CALLBACK_LOGGERS = ("jax._src.callback", "jax._src.debugging")
+
+
+class _KeepCallbackErrors(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None:
+            return True
+        self.errors.append(error)
+        return False
+
+
+@contextmanager
+def host_callback_errors() -> Iterator[list[BaseException]]:
+    """Within: the exceptions user code raises in jax host callbacks are collected in the list
+    it yields (oldest first), not logged; `plugin_error` of one names its key and frames."""
+    keep = _KeepCallbackErrors()
+    loggers = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(keep)
+    try:
+        yield keep.errors
+    finally:
+        for logger in loggers:
+            logger.removeFilter(keep)
+
+
 # ----------------------------------------------------------------------------- digests
 
 
@@ -197,7 +235,9 @@ def module_file(module_name: str) -> str | None:
 
 def user_modules(config: Any) -> dict[str, list[str]]:
     """{module: ["optim.name='my_opts:lion'", ...]}: the user modules a config's `module:attr`
-    keys import (config: a ConfigDict or nested dict), in the order the registries see them."""
+    keys import (config: a ConfigDict or nested dict), in the order the registries see them,
+    each followed by the modules of the user's own it imports (`imported_user_modules`), which
+    carry the keys of the plug-ins that import them."""
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     found: dict[str, list[str]] = {}
     for config_key, registry in REGISTRIES.items():
@@ -207,19 +247,98 @@ def user_modules(config: Any) -> dict[str, list[str]]:
         for key in registry.keys_in(node):
             if is_user_key(key):
                 module = key.partition(":")[0]
-                found.setdefault(module, []).append(f"{config_key}={key!r}")
+                for name in [module, *imported_user_modules(module)]:
+                    found.setdefault(name, []).append(f"{config_key}={key!r}")
     return found
+
+
+def imported_user_modules(module_name: str) -> list[str]:
+    """The modules of the user's own (not the package's, an installed library's or the
+    standard library's: `_is_user_file`) that `module_name`'s source imports, at its top or
+    inside a function, and those they import in turn. Read from the source (every import
+    statement), so an import a function makes only when called counts too."""
+    root = _source_file(module_name)
+    if root is None or not _is_user_file(root):
+        return []  # a library's entry (optax:adamw): its imports are the library's
+    found: list[str] = []
+    seen, stack = {module_name}, [module_name]
+    while stack:
+        name = stack.pop()
+        file = _source_file(name)
+        if file is None:
+            continue
+        for imported in _imports_in(file, name):
+            if imported in seen:
+                continue
+            seen.add(imported)
+            imported_file = _source_file(imported)
+            if imported_file is not None and _is_user_file(imported_file):
+                found.append(imported)
+                stack.append(imported)
+    return found
+
+
+def _source_file(module_name: str) -> str | None:
+    """The module's .py file, None for one that cannot be found or has none."""
+    try:
+        file = module_file(module_name)
+    except (ImportError, ValueError):
+        return None
+    return file if file is not None and file.endswith(".py") and Path(file).is_file() else None
+
+
+def _imports_in(file: str, module_name: str) -> list[str]:
+    """The absolute module names the import statements of `file` (module `module_name`) name;
+    `from a import b` gives a and a.b (b may be a submodule). [] for a file that does not parse."""
+    try:
+        tree = ast.parse(Path(file).read_bytes(), filename=file)
+    except (SyntaxError, ValueError, OSError):
+        return []
+    is_package = os.path.basename(file) == "__init__.py"
+    package = module_name if is_package else module_name.rpartition(".")[0]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            except (ImportError, ValueError):
+                continue
+            names.append(base)
+            names += [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
+    return names
 
 
 def user_module_digests(config: Any) -> dict[str, str]:
     """{module: sha256 of its source file} of every user module a `module:attr` key of
-    `config` imports (a run's identity: a resume on edited plug-in code is refused)."""
+    `config` imports and of every module of the user's own those import (a run's identity: a
+    resume on edited plug-in code is refused). The digest is of the source bytes, comments
+    included: the same on every Python version (bytecode is not), comparable with the digests
+    runs already recorded, and a comment-only edit is told apart from none only by the flag
+    that accepts it (--allow_resume_changes)."""
     digests = {}
     for module in user_modules(config):
         file = module_file(module)
         if file is not None and Path(file).is_file():
             digests[module] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
     return digests
+
+
+def changed_user_modules(recorded: dict[str, str]) -> list[str]:
+    """The modules of `recorded` ({module: sha256}, a run's `user_module_digests`) whose
+    source differs now ("module m (sha256 ab12.. -> cd34..)"), or that cannot be found."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # where a run found them (import_attr)
+    changes = []
+    for module, digest in sorted(recorded.items()):
+        file = _source_file(module)
+        now = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
+        if now != digest:
+            change = f"{digest[:12]} -> {now[:12]}" if now else "not found"
+            changes.append(f"module {module} (sha256 {change})")
+    return changes
 
 
 # ----------------------------------------------------------------------------- the one coercion

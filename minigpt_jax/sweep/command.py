@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from minigpt_jax.settings.registry import user_module_digests
 from minigpt_jax.sweep.study import (
     PRUNERS,
     SAMPLERS,
@@ -160,7 +161,7 @@ def check(argv: list[str]) -> Sweep:
         "set": fixed,
         "space": {d.key: d.describe() for d in dimensions},
         "objective": {"target": args.target},
-        "plugins": spaces.plugin_digests(complete),
+        "plugins": user_module_digests(complete),
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=repr).encode()).hexdigest()
     return Sweep(

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,6 @@ from minigpt_jax.experiment import (
 )
 
 _RANGE = re.compile(r"^(log|float|int|int:log):([^.][^:]*?)\.\.([^:]+)$")
-_ENTRY = re.compile(r"^([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)$")  # module:attr, code of the user's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,33 +211,6 @@ def config_with(config_spec: str, values: dict[str, Any]):
             node = node[group]
         node[name] = value
     return config
-
-
-def plugin_digests(config) -> dict[str, str]:
-    """{module: sha256 of its source file} of every module a `module:attr` value of the config
-    names (code of the user's: part of a study's identity). A local stand-in for the registry's
-    digest of user modules, which lands with issue 26."""
-    if os.getcwd() not in sys.path:  # as `python -m minigpt_jax train` finds them
-        sys.path.insert(0, os.getcwd())
-    digests = {}
-    stack = [config.to_dict() if hasattr(config, "to_dict") else config]
-    while stack:
-        node = stack.pop()
-        items = node.values() if isinstance(node, dict) else node
-        for value in items:
-            if isinstance(value, (dict, list, tuple)):
-                stack.append(value)
-            elif isinstance(value, str) and (match := _ENTRY.match(value)):
-                module = match.group(1)
-                if module in digests:
-                    continue
-                try:
-                    found = importlib.util.find_spec(module)
-                except (ImportError, ValueError):
-                    found = None
-                if found is not None and found.origin and Path(found.origin).is_file():
-                    digests[module] = hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()
-    return digests
 
 
 def config_file_text(config_spec: str, values: dict[str, Any], doc: str) -> str:

@@ -26,6 +26,12 @@ from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
+from minigpt_jax.settings.registry import (
+    PluginError,
+    host_callback_errors,
+    plugin_error,
+    user_modules,
+)
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.train.metrics import RunLogger
@@ -147,7 +153,7 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
     run, config = trainer.run, trainer.run.config
     hooks = Hooks(config)
     if run.pending_evaluation:  # a signal stopped this step's evaluation before it resumed
-        if _evaluate(trainer, log, run.step, stop) is not None:
+        if _evaluate(trainer, log, run.step, stop, saved=True) is not None:
             trainer.save()  # the same step, its evaluation done
             log.flush()
         else:
@@ -172,7 +178,7 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
         if not (evaluate_now or save_now or hook_now or stop.requested()):
             continue
         log.drain()
-        results = _evaluate(trainer, log, end, stop) if evaluate_now else None
+        results = _evaluate(trainer, log, end, stop, saved=False) if evaluate_now else None
         evaluated = results is not None or not evaluate_now
         hook_stop = trainer.call_hooks(hooks, log, hooks.step) if hook_now else False
         if results is not None:
@@ -294,6 +300,42 @@ class Trainer:
             self._check_params_finite(run.step, eval_params)
         run.checkpointer.save(run.state, meta, eval_params=eval_params)
 
+    def evaluation_failed(
+        self, step: int, error: Exception, callback_errors: list[BaseException], saved: bool
+    ) -> Exception:
+        """The error to raise for the step-`step` evaluation that raised `error`; the steps
+        trained are checkpointed first (unless `saved`), the evaluation pending, so a rerun
+        resumes there and evaluates first. Raised in user code (its own frames, or a host
+        callback's exception in `callback_errors`): a PluginError naming the key."""
+        kept = self._keep_steps(step, saved)
+        cause = callback_errors[0] if callback_errors else error
+        plugin = error if isinstance(error, PluginError) else plugin_error(cause)
+        if plugin is None and callback_errors:  # raised in a helper of the user's own
+            plugin = plugin_error(cause, where=_user_keys_in_play(self.run.config) or "user code")
+        if plugin is None:
+            _log.error("the step-%d evaluation failed; %s", step, kept)
+            return error
+        plugin.header += f" (in the step-{step} evaluation)"
+        plugin.note = kept
+        return plugin
+
+    def _keep_steps(self, step: int, saved: bool) -> str:
+        """Checkpoints the train state with its evaluation pending (unless `saved`); says
+        what is kept and how to go on."""
+        if not saved:
+            try:
+                self.save(pending_evaluation=True)
+            except Exception as error:  # e.g. non-finite parameters: never saved as good
+                good = self.run.checkpointer.latest_step()
+                return f"the steps trained could not be saved ({error}); " + (
+                    f"checkpoint {good} is kept." if good else "no checkpoint was saved."
+                )
+        return (
+            f"The {step} steps trained are kept in checkpoint {step} (its evaluation runs first "
+            "when the run resumes): fix the code, then rerun the same command (with "
+            "--allow_resume_changes if you edited a module the run imports) to resume from it."
+        )
+
     def non_finite_step(self, step: int, values: dict[str, float]) -> None:
         """Raises the error for training step `step`, whose loss or grad norm is not finite
         (values: its metrics by name): out-of-vocabulary data named as the cause, else a loss
@@ -339,11 +381,19 @@ class Trainer:
 
 
 def _evaluate(
-    trainer: Trainer, log: RunLogger, step: int, stop: TrainingStop
+    trainer: Trainer, log: RunLogger, step: int, stop: TrainingStop, *, saved: bool
 ) -> tuple[dict[str, float], dict[str, float]] | None:
     """Evaluates at `step` and records it: (val, train) results, or None if a signal stopped it
-    between batches."""
-    results = trainer.evaluate_and_keep_best(step, should_stop=stop.requested)
+    between batches. An evaluation that raises (a metric's or loss term's code) loses no
+    trained step: they are checkpointed first unless `saved` (already in a checkpoint), and
+    user code is named."""
+    with host_callback_errors() as callback_errors:
+        try:
+            results = trainer.evaluate_and_keep_best(step, should_stop=stop.requested)
+        except FloatingPointError:
+            raise  # a non-finite val loss: nothing non-finite is saved (non_finite_error)
+        except Exception as error:
+            raise trainer.evaluation_failed(step, error, callback_errors, saved) from error
     if results is not None:
         log.evaluation(step, *results)
     return results
@@ -457,6 +507,13 @@ def non_finite_error(
             else "No checkpoint was saved yet; lower optim.lr and start again."
         )
     )
+
+
+def _user_keys_in_play(config: Any) -> str:
+    """The config keys that name user code (`module:attr`), e.g. "config.eval.metrics='m:f'",
+    joined with "and"; "" when there are none."""
+    keys = [key for keys in user_modules(config).values() for key in keys]
+    return " and ".join(f"config.{key}" for key in dict.fromkeys(keys))
 
 
 def _finite_or_none(value: float) -> float | None:
