@@ -24,7 +24,12 @@ from minigpt_jax.data.dataset import (
     tokens_digest,
     warn_if_degenerate,
 )
-from minigpt_jax.data.sources import describe_sources, find_sources, load_text
+from minigpt_jax.data.sources import (
+    DOCUMENT_SEPARATOR,
+    describe_sources,
+    find_sources,
+    load_documents,
+)
 from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
     TOKENIZERS,
@@ -45,12 +50,27 @@ def _fingerprint(text: str, tokenizer: Tokenizer) -> str:
 
 
 def _encode_uint16(text: str, tokenizer: Tokenizer) -> np.ndarray:
+    _check_uint16(tokenizer)
+    return tokenizer.encode(text).astype(np.uint16)
+
+
+DOCUMENTS_KEY = "documents, each followed by end-of-text:\n"
+
+
+def _encode_documents(docs: list[str], tokenizer: Tokenizer) -> np.ndarray:
+    """uint16 (n,): each document's ids, then the end-of-text id, in order."""
+    _check_uint16(tokenizer)
+    eot = np.asarray([tokenizer.eot_id], np.int32)
+    pieces = [piece for ids in tokenizer.encode_batch(docs) for piece in (ids, eot)]
+    return np.concatenate(pieces).astype(np.uint16)
+
+
+def _check_uint16(tokenizer: Tokenizer) -> None:
     if tokenizer.vocab_size > MAX_UINT16_VOCAB:
         raise ValueError(
             f"vocab_size {tokenizer.vocab_size} does not fit the uint16 token cache (at most "
             f"{MAX_UINT16_VOCAB} tokens); use a smaller vocab_size."
         )
-    return tokenizer.encode(text).astype(np.uint16)
 
 
 def encode_cached(
@@ -144,6 +164,7 @@ def prepare_dataset(
     *,
     file_format: str = "",
     data: Any = None,
+    documents: bool = False,
     before_writing: Callable[[], None] | None = None,
     check_data: Callable[[DataDigest], None] | None = None,
 ) -> Dataset:
@@ -154,7 +175,9 @@ def prepare_dataset(
     workdir/tokens.npy. workdir=None writes nothing. A given `tokenizer` (a pretrained model's)
     replaces tokenizer_kind and vocab_size. text_field: the field (.jsonl) or column (.csv,
     .parquet) of the text; file_format: data.file_format's key; data: config.data, what a file
-    format reads (default: text_field alone).
+    format reads (default: text_field alone). documents: each document is encoded on its own and
+    followed by the tokenizer's end-of-text id (the last id), as shards always are, for a model
+    that packs documents; else the documents are joined with a newline and encoded as one text.
     Everything that can fail happens in memory first: nothing is written (and before_writing,
     e.g. taking the run lock, is not called) unless the dataset is good and check_data(digest)
     (a resumed run's comparison with its checkpoint) has returned.
@@ -165,7 +188,10 @@ def prepare_dataset(
         _check_fits_in_memory(
             find_sources(corpus, path, file_format), tokenizer_kind if tokenizer is None else "bpe"
         )
-    text = load_text(corpus, path, text_field, file_format=file_format, data=data)
+    docs = load_documents(corpus, path, text_field, file_format=file_format, data=data)
+    text = DOCUMENT_SEPARATOR.join(docs)
+    # The cache is keyed by what is encoded and how: the documents apart, or one text.
+    cache_key = DOCUMENTS_KEY + text if documents else text
     tokenizer_path = run_dir.tokenizer if run_dir is not None else None
     new_tokenizer = tokenizer_path is None or not tokenizer_path.exists()
     if not new_tokenizer:
@@ -179,14 +205,21 @@ def prepare_dataset(
             )
         tokenizer = saved
     else:
-        tokenizer = tokenizer or TOKENIZERS[tokenizer_kind](text, vocab_size, eot=False)
+        tokenizer = tokenizer or TOKENIZERS[tokenizer_kind](text, vocab_size, eot=documents)
+    if documents and tokenizer.eot_id is None:
+        raise ValueError(
+            f"packing documents needs a tokenizer with an end-of-text id; "
+            f"{tokenizer_path or 'the given tokenizer'} has none (it was made for a model that "
+            "does not pack documents): use a fresh workdir."
+        )
     cache_path = run_dir.tokens if run_dir is not None else None
     tokens = None
     if cache_path is not None and not new_tokenizer:
-        tokens = read_cached_tokens(text, tokenizer, cache_path)
+        tokens = read_cached_tokens(cache_key, tokenizer, cache_path)
     write_cache = cache_path is not None and tokens is None
     if tokens is None:
-        tokens = _encode_uint16(text, tokenizer)
+        encoded = _encode_documents(docs, tokenizer) if documents else None
+        tokens = encoded if encoded is not None else _encode_uint16(text, tokenizer)
     train, val = split_tokens(tokens, val_fraction)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
@@ -204,7 +237,7 @@ def prepare_dataset(
         tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save(tokenizer_path)
     if write_cache:
-        write_cached_tokens(text, tokenizer, tokens, cache_path)
+        write_cached_tokens(cache_key, tokenizer, tokens, cache_path)
     return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
 
 

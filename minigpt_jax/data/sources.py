@@ -95,14 +95,29 @@ def load_text(
     order, so a corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text
     unchanged. data: config.data, what a file format reads (default: text_field alone).
     """
+    return DOCUMENT_SEPARATOR.join(
+        load_documents(corpus, path, text_field, file_format=file_format, data=data)
+    )
+
+
+def load_documents(
+    corpus: str,
+    path: str | os.PathLike | None = None,
+    text_field: str = "text",
+    *,
+    file_format: str = "",
+    data: Any = None,
+) -> list[str]:
+    """The documents of a corpus, in `load_text`'s order (raises ValueError when they hold no
+    non-whitespace text)."""
     sources = find_sources(corpus, path, file_format)
-    text = DOCUMENT_SEPARATOR.join(read_documents(sources, text_field if data is None else data))
-    if not text.strip():
+    docs = list(read_documents(sources, text_field if data is None else data))
+    if not any(doc.strip() for doc in docs):
         raise ValueError(
             f"corpus {corpus!r} from {describe_sources(sources, path)} is empty (no "
             f"non-whitespace text); point it at a file with training text."
         )
-    return text
+    return docs
 
 
 def describe_sources(sources: list[Source], path: str | os.PathLike | None) -> str:

@@ -27,6 +27,7 @@ def dataset_from(
     progress: bool = False,
     before_writing: Callable[[], None] | None = None,
     check_data: Callable[[DataDigest], None] | None = None,
+    documents: bool = False,
 ) -> Dataset:
     """The run's tokenizer and token splits as its data group describes them, cached in
     `workdir` (a resumed or re-read run finds its own tokenizer and tokens there), by the entry
@@ -35,7 +36,9 @@ def dataset_from(
     replaces data.tokenizer and data.vocab_size. check_data(digest) sees the digest of the
     token stream the run will train on once it is known, and before_writing() is called once
     the data checks have passed; both come before the first write, so a check_data that raises
-    leaves every data file as it was."""
+    leaves every data file as it was. documents: the model packs documents, so every document
+    must end with the end-of-text id (an entry is called with documents=True only then)."""
+    extra = {"documents": True} if documents else {}
     return DATA_FORMATS[config.data.format](
         config,
         workdir,
@@ -43,10 +46,13 @@ def dataset_from(
         progress=progress,
         before_writing=before_writing,
         check_data=check_data,
+        **extra,
     )
 
 
-def _memory_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+def _memory_dataset(
+    config, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
+):
     del progress  # one call; nothing to show
     return prepare_dataset(
         config.data.corpus,
@@ -60,12 +66,16 @@ def _memory_dataset(config, workdir, tokenizer, *, progress, before_writing, che
         text_field=config.data.text_field,
         file_format=config.data.file_format,
         data=config.data,
+        documents=documents,
         before_writing=before_writing,
         check_data=check_data,
     )
 
 
-def _sharded_dataset(config, workdir, tokenizer, *, progress, before_writing, check_data):
+def _sharded_dataset(
+    config, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
+):
+    del documents  # shards always close each document with the end-of-text id
     if workdir is None:
         raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")
     prepare = functools.partial(

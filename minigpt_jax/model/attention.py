@@ -122,6 +122,7 @@ class MultiHeadAttention(nn.Module):
     Returns `(out_BxTxD, cache)`. With a `cache` the T new keys and values are written at
     `cache.index` and the queries attend to every filled slot (positions_BxT must then be
     (B, T); negative ones mark padding); without one the returned cache is None.
+    `segments_BxT` (packed documents, a mask with `documents=True`) goes to the mask.
     """
 
     cfg: GPTConfig
@@ -134,6 +135,7 @@ class MultiHeadAttention(nn.Module):
         *,
         deterministic: bool = True,
         cache: KVCache | None = None,
+        segments_BxT: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _project_qkv(cfg, x_BxTxD)
@@ -147,13 +149,20 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             keys_BxSxGxK, v_BxSxGxK = k_BxTxGxK, v_BxTxGxK
             k_positions_BxS = positions_BxT
-            mask = mask_entry.fn(positions_BxT, positions_BxT, cfg)
+            documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
+            mask = mask_entry.fn(positions_BxT, positions_BxT, cfg, *documents)
         else:
             cache = cache.write(k_BxTxGxK, v_BxTxGxK, positions_BxT)
             keys_BxSxGxK, v_BxSxGxK = cache.k_BxSxGxK, cache.v_BxSxGxK
             k_positions_BxS = cache.positions_BxS
             mask = (cache.positions_BxS >= 0)[:, None, None, :]
-            entry_mask = mask_entry.fn(positions_BxT, cache.positions_BxS, cfg)
+            # A sample continues one document: every slot is in document 0.
+            documents = (
+                (jnp.zeros_like(positions_BxT), jnp.zeros_like(cache.positions_BxS))
+                if mask_entry.documents
+                else ()
+            )
+            entry_mask = mask_entry.fn(positions_BxT, cache.positions_BxS, cfg, *documents)
             if entry_mask is not None:
                 mask = mask & entry_mask
         # Without a cache, positions are 0..T-1, and a triangle mask is the one is_causal builds

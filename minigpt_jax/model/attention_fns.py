@@ -4,7 +4,11 @@ entries.
 
 A mask entry is one function `(q_positions_BxT, k_positions_BxS, cfg) -> mask_Bx1xTxS` (True:
 the query may attend to the key; None: every key), used by training, evaluation and the KV
-cache alike (empty cache slots are masked apart).
+cache alike (empty cache slots are masked apart). An `AttentionMask(fn, documents=True)` also
+receives each token's document (`fn(q_positions, k_positions, cfg, q_segments_BxT,
+k_segments_BxS)`: the count of end-of-text tokens before it) and packs documents: positions
+restart at each document, and no target crosses a boundary (`model.gpt.documents`); the
+built-in `document` is causal attention within each document.
 
 A score entry is one function `(scores_BxHxTxS, q_positions_BxT, k_positions_BxS, cfg) ->
 scores_BxHxTxS` over the raw scores q·kᵀ/√K (float32), applied before the mask and the softmax,
@@ -59,8 +63,23 @@ class AttentionMask:
     """A mask function and whether, over positions 0..T-1, it is exactly the causal triangle
     (then fused kernels build it themselves, `is_causal`, instead of reading an array)."""
 
-    fn: Callable[[Array, Array, GPTConfig], Array | None]
+    fn: Callable[..., Array | None]
     causal_triangle: bool = False
+    # fn also takes (q_segments_BxT, k_segments_BxS): the documents of packed sequences
+    documents: bool = False
+
+
+def same_document_causal(
+    q_positions_BxT: Array,
+    k_positions_BxS: Array,
+    cfg: GPTConfig,
+    q_segments_BxT: Array,
+    k_segments_BxS: Array,
+) -> Array:
+    """mask_Bx1xTxS: a query sees the keys of its own document at positions <= its own (the
+    positions restart at each document, so within one they still order the tokens)."""
+    same_BxTxS = q_segments_BxT[:, :, None] == k_segments_BxS[:, None, :]
+    return same_BxTxS[:, None] & causal_mask(q_positions_BxT, k_positions_BxS)
 
 
 def _causal_or_full(q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig):
@@ -74,7 +93,12 @@ def _mask_contract(mask: AttentionMask, cfg: GPTConfig) -> None:
     b, t, s = 2, 5, 7
     q_positions_BxT = jax.ShapeDtypeStruct((b, t), jnp.int32)
     k_positions_BxS = jax.ShapeDtypeStruct((b, s), jnp.int32)
-    out = jax.eval_shape(lambda q, k: mask.fn(q, k, cfg), q_positions_BxT, k_positions_BxS)
+    if mask.documents:  # the segments have the positions' shapes
+        out = jax.eval_shape(
+            lambda q, k: mask.fn(q, k, cfg, q, k), q_positions_BxT, k_positions_BxS
+        )
+    else:
+        out = jax.eval_shape(lambda q, k: mask.fn(q, k, cfg), q_positions_BxT, k_positions_BxS)
     if out is None:
         return
     shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
@@ -92,7 +116,10 @@ def _mask_contract(mask: AttentionMask, cfg: GPTConfig) -> None:
 ATTENTION_MASKS: Registry[AttentionMask] = Registry(
     "attention mask",
     "model.attention_mask",
-    {"causal": AttentionMask(_causal_or_full, causal_triangle=True)},
+    {
+        "causal": AttentionMask(_causal_or_full, causal_triangle=True),
+        "document": AttentionMask(same_document_causal, documents=True),
+    },
     entry_class=AttentionMask,
     arity=3,
     shape="a function (q_positions_BxT, k_positions_BxS, cfg) -> mask_Bx1xTxS (bool) or None, "

@@ -24,6 +24,7 @@ import jax
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
+from minigpt_jax.model.attention_fns import ATTENTION_MASKS
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import NORMS, activation_fn
 from minigpt_jax.model.param_meta import declare
@@ -193,14 +194,17 @@ class Block(nn.Module):
         positions_BxT: Array,
         deterministic: bool = True,
         cache: KVCache | None = None,
+        segments_BxT: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
-        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none."""
+        """`(x_BxTxD, cache)`: the layer's updated KV cache, or None when given none;
+        `segments_BxT`: packed documents, for the attention's mask."""
         cfg = self.cfg
         h_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
             norm(cfg, "ln_1")(x_BxTxD),
             positions_BxT,
             deterministic=deterministic,
             cache=cache,
+            segments_BxT=segments_BxT,
         )
         x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
         mlp = MLPS[cfg.mlp](cfg, name="mlp")
@@ -221,11 +225,16 @@ class ParallelBlock(nn.Module):
         positions_BxT: Array,
         deterministic: bool = True,
         cache: KVCache | None = None,
+        segments_BxT: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         n_BxTxD = norm(cfg, "ln_1")(x_BxTxD)
         a_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
-            n_BxTxD, positions_BxT, deterministic=deterministic, cache=cache
+            n_BxTxD,
+            positions_BxT,
+            deterministic=deterministic,
+            cache=cache,
+            segments_BxT=segments_BxT,
         )
         m_BxTxD = MLPS[cfg.mlp](cfg, name="mlp")(n_BxTxD, deterministic=deterministic)
         a_BxTxD = nn.Dropout(cfg.dropout)(a_BxTxD, deterministic=deterministic)
@@ -234,12 +243,25 @@ class ParallelBlock(nn.Module):
 
 def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
     """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None), and each of its matrices
-    declares metadata."""
+    declares metadata; with a mask that packs documents it takes `segments_BxT=` too."""
     x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
     positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
-    out, variables = jax.eval_shape(
-        lambda x, p: entry(cfg).init_with_output(jax.random.key(0), x, p), x_BxTxD, positions_BxT
-    )
+    documents = ATTENTION_MASKS[cfg.attention_mask].documents
+
+    def init(x, p):
+        extra = {"segments_BxT": p} if documents else {}
+        return entry(cfg).init_with_output(jax.random.key(0), x, p, **extra)
+
+    try:
+        out, variables = jax.eval_shape(init, x_BxTxD, positions_BxT)
+    except TypeError as error:
+        if documents and "segments_BxT" in str(error):
+            raise ContractError(
+                f"model.attention_mask={cfg.attention_mask!r} packs documents, so a block is "
+                "called with segments_BxT= and hands it to its attention "
+                "(MultiHeadAttention(...)(..., segments_BxT=segments_BxT)); this one takes none"
+            ) from None
+        raise
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ContractError(f"it returned {type(out).__name__}, not (x_BxTxD, cache)")
     expect_shape(out[0], x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
@@ -251,9 +273,10 @@ BLOCKS: Registry[type[nn.Module]] = Registry(
     "model.block",
     {"pre_ln": Block, "parallel": ParallelBlock},
     coerce=_module_class(
-        "block", "(x_BxTxD, positions_BxT, deterministic, cache) -> (x_BxTxD, cache)"
+        "block",
+        "(x_BxTxD, positions_BxT, deterministic, cache[, segments_BxT]) -> (x_BxTxD, cache)",
     ),
     shape="a flax module class with a cfg field, called (x_BxTxD, positions_BxT, "
-    "deterministic, cache) -> (x_BxTxD, cache)",
+    "deterministic, cache[, segments_BxT=]) -> (x_BxTxD, cache)",
     contract=_block_contract,
 )

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
+from minigpt_jax.model.attention_fns import ATTENTION_MASKS
 from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import REMAT_POLICIES, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
@@ -111,8 +112,16 @@ class GPT(nn.Module):
         deterministic: bool = True,
         cache: list[KVCache] | None = None,
     ) -> tuple[Array, list[KVCache] | None]:
-        """`(h_BxTxD, caches)`: the final-LayerNorm features that the head reads out."""
+        """`(h_BxTxD, caches)`: the final-LayerNorm features that the head reads out. With a
+        mask that packs documents (and no cache), each token's document and its position in it
+        come from the end-of-text ids (`document_layout`)."""
         cfg = self.cfg
+        segments = {}
+        if cache is None and packs_documents(cfg):
+            segments_BxT, document_positions_BxT = document_layout(tokens_BxT, cfg)
+            segments = {"segments_BxT": segments_BxT}
+            if POSITION_ENCODINGS[cfg.pos_encoding].per_document:
+                positions_BxT = document_positions_BxT
         if cache is not None:
             chex.assert_shape(positions_BxT, tokens_BxT.shape)
             chex.assert_equal(len(cache), cfg.n_layer)
@@ -125,7 +134,11 @@ class GPT(nn.Module):
         new_cache = []
         for i, block in enumerate(self.blocks):
             x_BxTxD, layer_cache = block(
-                x_BxTxD, positions_BxT, deterministic, None if cache is None else cache[i]
+                x_BxTxD,
+                positions_BxT,
+                deterministic,
+                None if cache is None else cache[i],
+                **segments,
             )
             new_cache.append(layer_cache)
             # Each block's mean square output, for terms of the model's internals
@@ -217,6 +230,36 @@ def _check_dropout_rng(cfg: GPTConfig, train: bool, rng: Array | None) -> None:
 
 def _dropout_rngs(train: bool, rng: Array | None) -> dict:
     return {"dropout": rng} if train and rng is not None else {}
+
+
+def packs_documents(cfg: GPTConfig) -> bool:
+    """Whether cfg's attention mask packs documents (`AttentionMask(documents=True)`)."""
+    return ATTENTION_MASKS[cfg.attention_mask].documents
+
+
+def document_layout(tokens_BxT: Array, cfg: GPTConfig) -> tuple[Array, Array]:
+    """(segments_BxT, positions_BxT) of documents packed into rows: a token's document is the
+    count of end-of-text ids before it (the tokenizer's last id, V - 1: every tokenizer puts it
+    after each document, and it ends the document it closes), its position the distance from
+    the first token after the previous end-of-text (or from the row's start)."""
+    is_eot_BxT = tokens_BxT == cfg.vocab_size - 1
+    ends_BxT = jnp.cumsum(is_eot_BxT, axis=1, dtype=jnp.int32)
+    segments_BxT = ends_BxT - is_eot_BxT.astype(jnp.int32)
+    t_1xT = jnp.arange(tokens_BxT.shape[1], dtype=jnp.int32)[None, :]
+    # A document starts one past an end-of-text: the latest such start at or before t.
+    after_eot_BxT = jnp.pad(jnp.where(is_eot_BxT, t_1xT + 1, 0)[:, :-1], ((0, 0), (1, 0)))
+    starts_BxT = jax.lax.cummax(after_eot_BxT, axis=1)
+    return segments_BxT, t_1xT - starts_BxT
+
+
+def target_weights(tokens_BxT1: Array, cfg: GPTConfig) -> Array:
+    """weights_BxT (float32) of the next-token targets tokens_BxT1[:, 1:]: 1, except 0 for a
+    target across a document boundary (its input is an end-of-text) when cfg packs documents.
+    Means and sums of the losses weigh each target by it."""
+    inputs_BxT = tokens_BxT1[:, :-1]
+    if not packs_documents(cfg):
+        return jnp.ones(inputs_BxT.shape, jnp.float32)
+    return (inputs_BxT != cfg.vocab_size - 1).astype(jnp.float32)
 
 
 def init_cache(cfg: GPTConfig, batch: int, length: int) -> list[KVCache]:

@@ -73,12 +73,15 @@ class PositionEncoding:
     Both receive the model config, so a setting the entry declares (`registry.declares` on the
     PositionEncoding) is read as `cfg.<name>`: the built-in rope's `rope_theta`.
       even:     a GPTConfig property that the scheme needs to be even ("n_embd", "head_dim").
+      per_document: with packed documents (a mask with documents=True), positions restart at 0
+                at each document (True), or run on across the row (False).
     """
 
     learned: bool = False
     additive: Callable[[Array, Any], Array] | None = None
     rotary: Callable[[Array, Array, Any], Array] | None = None
     even: str | None = None
+    per_document: bool = True  # packed documents: positions restart at each one
 
     def validate(self, cfg: Any) -> None:
         """Raises ValueError if `cfg` (a GPTConfig) breaks the scheme's evenness need."""

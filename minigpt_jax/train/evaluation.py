@@ -25,7 +25,14 @@ from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.loading import load_model
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
-from minigpt_jax.model.gpt import GPT, Params, init_params, next_token_loss_terms, next_token_losses
+from minigpt_jax.model.gpt import (
+    GPT,
+    Params,
+    init_params,
+    next_token_loss_terms,
+    next_token_losses,
+    target_weights,
+)
 
 Array = chex.Array
 LossTerms = tuple[tuple[str, float], ...]  # losses.parse_terms(config.loss.terms)
@@ -37,8 +44,12 @@ def eval_step(
     """({"loss": sum of token losses, term name: sum of its values}, number of tokens): the
     host divides, so batches can be summed."""
     losses_BxT, term_values_BxT = next_token_loss_terms(params, batch_BxT1, cfg, terms)
-    sums = {"loss": losses_BxT.sum(), **{k: v.sum() for k, v in term_values_BxT.items()}}
-    return sums, jnp.asarray(losses_BxT.size, jnp.int32)
+    weights_BxT = target_weights(batch_BxT1, cfg)  # 0: a target across packed documents
+    sums = {
+        "loss": (losses_BxT * weights_BxT).sum(),
+        **{k: (v * weights_BxT).sum() for k, v in term_values_BxT.items()},
+    }
+    return sums, weights_BxT.sum().astype(jnp.int32)
 
 
 def make_eval_step(

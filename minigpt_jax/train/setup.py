@@ -28,9 +28,10 @@ from minigpt_jax.data import dataset as data
 from minigpt_jax.data.storage import dataset_from
 from minigpt_jax.experiment import gpt_config_from
 from minigpt_jax.loading import LoadedModel, check_fits, load_model, params_for
-from minigpt_jax.model.attention_fns import choose_kernel
+from minigpt_jax.model.attention_fns import ATTENTION_MASKS, choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
+from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.optimizers import build_optimizer
 from minigpt_jax.settings.registry import user_module_digests, user_modules
@@ -129,11 +130,13 @@ def set_up(
             progress=progress,
             before_writing=before_writing,
             check_data=data_check if latest is not None else None,
+            documents=ATTENTION_MASKS[config.model.attention_mask].documents,
         )
         cfg = gpt_config_from(
             config, (pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
         )
         _check_memory(config, optimizer.tx, mesh, cfg.vocab_size)
+        _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
         if pretrained is not None and latest is None:
             check_fits(pretrained.cfg, cfg)
         shardings = state_shardings(cfg, optimizer.tx, mesh)
@@ -223,6 +226,18 @@ def _compile(run: Run, optimizer: Any) -> None:
     run.train_chunk = chunk.lower(run.state, train_batches(run, run.step)).compile()
     budget.check_compiled_fits(run.train_chunk, run.mesh)
     run.compile_time_s = time.perf_counter() - start
+
+
+def _check_documents(cfg: GPTConfig, tokenizer: Any) -> None:
+    """A mask that packs documents reads the end-of-text id as V - 1 (model.gpt.document_layout):
+    refuses a tokenizer whose end-of-text id is another, or that has none."""
+    if packs_documents(cfg) and tokenizer.eot_id != cfg.vocab_size - 1:
+        raise ValueError(
+            f"model.attention_mask={cfg.attention_mask!r} packs documents at the end-of-text "
+            f"id, the vocabulary's last ({cfg.vocab_size - 1}), but the tokenizer's is "
+            f"{tokenizer.eot_id}: use a tokenizer that puts its end-of-text id last (the "
+            f"built-in char and bpe ones do), or model.attention_mask=causal."
+        )
 
 
 def _checked_metrics(

@@ -21,6 +21,7 @@ from minigpt_jax.model.gpt import (
     init_annotated_params,
     init_params,
     next_token_loss_terms,
+    target_weights,
 )
 from minigpt_jax.model.losses import CROSS_ENTROPY
 from minigpt_jax.train.step_metrics import step_metric_values
@@ -65,16 +66,24 @@ def loss_fn(
 ) -> tuple[Array, dict[str, Array]]:
     """(objective, aux) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]: the objective is the
     mean next-token cross-entropy (nats) plus each loss term's weight x mean; aux holds the
-    mean of the cross-entropy and of each term by name when there are terms (none without)."""
+    mean of the cross-entropy and of each term by name when there are terms (none without).
+    With packed documents a target across a boundary is left out of every mean
+    (`target_weights`)."""
     losses_BxT, term_values_BxT = next_token_loss_terms(
         params, batch_BxT1, cfg, terms, train=train, rng=rng
     )
-    objective = losses_BxT.mean()
+    weights_BxT = target_weights(batch_BxT1, cfg)
+    total = weights_BxT.sum()
+
+    def mean(values_BxT):
+        return (values_BxT * weights_BxT).sum() / total
+
+    objective = mean(losses_BxT)
     aux = {}
     if terms:
         aux[CROSS_ENTROPY] = objective
         for (_, weight), (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
-            aux[name] = values_BxT.mean()
+            aux[name] = mean(values_BxT)
             objective = objective + weight * aux[name]
     return objective, aux
 
