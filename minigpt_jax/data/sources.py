@@ -81,23 +81,17 @@ CORPORA = Registry(
 
 
 def load_text(
-    corpus: str,
-    path: str | os.PathLike | None = None,
-    text_field: str = "text",
-    *,
-    file_format: str = "",
-    data: Any = None,
+    corpus: str, path: str | os.PathLike | None = None, text_field: str = "text", **options: Any
 ) -> str:
     """Returns the text of a corpus (the inputs of find_sources) for an in-memory dataset.
 
     Each file's documents (a .txt file is one, a .jsonl line one, a .csv or .parquet row one:
     the text in its `text_field`) are joined with DOCUMENT_SEPARATOR ("\\n") in find_sources'
     order, so a corpus of one document (pydoc, Tiny Shakespeare, one .txt file) is its text
-    unchanged. data: config.data, what a file format reads (default: text_field alone).
+    unchanged. options: file_format and data, as `load_documents` takes them (data: config.data,
+    what a file format reads; default: text_field alone).
     """
-    return DOCUMENT_SEPARATOR.join(
-        load_documents(corpus, path, text_field, file_format=file_format, data=data)
-    )
+    return DOCUMENT_SEPARATOR.join(load_documents(corpus, path, text_field, **options))
 
 
 def load_documents(
