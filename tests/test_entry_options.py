@@ -87,3 +87,40 @@ def test_replace_checks_an_entry_setting_and_names_the_known_ones():
         cfg.replace(window=4)
     with pytest.raises(AttributeError, match="has no setting 'rope_theta'"):
         getattr(CFG, "rope_theta")  # noqa: B009 (learned positions declare no base)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data_format", ["memory", "shards"])
+def test_a_tokenizer_entry_reads_its_own_path_setting_through_the_cli(
+    tmp_path, corpus_file, data_format
+):
+    """docs/extending.md's my_tokenizers.py: its alphabet_path setting reaches the entry (the
+    file's characters, absent from the corpus, are in the run's tokenizer)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from helpers import train_args
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    [source] = re.findall(r"```python\n# my_tokenizers\.py\n(.*?)```", doc, re.DOTALL)
+    (tmp_path / "my_tokenizers.py").write_text(source)
+    (tmp_path / "alphabet.txt").write_text("\u2603\u265e")
+    assert "\u2603" not in corpus_file.read_text()
+    workdir = tmp_path / "run"
+    args = train_args(
+        workdir,
+        corpus_file,
+        "--config.data.tokenizer=my_tokenizers:fixed_alphabet",
+        f"--config.data.alphabet_path={tmp_path / 'alphabet.txt'}",
+        f"--config.data.format={data_format}",
+        "--config.num_steps=2",
+        "--config.eval_every=2",
+        "--config.checkpoint_every=2",
+    )
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    from minigpt_jax.data.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(workdir / "tokenizer.json")
+    assert tokenizer.decode(tokenizer.encode("\u2603\u265e")) == "\u2603\u265e"

@@ -104,6 +104,7 @@ def test_the_docs_hold_every_example():
         "my_config.py",
         "my_aux.py",
         "my_hooks.py",
+        "my_tokenizers.py",
     }
 
 

@@ -32,8 +32,8 @@ from minigpt_jax.data.sources import (
 )
 from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
-    TOKENIZERS,
     Tokenizer,
+    build_tokenizer,
     check_saved_tokenizer,
     load_tokenizer,
 )
@@ -205,7 +205,7 @@ def prepare_dataset(
             )
         tokenizer = saved
     else:
-        tokenizer = tokenizer or TOKENIZERS[tokenizer_kind](text, vocab_size, eot=documents)
+        tokenizer = tokenizer or build_tokenizer(tokenizer_kind, text, vocab_size, documents, data)
     if documents and tokenizer.eot_id is None:
         raise ValueError(
             f"packing documents needs a tokenizer with an end-of-text id; "

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
@@ -361,15 +361,25 @@ def _char(text: str | Iterable[str], vocab_size: int, eot: bool = False) -> Toke
 
 
 # The registry of data.tokenizer (a setting of minigpt_jax.settings.groups.Data): the built-in
-# tokenizers by name, each a function (text, vocab_size, eot) -> Tokenizer.
+# tokenizers by name, each a function (text, vocab_size, eot) -> Tokenizer; an entry that
+# declares settings of its own (registry.declares) is also given data=config.data to read them.
 TOKENIZERS = Registry(
     "tokenizer",
     "data.tokenizer",
     {"char": _char, "bpe": BPETokenizer.train},
     arity=3,
-    shape="a function (text, vocab_size, eot) -> a minigpt_jax.data.tokenizers.CharTokenizer "
-    "or BPETokenizer (the types that save and load)",
+    shape="a function (text, vocab_size, eot[, data]) -> a minigpt_jax.data.tokenizers."
+    "CharTokenizer or BPETokenizer (the types that save and load)",
 )
+
+
+def build_tokenizer(
+    key: str, text: str | Iterable[str], vocab_size: int, eot: bool, data: Any = None
+) -> Tokenizer:
+    """TOKENIZERS[key](text, vocab_size, eot=eot), and data=config.data (where the settings
+    an entry declares live: `data.<name>`) for an entry that declares any."""
+    extra = {"data": data} if data is not None and TOKENIZERS.settings_of(key) else {}
+    return TOKENIZERS[key](text, vocab_size, eot=eot, **extra)
 
 
 def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = False) -> Tokenizer:

@@ -51,6 +51,7 @@ from minigpt_jax.data.tokenizers import (
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
+    build_tokenizer,
     codepoints,
     load_tokenizer,
 )
@@ -125,7 +126,9 @@ def _build_tokenizer(sources: list[Source], settings: ShardSettings, progress: b
         sample = sample_texts(sources, settings.reading, settings.tokenizer_sample_bytes)
         if settings.tokenizer == "bpe":
             return BPETokenizer.train(sample, settings.vocab_size, eot=True)
-        return TOKENIZERS[settings.tokenizer](list(sample), settings.vocab_size, eot=True)
+        return build_tokenizer(
+            settings.tokenizer, list(sample), settings.vocab_size, True, settings.reading
+        )
     seen = np.zeros(0x110000, bool)
     bar = tqdm(
         total=sum(s.size for s in sources),
