@@ -63,6 +63,11 @@ def _as_dict(config: Any) -> dict:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
+def micro_batch_size(config: Any) -> int:
+    """Rows of one micro-batch: batch_size split into grad_accum_steps (checked to divide it)."""
+    return config.batch_size // config.grad_accum_steps
+
+
 def picked_entries(values: dict) -> list[tuple[Any, str]]:
     """(registry, key) of every entry the config's values pick (a registry key the config does
     not hold takes its declared default)."""

@@ -37,7 +37,14 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.settings.groups import TRAJECTORY, Optim, defaults, parse_tag_factors, setting
+from minigpt_jax.settings.groups import (
+    AUTO,  # eval_params: the optimizer's own choice (its hook, schedule-free's x, the params)
+    TRAJECTORY,
+    Optim,
+    defaults,
+    parse_tag_factors,
+    setting,
+)
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
@@ -388,7 +395,6 @@ EMA = declares(
     )
 )(EvalParams(ema_params, track_ema))
 
-AUTO = "auto"  # the optimizer's own choice: its hook, schedule-free's x, or the trained params
 EVAL_PARAMS: Registry[EvalParams] = Registry(
     "eval-params choice",
     "optim.eval_params",

@@ -37,7 +37,7 @@ import numpy as np
 
 from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings.groups import MODEL, setting
+from minigpt_jax.settings.groups import AUTO, MODEL, setting
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
@@ -443,7 +443,6 @@ ATTENTION_KERNELS: Registry[AttentionKernel] = Registry(
     "mask, *, causal, score) -> out_BxTxHxK",
     contract=lambda kernel, cfg: _kernel_contract(kernel, cfg),
 )
-AUTO = "auto"
 
 
 def _kernel_contract(kernel: AttentionKernel, cfg: GPTConfig) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 MODEL, SPEED, TRAJECTORY, BOOKKEEPING = "model", "speed", "trajectory", "bookkeeping"
+# The value of a setting that lets the code choose (per backend, per CPU, per optimizer).
+AUTO = "auto"
 KINDS = (MODEL, SPEED, TRAJECTORY, BOOKKEEPING)
 
 _NO_VALUE = object()

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax import sharding
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.experiment import check_experiment_config
@@ -85,8 +84,6 @@ def train_and_evaluate(
     """
     wall_start = time.perf_counter()
     config = check_experiment_config(config)  # complete: every setting, defaults filled in
-    micro_batch_size = config.batch_size // config.grad_accum_steps
-    sharding.check_batch_size(micro_batch_size, sharding.make_mesh(config.mesh))
     if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
         raise ValueError(
             f"stop_at={stop_at} must be a positive multiple of "

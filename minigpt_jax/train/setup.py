@@ -26,7 +26,7 @@ from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.storage import dataset_from
-from minigpt_jax.experiment import gpt_config_from
+from minigpt_jax.experiment import gpt_config_from, micro_batch_size
 from minigpt_jax.loading import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS, choose_kernel
 from minigpt_jax.model.config import GPTConfig
@@ -79,7 +79,7 @@ class Run:
     @property
     def micro_batch_size(self) -> int:
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
-        return self.config.batch_size // self.config.grad_accum_steps
+        return micro_batch_size(self.config)
 
 
 def set_up(
@@ -111,8 +111,7 @@ def set_up(
         terms = parse_terms(config.loss.terms)
         metrics = _checked_metrics(config, terms, pretrained)
         mesh = sharding.make_mesh(config.mesh)
-        micro_batch_size = config.batch_size // config.grad_accum_steps
-        sharding.check_batch_size(micro_batch_size, mesh)
+        sharding.check_batch_size(micro_batch_size(config), mesh)
         # A char vocabulary is known once the corpus is read: counted as 1 until then.
         early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
         _check_memory(
@@ -266,9 +265,8 @@ def _check_memory(config: Any, tx: Any, mesh: Any, vocab_size: int) -> None:
     state_shapes = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
     fused = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False) == "cudnn"
     batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
-    micro_batch_size = config.batch_size // config.grad_accum_steps
     needed = budget.train_bytes_lower_bound(
-        cfg, state_shapes, micro_batch_size, batches, fused_attention=fused
+        cfg, state_shapes, micro_batch_size(config), batches, fused_attention=fused
     )
     budget.check_train_fits(needed, mesh)
 
