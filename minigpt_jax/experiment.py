@@ -18,7 +18,11 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from minigpt_jax import optimizers  # noqa: F401 (its registries pick optim.*)
+from minigpt_jax import (  # noqa: F401 (their registries pick hooks, step_metrics)
+    hooks,
+    optimizers,  # noqa: F401 (its registries pick optim.*)
+    step_metrics,
+)
 from minigpt_jax.data import storage  # noqa: F401 (its registries pick data.*)
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
@@ -30,7 +34,6 @@ from minigpt_jax.settings.registry import (
     RegistryError,
     is_user_key,
 )
-from minigpt_jax.train import hooks, step_metrics  # noqa: F401 (their registries pick hooks, step_metrics)
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer

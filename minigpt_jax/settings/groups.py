@@ -208,7 +208,7 @@ class Loop:
     step_metrics: str = setting(
         "",
         "comma-separated per-step metrics of the gradients and updates, logged beside the "
-        "loss: grad_norm_by_tag | update_ratio (train/step_metrics.py) or module:attr",
+        "loss: grad_norm_by_tag | update_ratio (step_metrics.py) or module:attr",
         BOOKKEEPING,
         type=str,
     )
@@ -455,11 +455,11 @@ class Eval:
 @dataclasses.dataclass(frozen=True)
 class Hooks:
     """config.hooks: code the training loop calls at steps, evaluations and checkpoints
-    (minigpt_jax/train/hooks.py); the picked hooks' own settings join this group."""
+    (minigpt_jax.hooks.py); the picked hooks' own settings join this group."""
 
     names: str = setting(
         "",
-        "comma-separated hooks: samples (train/hooks.py) or module:attr; '': none",
+        "comma-separated hooks: samples (hooks.py) or module:attr; '': none",
         BOOKKEEPING,
         type=str,
     )

@@ -21,6 +21,7 @@ import numpy as np
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.experiment import check_experiment_config
+from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir
@@ -32,7 +33,6 @@ from minigpt_jax.settings.registry import (
     user_modules,
 )
 from minigpt_jax.train.evaluation import evaluate
-from minigpt_jax.train.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.setup import Run, set_up, train_batches
 

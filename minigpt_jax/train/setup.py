@@ -35,6 +35,7 @@ from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.optimizers import build_optimizer
 from minigpt_jax.settings.registry import user_module_digests, user_modules
+from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.step import (
@@ -44,7 +45,6 @@ from minigpt_jax.train.step import (
     make_train_chunk,
     state_shardings,
 )
-from minigpt_jax.train.step_metrics import parse_step_metrics
 
 _log = logging.getLogger(__name__)
 OnPhase = Callable[[str, "int | None"], None]  # (setup step starting, step the run stands at)

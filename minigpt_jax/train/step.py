@@ -24,7 +24,7 @@ from minigpt_jax.model.gpt import (
     target_weights,
 )
 from minigpt_jax.model.losses import CROSS_ENTROPY
-from minigpt_jax.train.step_metrics import step_metric_values
+from minigpt_jax.step_metrics import step_metric_values
 
 Array = chex.Array
 
