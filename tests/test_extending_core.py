@@ -323,7 +323,8 @@ def test_the_built_in_entries_keep_their_registries_contracts():
             if registry.config_key == "model.attention" and name == "cudnn":
                 if jax.default_backend() != "gpu":
                     continue  # cuDNN's kernel runs on NVIDIA GPUs only (tests/test_gpu.py)
-            probe = cfg if registry.group == "model" else config[registry.group]
+            group = registry.group
+            probe = cfg if group == "model" else config[group] if group else config
             if registry.group == "model":
                 # The probe config picks the entry, so the settings it declares are there; a
                 # pick this config cannot build (cuDNN in float32) is probed on the default.

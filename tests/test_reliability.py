@@ -537,7 +537,7 @@ def test_a_typo_in_a_group_suggests_the_group():
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "minigpt-jax: error: unknown config group config.optm (in --config.optm.lr): did you "
-        "mean config.optim.lr? The groups are model, optim, data, mesh, loss, eval."
+        "mean config.optim.lr? The groups are model, optim, data, mesh, loss, eval, hooks."
     )
     assert not (REPO / "unused").exists()
 
