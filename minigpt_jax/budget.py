@@ -87,9 +87,10 @@ def format_bytes(n: int | float) -> str:
 
 # ----------------------------------------------------------------------------- a text in RAM
 
-# RAM a text takes per byte while it is read and encoded in one call (measured: the byte-level
-# BPE path peaks at ~95 bytes per byte, 6.1 GB for 64 MB of text).
-TEXT_BYTES_PER_BYTE = {"bpe": 95, "char": 12}
+# RAM a text takes per byte while it is read, its tokenizer built and the text encoded in one
+# call (benchmarks/corpus_memory.py, peak RSS over the RSS after the imports: char 26.0 bytes a
+# byte at 16, 64, 128 and 256 MB, byte-level BPE 89.3 and 89.7 at 16 and 64 MB; a little over).
+TEXT_BYTES_PER_BYTE = {"bpe": 95, "char": 27}
 
 
 def text_shortfall(text_bytes: int, tokenizer_kind: str) -> tuple[int, int] | None:

@@ -111,3 +111,13 @@ def test_every_gpu_mfu_variant_is_a_valid_setting():
         variant = cfg.replace(**fields)  # raises on an unknown field or a refused value
         assert all(getattr(variant, k) == v for k, v in fields.items()), name
         assert all(k.startswith("xla_gpu_") for k in options), name
+
+
+def test_the_text_memory_budget_covers_the_measured_peak():
+    """benchmarks/corpus_memory.py on a 4 MB text, char tokenizer: the budget's bytes a byte
+    are at least what the in-memory path takes (issue 40: it assumed 12, measured 26)."""
+    from benchmarks import corpus_memory
+    from minigpt_jax.budget import TEXT_BYTES_PER_BYTE
+
+    (row,) = corpus_memory.main(["--sizes-mb", "4", "--tokenizers", "char"])
+    assert 10 < row["per_byte"] <= TEXT_BYTES_PER_BYTE["char"], row
