@@ -1,5 +1,5 @@
-r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings|sweep` (also
-`python -m minigpt_jax`): flags only.
+r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings|sweep|compare`
+(also `python -m minigpt_jax`): flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
                       [--config.init_from=HF_GPT2_DIR_OR_RUN] [--allow_resume_changes]
@@ -19,6 +19,11 @@ r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings
   minigpt-jax sweep  --config configs/X.py --out DIR --space optim.lr=log:1e-4..3e-2 [--space ...]
                      [--set key=value ...] [--trials N] [--workers K] [--pruner median] ...
                      (an Optuna study; its own flags: minigpt-jax sweep --help)
+  minigpt-jax compare --config configs/X.py --out DIR --seeds 5 --arm NAME:key=value[,key=value]
+                     [--arm ...] [--baseline NAME] [--set key=value ...] [--workers K]
+                     [--metric final_val_loss|best_val_loss]
+                     (arms over paired seeds: verdicts with paired tests, report.md,
+                      results.csv; its own flags: minigpt-jax compare --help)
 
 `train` keeps JAX's compilation cache in ~/.cache/minigpt_jax/jax_compilation
 (MINIGPT_JAX_COMPILATION_CACHE=DIR moves it, =off turns it off).
@@ -44,7 +49,7 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from minigpt_jax.sampling.settings import SampleSettings
 
-COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep")
+COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep", "compare")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -273,8 +278,10 @@ def _run(argv: list[str]) -> None:
     if len(commands) != 1 or commands[0] not in COMMANDS:
         raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
     command = commands[0]
-    if command == "sweep":  # main() hands `minigpt-jax sweep ...` to the sweep's own parser
-        raise app.UsageError("put `sweep` first, e.g. minigpt-jax sweep --config ... --out ...")
+    if command in ("sweep", "compare"):  # main() hands them to their own parsers
+        raise app.UsageError(
+            f"put `{command}` first, e.g. minigpt-jax {command} --config ... --out ..."
+        )
     if command in ("sample", "eval") and _PRETRAINED.value is not None:
         if _WORKDIR.value is not None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
@@ -414,6 +421,7 @@ COMMAND_HELP = {
     "settings": "every config key: default, kind and doc",
     "lab": "the course's embedding lab as a local web page",
     "sweep": "train many configs of a search space and rank them",
+    "compare": "train arms of a config over paired seeds; is the difference real?",
 }
 
 
@@ -530,6 +538,11 @@ def main() -> None:
 
         index = sys.argv.index("sweep")
         sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))
+    if commands[:1] == ["compare"]:  # its own flags (argparse), like the sweep
+        from minigpt_jax.compare.command import main as compare
+
+        index = sys.argv.index("compare")
+        sys.exit(compare(sys.argv[1:index] + sys.argv[index + 1 :]))
     from minigpt_jax.runtime.signals import record_signals_while_starting
 
     record_signals_while_starting()  # until the command's own stop handling takes them over

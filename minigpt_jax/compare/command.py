@@ -1,0 +1,178 @@
+"""`minigpt-jax compare`: two or more arms of a config trained over the same seeds, and whether
+their difference from the baseline is real (paired statistics over the seeds).
+
+    minigpt-jax compare --config configs/tiny.py --out compares/norm --seeds 5 \\
+        --arm rmsnorm:model.norm=rmsnorm [--arm NAME:key=value[,key=value] ...] \\
+        [--baseline NAME] [--set key=value ...] [--config.key=value ...] [--workers K] \\
+        [--metric final_val_loss|best_val_loss]
+
+Arms: the baseline is the --config unchanged (named `baseline`), unless --baseline names one of
+the --arm arms (an --arm NAME with no settings is the config unchanged). --set (or
+--config.key=value) applies to every arm. Seeds: `--seeds 5` is seeds 0..4, `--seeds 3,7,11`
+those; config.seed fixes the initialisation, the data order and dropout, so every arm at seed S
+sees the same batches: the differences are paired.
+
+Each arm at each seed is an ordinary run directory, OUT/ARM/seed-S/ (config.py, metrics.jsonl,
+checkpoints: `minigpt-jax sample --workdir` reads it), trained one after another in this process
+or, with --workers K, in K `minigpt-jax train` processes at once. OUT/compare.json records the
+comparison (the config, --set, the arms, the baseline, the seeds): the same command run again
+resumes it, training only the runs that have not ended (a stopped one from its checkpoint); any
+other is refused, naming what differs. A run that fails or diverges is recorded as such, shown
+in the verdicts and the tables, and left out of the pairs; delete its compare_end.json to run
+it again.
+
+Written into OUT: report.md (a verdict per arm, then the tables: per arm the mean, its 95% t
+interval and the seed-to-seed std; against the baseline the paired difference, its 95% interval,
+the paired t-test's p, Holm-adjusted with two or more arms, the Wilcoxon signed-rank p beside
+it, and when not significant the seeds a paired t-test needs to detect the observed difference
+with 80% power at alpha 0.05), results.csv (one row per arm and seed) and figure.png (the
+val-loss curves, mean and a band of one std per arm, and the per-seed differences; skipped with
+a note without matplotlib). Exit status 0 once every run has ended (failed ones included), 1
+when a signal stopped the comparison (rerun to resume it), 2 for a refused command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from minigpt_jax.compare import plan as plans
+from minigpt_jax.compare import report
+from minigpt_jax.compare.record import has_ended, read_record
+from minigpt_jax.compare.runs import CompareStop, run_children, run_here
+from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
+from minigpt_jax.runtime.signals import record_signals_while_starting
+
+PROG = "minigpt-jax compare"
+
+
+class _Parser(argparse.ArgumentParser):
+    """The command's flags, this module's docstring as their help; an error is one line."""
+
+    def __init__(self):
+        summary, details = __doc__.split("\n\n", 1)
+        kind = argparse.RawDescriptionHelpFormatter
+        super().__init__(prog=PROG, description=summary, epilog=details, formatter_class=kind)
+
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise plans.CompareError(f"{message}; see {PROG} --help.")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser()
+    add = parser.add_argument
+    add("--config", required=True, help="the base config file[:arg], e.g. configs/tiny.py")
+    add("--out", required=True, help="the comparison's folder: ARM/seed-S/, report.md, ...")
+    add(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="an arm: the base config with these values (repeat)",
+    )
+    add(
+        "--baseline",
+        default=None,
+        metavar="NAME",
+        help="the --arm the others are compared with (default: the config unchanged)",
+    )
+    add("--seeds", required=True, help="a count (5: seeds 0..4) or a list (0,1,2); at least 2")
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="for every arm")
+    add("--workers", type=int, default=1, help="runs trained at once, each in its own process")
+    add(
+        "--metric",
+        default="final_val_loss",
+        choices=plans.METRICS,
+        help="the value compared (default: final_val_loss)",
+    )
+    return parser
+
+
+def _config_flags_as_sets(argv: list[str]) -> list[str]:
+    """`--config.key=value` (the train command's way) as `--set key=value`."""
+    return [
+        f"--set={arg.removeprefix('--config.')}" if arg.startswith("--config.") else arg
+        for arg in argv
+    ]
+
+
+def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
+    """Parses and checks the command; raises CompareError with one line, before any write."""
+    args = _parser().parse_args(_config_flags_as_sets(argv))
+    if args.workers < 1:
+        raise plans.CompareError(f"--workers {args.workers} must be at least 1.")
+    comparison = plans.plan(
+        args.config, Path(args.out), args.set, args.arm, args.baseline, args.seeds
+    )
+    return comparison, args
+
+
+def _lock(out: Path) -> int:
+    """One command at a time on OUT: a lock the OS releases when this process ends."""
+    fd = os.open(out / plans.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    lock_file(
+        fd,
+        lambda pid, host: (
+            f"another compare command (pid {pid} on {host}) is "
+            f"running on {out}; wait for it, or stop it and rerun."
+        ),
+    )
+    write_holder(fd)
+    return fd
+
+
+def main(argv: list[str]) -> int:
+    """`minigpt-jax compare ARGS`: the exit status (an error is one line on stderr)."""
+    wall_start = time.perf_counter()
+    try:
+        comparison, args = check(argv)
+        resuming = plans.check_out(comparison)
+        comparison.out.mkdir(parents=True, exist_ok=True)
+        lock = _lock(comparison.out)
+    except (plans.CompareError, LockHeld) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    record_signals_while_starting()  # until CompareStop takes them (or a run's own stop)
+    if not resuming:
+        plans.write_identity(comparison, [PROG, *argv])
+    runs = comparison.runs()
+    todo = [(arm, seed) for arm, seed in runs if not has_ended(comparison.run_dir(arm, seed))]
+    print(
+        f"compare: {len(comparison.arms)} arms × {len(comparison.seeds)} seeds = {len(runs)} "
+        f"runs in {comparison.out}: {len(todo)} to run, {len(runs) - len(todo)} already ended",
+        flush=True,
+    )
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    with CompareStop() as stop:
+        if args.workers == 1:
+            run_here(comparison, todo, stop, say)
+        else:
+            run_children(comparison, todo, args.workers, stop, say)
+    records = [read_record(comparison.run_dir(arm, seed), arm.name, seed) for arm, seed in runs]
+    lines = report.write(
+        comparison.out,
+        [(arm.name, arm.described()) for arm in comparison.arms],
+        records,
+        comparison.seeds,
+        args.metric,
+        {(arm.name, seed): str(comparison.run_dir(arm, seed)) for arm, seed in runs},
+    )
+    for line in lines:
+        print(line, flush=True)
+    os.close(lock)
+    print(f"wall time {time.perf_counter() - wall_start:.1f} s", flush=True)
+    if stop.requested():
+        missing = sum(r.status == "not run" for r in records)
+        print(
+            f"stopped by {stop.signal_name}: {missing} runs have not ended (a stopped one kept "
+            "its checkpoint); rerun the same command to resume the comparison.",
+            flush=True,
+        )
+        return 1
+    return 0

@@ -1,0 +1,286 @@
+"""What a comparison is: its arms (the base config with each arm's overrides, typed and checked
+like the sweep's --set), its seeds, where each run lives (OUT/ARM/seed-S/, config.seed = S) and
+its identity, recorded in OUT/compare.json so a rerun of the same command resumes it and any
+other command is refused, naming what differs. Every problem is a CompareError of one line,
+raised before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from minigpt_jax.experiment import add_entry_settings, check_experiment_config, config_file_of
+from minigpt_jax.settings.registry import user_module_digests
+from minigpt_jax.sweep import space as spaces
+from minigpt_jax.sweep.study import _flat as flat_config
+
+BASELINE = "baseline"  # the unchanged config's arm, unless --baseline names another
+IDENTITY_FILE = "compare.json"
+LOCK_FILE = ".compare.lock"  # one command at a time on OUT
+METRICS = ("final_val_loss", "best_val_loss")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_NEXT_SETTING = re.compile(r",(?=\s*[A-Za-z_][\w.]*\s*=)")  # a comma that starts key=value
+
+
+class CompareError(ValueError):
+    """A bad argument or a refused OUT: printed as one line, nothing written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its name and the typed values it sets over the base config (and --set)."""
+
+    name: str
+    overrides: dict[str, Any]
+
+    def described(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
+        return shown or "the config unchanged"
+
+
+@dataclasses.dataclass
+class Comparison:
+    """A checked compare command: arms (the baseline first), seeds, OUT and its identity."""
+
+    config_spec: str
+    out: Path
+    fixed: dict[str, Any]
+    arms: list[Arm]
+    seeds: list[int]
+    num_steps: int
+    identity: dict[str, Any]
+
+    @property
+    def baseline(self) -> Arm:
+        return self.arms[0]
+
+    def values(self, arm: Arm, seed: int) -> dict[str, Any]:
+        """The dotted keys the run of `arm` at `seed` sets over the base config."""
+        return {**self.fixed, **arm.overrides, "seed": seed}
+
+    def run_dir(self, arm: Arm, seed: int) -> Path:
+        return self.out / arm.name / f"seed-{seed}"
+
+    def runs(self) -> list[tuple[Arm, int]]:
+        """Every (arm, seed), seed by seed, so the first runs to finish are whole pairs."""
+        return [(arm, seed) for seed in self.seeds for arm in self.arms]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds 5` (seeds 0..4) or `--seeds 0,1,2` (those): at least 2, none repeated."""
+    words = [w.strip() for w in text.split(",")]
+    try:
+        numbers = [int(w) for w in words]
+    except ValueError:
+        raise CompareError(
+            f"--seeds {text!r}: give a count (--seeds 5: seeds 0..4) or a list (--seeds 0,1,2)."
+        ) from None
+    seeds = list(range(numbers[0])) if len(numbers) == 1 else numbers
+    if len(seeds) < 2:
+        raise CompareError(
+            f"--seeds {text}: a paired test needs at least 2 seeds; give --seeds 5 or more."
+        )
+    if any(s < 0 for s in seeds):
+        raise CompareError(f"--seeds {text}: seeds are 0 or more.")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise CompareError(f"--seeds {text} repeats {repeated[0]}; list each seed once.")
+    return seeds
+
+
+def _settings(argument: str, where: str) -> dict[str, str]:
+    """`key=value[,key=value]` as {key: text}; a comma inside a value (a list) is kept."""
+    settings: dict[str, str] = {}
+    for part in _NEXT_SETTING.split(argument):
+        key, sep, text = part.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise CompareError(f"{where}: write key=value[,key=value], e.g. model.norm=rmsnorm.")
+        if key in settings:
+            raise CompareError(f"{where} sets {key} twice; keep one.")
+        settings[key] = text.strip()
+    return settings
+
+
+def parse_arm(argument: str) -> tuple[str, dict[str, str]]:
+    """`NAME:key=value[,key=value]` (or `NAME` alone: the config unchanged) as (name, texts)."""
+    name, sep, rest = argument.partition(":")
+    name = name.strip()
+    if not _NAME.match(name):
+        raise CompareError(
+            f"--arm {argument!r}: an arm's name is letters, digits, _ and - (its folder in "
+            "OUT), e.g. --arm rmsnorm:model.norm=rmsnorm."
+        )
+    return name, (_settings(rest, f"--arm {argument}") if sep and rest.strip() else {})
+
+
+def _typed(config_spec: str, texts: dict[str, str], where: str) -> dict[str, Any]:
+    """{key: typed value} of texts, with the settings the picked entries declare found."""
+    config = spaces.base_config(config_spec)
+    add_entry_settings(config, texts)
+    values = {}
+    for key, text in texts.items():
+        if key == "seed":
+            raise CompareError(f"{where} sets seed: the seeds are the comparison's; use --seeds.")
+        try:
+            values[key] = spaces.typed(config, key, text)
+        except ValueError as error:
+            raise CompareError(f"{where}: {error}") from None
+    return values
+
+
+def plan(
+    config_spec: str,
+    out: Path,
+    sets: list[str],
+    arm_arguments: list[str],
+    baseline: str | None,
+    seeds_text: str,
+) -> Comparison:
+    """The checked comparison: every arm's config complete and checked, no two arms alike."""
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"--out {out} is a file; name a folder for the comparison.")
+    config_spec = config_file_of(config_spec)
+    seeds = parse_seeds(seeds_text)
+    try:
+        spaces.base_config(config_spec)
+    except ValueError as error:
+        raise CompareError(str(error)) from None
+    set_texts: dict[str, str] = {}
+    for argument in sets:
+        for key, text in _settings(argument, f"--set {argument}").items():
+            if key in set_texts:
+                raise CompareError(f"--set {key} is given twice; keep one.")
+            set_texts[key] = text
+    fixed = _typed(config_spec, set_texts, "--set")
+    parsed = [parse_arm(argument) for argument in arm_arguments]
+    if baseline is None:
+        parsed.insert(0, (BASELINE, {}))
+    names = [name for name, _ in parsed]
+    for name in names:
+        if names.count(name) > 1:
+            why = " (the unchanged config's name; give --baseline)" if name == BASELINE else ""
+            raise CompareError(f"two arms are named {name}{why}; name each arm once.")
+    if baseline is not None:
+        if baseline not in names:
+            raise CompareError(
+                f"--baseline {baseline} names no --arm; the arms are {', '.join(names)}."
+            )
+        parsed.sort(key=lambda item: item[0] != baseline)  # the baseline first
+    if len(parsed) < 2:
+        raise CompareError(
+            "a comparison needs two arms: give --arm NAME:key=value (the baseline is the "
+            "config unchanged)."
+        )
+    arms, configs = [], {}
+    for name, texts in parsed:
+        where = f"--arm {name}"
+        both = sorted(set(texts) & set(fixed))
+        if both:
+            raise CompareError(f"{where} and --set both set {both[0]}; keep it in one of them.")
+        typed = _typed(config_spec, {**set_texts, **texts}, where)  # --set may pick an entry
+        arm = Arm(name, {key: typed[key] for key in texts})
+        try:
+            configs[name] = check_experiment_config(
+                spaces.config_with(config_spec, {**fixed, **arm.overrides})
+            )
+        except ValueError as error:
+            raise CompareError(f"{where} ({arm.described()}): {error}") from None
+        arms.append(arm)
+    flat = {name: flat_config(_plain(config.to_dict())) for name, config in configs.items()}
+    for i, first in enumerate(arms):
+        for second in arms[i + 1 :]:
+            if flat[first.name] == flat[second.name]:
+                raise CompareError(
+                    f"arms {first.name} and {second.name} differ in nothing (the same config "
+                    "once defaults are filled in); drop one or change a setting."
+                )
+    plugins: dict[str, str] = {}
+    for config in configs.values():
+        plugins.update(user_module_digests(config))
+    identity = {
+        "config_file_sha256": spaces.file_digest(config_spec),
+        "config": _plain(configs[arms[0].name].to_dict()),
+        "set": _plain(fixed),
+        "arms": {arm.name: _plain(arm.overrides) for arm in arms},
+        "baseline": arms[0].name,
+        "seeds": seeds,
+        "plugins": plugins,
+    }
+    return Comparison(
+        config_spec=config_spec,
+        out=out,
+        fixed=fixed,
+        arms=arms,
+        seeds=seeds,
+        num_steps=configs[arms[0].name].num_steps,
+        identity=identity,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON data (a value JSON has no word for: its repr)."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def differences(saved: dict, mine: dict) -> str:
+    """Words for what differs between two identities."""
+    words = []
+    if saved.get("config_file_sha256") != mine.get("config_file_sha256"):
+        words.append("the --config file's content")
+    for name, flag in (("set", "--set"), ("baseline", "--baseline"), ("seeds", "--seeds")):
+        if saved.get(name) != mine.get(name):
+            words.append(f"{flag} ({saved.get(name)!r} then, {mine.get(name)!r} now)")
+    old, new = saved.get("arms", {}), mine.get("arms", {})
+    if list(old) != list(new):
+        words.append(f"the arms ({', '.join(old)} then, {', '.join(new)} now)")
+    for name in old:
+        if name in new and old[name] != new[name]:
+            words.append(f"--arm {name} ({old[name]!r} then, {new[name]!r} now)")
+    if saved.get("plugins") != mine.get("plugins"):
+        words.append("the source of plug-in modules")
+    if not words:
+        before, after = flat_config(saved.get("config", {})), flat_config(mine.get("config", {}))
+        changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+        if changed:  # the config file's imports changed what it returns
+            words.append(f"the config ({', '.join(f'config.{k}' for k in changed)})")
+    return "; ".join(words) or "its settings"
+
+
+def check_out(comparison: Comparison) -> bool:
+    """Whether OUT already holds this comparison; refuses one holding another (or a folder
+    that is not a comparison's and is not empty)."""
+    out = comparison.out
+    path = out / IDENTITY_FILE
+    if not path.exists():
+        if out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir()):
+            raise CompareError(
+                f"--out {out} is a folder of other things (no {IDENTITY_FILE}); give a new or "
+                "empty folder."
+            )
+        return False
+    try:
+        saved = json.loads(path.read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CompareError(
+            f"{path} is unreadable ({type(error).__name__}); give another --out."
+        ) from None
+    if saved != comparison.identity:
+        raise CompareError(
+            f"--out {out} holds another comparison: {differences(saved, comparison.identity)}; "
+            f"rerun its own command (in {path}) to resume it, or give another --out."
+        )
+    return True
+
+
+def write_identity(comparison: Comparison, command: list[str]) -> None:
+    """OUT/compare.json: the identity, and the command that made it (to rerun it)."""
+    path = comparison.out / IDENTITY_FILE
+    text = json.dumps({"command": command, "identity": comparison.identity}, indent=1)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)

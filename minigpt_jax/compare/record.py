@@ -1,0 +1,68 @@
+"""A comparison's run as its record: how it ended (written into its run directory when it ends,
+so a rerun skips it) and what its metrics.jsonl holds (its evaluations, final and best val
+loss). A run not yet ended (never started, stopped by a signal, its worker killed) has no end
+and is run, or resumed from its checkpoint, by the next command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from minigpt_jax.runtime.run_dir import RunDir
+from minigpt_jax.sweep.trial import result_of
+
+END_FILE = "compare_end.json"  # in the run directory: {"status": ..., "error": ...}
+STATUSES = ("ok", "diverged", "failed", "not run")
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """One arm at one seed. status: ok (trained to its end: its values count), diverged (a
+    non-finite loss), failed (an error of the run), or not run (no end recorded yet)."""
+
+    arm: str
+    seed: int
+    status: str
+    evals: list[tuple[int, float]]  # (step, val loss) of every evaluation recorded
+    last_step: int = 0
+    error: str = ""
+
+    @property
+    def final_val_loss(self) -> float | None:
+        return self.evals[-1][1] if self.status == "ok" else None
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return min(v for _, v in self.evals) if self.status == "ok" else None
+
+    def value(self, metric: str) -> float | None:
+        """The run's value of `metric` (final_val_loss or best_val_loss); None unless ok."""
+        return getattr(self, metric)
+
+
+def write_end(run_dir: Path, status: str, error: str = "") -> None:
+    """Records how the run in `run_dir` ended (atomically: a rerun sees it whole or not)."""
+    path = run_dir / END_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp.write_text(json.dumps({"status": status, "error": error}) + "\n")
+    os.replace(tmp, path)
+
+
+def has_ended(run_dir: Path) -> bool:
+    return (run_dir / END_FILE).exists()
+
+
+def read_record(run_dir: Path, arm: str, seed: int) -> RunRecord:
+    """The record of the run in `run_dir` (an ok run with no evaluation counts as failed)."""
+    result = result_of(run_dir, 1, None) if RunDir(run_dir).metrics.exists() else None
+    evals = result.evals if result else []
+    last_step = result.last_step if result else 0
+    if not has_ended(run_dir):
+        return RunRecord(arm, seed, "not run", evals, last_step)
+    end = json.loads((run_dir / END_FILE).read_text())
+    status, error = end["status"], end.get("error", "")
+    if status == "ok" and not evals:
+        status, error = "failed", "the run recorded no val loss"
+    return RunRecord(arm, seed, status, evals, last_step, error)
