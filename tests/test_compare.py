@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from minigpt_jax.compare import command, report, stats
+from minigpt_jax.compare import command, plan, report, stats
 from minigpt_jax.compare.record import RunRecord
 from minigpt_jax.train.metrics import read_metrics
 
@@ -357,3 +357,60 @@ def test_cli_kill_9_then_a_rerun_resumes_from_the_checkpoints(tmp_path, env):
     values = _values(out)
     assert values[("same", 0)] == values[("baseline", 0)]  # resumed, still the same training
     assert values[("same", 1)] == values[("baseline", 1)]
+
+
+@pytest.mark.slow
+def test_cli_time_to_target_reads_the_runs_again_without_training(compared, env):
+    """--metric is not the comparison's identity: the same OUT is read again, nothing trains.
+    A run that never reaches the target is named, not dropped silently."""
+    out, _ = compared
+    values = _values(out)
+    target = max(values[("baseline", s)][1] for s in range(3))  # each baseline run reaches it
+    stdout = _compare(env, out, "--metric", "time_to_target", "--target", repr(target))
+    assert "0 to run, 9 already ended" in stdout
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    for row in rows:
+        assert row["metric"] == "time_to_target"
+        if row["arm"] == "lowlr":  # lr 1e-6: its loss stays near ln(vocab)
+            assert row["value"] == "" and row["seconds_to_target"] == ""
+        else:
+            assert float(row["value"]) > 0 and row["value"] == row["seconds_to_target"]
+    lowlr = next(line for line in stdout.splitlines() if line.startswith("lowlr vs baseline"))
+    assert "no test (2 needed)" in lowlr and "lowlr seed 0 did not reach the target" in lowlr
+    assert "target not reached" in (out / "report.md").read_text()
+
+
+def test_fresh_seeds_skip_the_ones_a_sweep_tuned_on():
+    assert plan.fresh_seeds("3", frozenset({0, 2})) == [1, 3, 4]
+    assert plan.fresh_seeds("5,6", frozenset({0})) == [5, 6]
+    with pytest.raises(plan.CompareError, match="seed 0 is one the sweep tuned on"):
+        plan.fresh_seeds("0,1", frozenset({0}))
+
+
+@pytest.mark.slow
+def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp_path, env):
+    sweep_out, out = tmp_path / "sweep", tmp_path / "recheck"
+    sweep = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out"]
+    sweep += [str(sweep_out), "--space", "optim.lr=3e-3,1e-2", "--trials", "2", "--sampler"]
+    sweep += ["grid", "--set", "num_steps=6", "--set", "eval_every=3"]
+    swept = subprocess.run(sweep, capture_output=True, text=True, cwd=REPO, env=env)
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    rows = list(csv.DictReader((sweep_out / "trials.csv").open()))
+    best = min(rows, key=lambda r: float(r["value"]))
+    recheck = [sys.executable, "-m", "minigpt_jax", "compare", "--from_sweep", str(sweep_out)]
+    recheck += ["--baseline", TINY, "--out", str(out), "--workers", "2"]
+    refused = subprocess.run(recheck + ["--seeds", "0,1"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and not out.exists()
+    assert "seed 0 is one the sweep tuned on" in refused.stderr  # configs/tiny.py's seed
+    result = subprocess.run(recheck + ["--seeds", "2"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in (out / "sweep_best").iterdir()) == ["seed-1", "seed-2"]
+    winner = (out / "sweep_best" / "seed-1" / "config.py").read_text()
+    baseline = (out / "baseline" / "seed-1" / "config.py").read_text()
+    lr = best["params_optim.lr"] if "params_optim.lr" in best else best["optim.lr"]
+    assert f"'optim.lr': {float(lr)!r}" in winner and "optim.lr" not in baseline
+    assert "'num_steps': 6" in winner and "'num_steps': 6" in baseline  # the sweep's --set
+    sweep_value = float(best["value"])
+    assert f"best val loss {sweep_value:.4f} in the sweep" in result.stdout
+    assert "rerun here on fresh seeds 1, 2" in result.stdout
+    assert "sweep_best vs baseline:" in result.stdout

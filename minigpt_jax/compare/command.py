@@ -64,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser()
     add = parser.add_argument
-    add("--config", required=True, help="the base config file[:arg], e.g. configs/tiny.py")
+    add("--config", default=None, help="the base config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the comparison's folder: ARM/seed-S/, report.md, ...")
     add(
         "--arm",
@@ -77,16 +77,39 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         default=None,
         metavar="NAME",
-        help="the --arm the others are compared with (default: the config unchanged)",
+        help="the --arm the others are compared with (default: the config unchanged); with "
+        "--from_sweep, the baseline's config file[:arg]",
     )
+    add(
+        "--from_sweep",
+        default=None,
+        metavar="SWEEP_OUT",
+        help="recheck a sweep's best trial (arm sweep_best) against --baseline CONFIG on seeds "
+        "the sweep did not tune on",
+    )
+    add("--study", default=None, help="with --from_sweep: the study, when SWEEP_OUT holds several")
     add("--seeds", required=True, help="a count (5: seeds 0..4) or a list (0,1,2); at least 2")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="for every arm")
     add("--workers", type=int, default=1, help="runs trained at once, each in its own process")
     add(
+        "--gpus_per_worker",
+        type=int,
+        default=0,
+        help="give each worker its own N GPUs (CUDA_VISIBLE_DEVICES); 0: runs share them all",
+    )
+    add(
         "--metric",
-        default="final_val_loss",
+        default=None,
         choices=plans.METRICS,
-        help="the value compared (default: final_val_loss)",
+        help="the value compared (default: final_val_loss; with --from_sweep, the sweep's "
+        "objective)",
+    )
+    add(
+        "--target",
+        type=float,
+        default=None,
+        help="the val loss time_to_target times (training seconds to the first evaluation at "
+        "or below it)",
     )
     return parser
 
@@ -104,9 +127,52 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
     args = _parser().parse_args(_config_flags_as_sets(argv))
     if args.workers < 1:
         raise plans.CompareError(f"--workers {args.workers} must be at least 1.")
-    comparison = plans.plan(
-        args.config, Path(args.out), args.set, args.arm, args.baseline, args.seeds
-    )
+    if args.gpus_per_worker < 0:
+        raise plans.CompareError("--gpus_per_worker must be 0 (share) or a number of GPUs.")
+    if args.from_sweep is None:
+        if args.config is None:
+            raise plans.CompareError(
+                "give --config FILE (the arms' base config), or --from_sweep SWEEP_OUT."
+            )
+        if args.study is not None:
+            raise plans.CompareError("--study goes with --from_sweep; drop it.")
+        comparison = plans.plan(
+            args.config, Path(args.out), args.set, args.arm, args.baseline, args.seeds
+        )
+    else:
+        if args.config is not None or args.arm:
+            raise plans.CompareError(
+                "--from_sweep compares the sweep's best trial with --baseline CONFIG; drop "
+                "--config and --arm (or compare them without --from_sweep)."
+            )
+        if args.baseline is None:
+            raise plans.CompareError(
+                "--from_sweep needs --baseline CONFIG: the config the winner is checked against."
+            )
+        comparison = plans.plan_from_sweep(
+            Path(args.from_sweep), args.study, args.baseline, Path(args.out), args.set, args.seeds
+        )
+    if args.metric is None:
+        args.metric, objective_target = "final_val_loss", None
+        if comparison.sweep_value is not None:
+            objective = comparison.sweep_value[0]
+            if objective.startswith("training seconds to val loss "):
+                args.metric = "time_to_target"
+                objective_target = float(objective.rsplit(" ", 1)[1])
+            else:
+                args.metric = "best_val_loss"
+        if args.target is None:
+            args.target = objective_target
+    if args.metric == "time_to_target" and args.target is None:
+        raise plans.CompareError("--metric time_to_target needs --target LOSS (the val loss).")
+    if args.target is not None and args.metric != "time_to_target":
+        raise plans.CompareError("--target goes with --metric time_to_target; drop one.")
+    if comparison.sweep_value is not None:
+        sweep_metric = (
+            "best_val_loss" if comparison.sweep_value[0] == "best val loss" else "time_to_target"
+        )
+        if args.metric != sweep_metric:
+            comparison.sweep_value = None  # not the same measure: nothing to set beside it
     return comparison, args
 
 
@@ -153,8 +219,17 @@ def main(argv: list[str]) -> int:
         if args.workers == 1:
             run_here(comparison, todo, stop, say)
         else:
-            run_children(comparison, todo, args.workers, stop, say)
-    records = [read_record(comparison.run_dir(arm, seed), arm.name, seed) for arm, seed in runs]
+            run_children(comparison, todo, args.workers, args.gpus_per_worker, stop, say)
+    records = [
+        read_record(
+            comparison.run_dir(arm, seed),
+            arm.name,
+            seed,
+            comparison.tokens_per_step[arm.name],
+            args.target,
+        )
+        for arm, seed in runs
+    ]
     lines = report.write(
         comparison.out,
         [(arm.name, arm.described()) for arm in comparison.arms],
@@ -162,6 +237,8 @@ def main(argv: list[str]) -> int:
         comparison.seeds,
         args.metric,
         {(arm.name, seed): str(comparison.run_dir(arm, seed)) for arm, seed in runs},
+        comparison.notes,
+        None if comparison.sweep_value is None else comparison.sweep_value[1],
     )
     for line in lines:
         print(line, flush=True)

@@ -6,6 +6,7 @@ raised before anything is written."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -21,7 +22,7 @@ from minigpt_jax.sweep.study import _flat as flat_config
 BASELINE = "baseline"  # the unchanged config's arm, unless --baseline names another
 IDENTITY_FILE = "compare.json"
 LOCK_FILE = ".compare.lock"  # one command at a time on OUT
-METRICS = ("final_val_loss", "best_val_loss")
+METRICS = ("final_val_loss", "best_val_loss", "time_to_target")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _NEXT_SETTING = re.compile(r",(?=\s*[A-Za-z_][\w.]*\s*=)")  # a comma that starts key=value
 
@@ -36,9 +37,13 @@ class Arm:
 
     name: str
     overrides: dict[str, Any]
+    config_spec: str  # the config file[:arg] the overrides apply to
+    about: str = ""  # where the arm comes from, when not from --arm
 
     def described(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
+        if self.about:
+            return f"{self.about}: {shown}" if shown else self.about
         return shown or "the config unchanged"
 
 
@@ -53,6 +58,9 @@ class Comparison:
     seeds: list[int]
     num_steps: int
     identity: dict[str, Any]
+    tokens_per_step: dict[str, int]  # by arm name: batch_size × block_size
+    notes: tuple[str, ...] = ()  # lines the report gives first (a sweep winner's origin)
+    sweep_value: tuple[str, float] | None = None  # (the sweep's objective, the winner's value)
 
     @property
     def baseline(self) -> Arm:
@@ -176,21 +184,35 @@ def plan(
             "a comparison needs two arms: give --arm NAME:key=value (the baseline is the "
             "config unchanged)."
         )
-    arms, configs = [], {}
+    arms = []
     for name, texts in parsed:
         where = f"--arm {name}"
         both = sorted(set(texts) & set(fixed))
         if both:
             raise CompareError(f"{where} and --set both set {both[0]}; keep it in one of them.")
         typed = _typed(config_spec, {**set_texts, **texts}, where)  # --set may pick an entry
-        arm = Arm(name, {key: typed[key] for key in texts})
+        arms.append(Arm(name, {key: typed[key] for key in texts}, config_spec))
+    return _checked(config_spec, out, fixed, arms, seeds)
+
+
+def _checked(
+    config_spec: str,
+    out: Path,
+    fixed: dict[str, Any],
+    arms: list[Arm],
+    seeds: list[int],
+    notes: tuple[str, ...] = (),
+) -> Comparison:
+    """The comparison of `arms` (the baseline first): each arm's config completed and checked,
+    no two alike, and the identity a rerun must match."""
+    configs = {}
+    for arm in arms:
         try:
-            configs[name] = check_experiment_config(
-                spaces.config_with(config_spec, {**fixed, **arm.overrides})
+            configs[arm.name] = check_experiment_config(
+                spaces.config_with(arm.config_spec, {**fixed, **arm.overrides})
             )
         except ValueError as error:
-            raise CompareError(f"{where} ({arm.described()}): {error}") from None
-        arms.append(arm)
+            raise CompareError(f"--arm {arm.name} ({arm.described()}): {error}") from None
     flat = {name: flat_config(_plain(config.to_dict())) for name, config in configs.items()}
     for i, first in enumerate(arms):
         for second in arms[i + 1 :]:
@@ -211,6 +233,11 @@ def plan(
         "seeds": seeds,
         "plugins": plugins,
     }
+    own_files = {
+        a.name: spaces.file_digest(a.config_spec) for a in arms if a.config_spec != config_spec
+    }
+    if own_files:  # an arm of its own config file (a sweep's winner)
+        identity["arm_config_files_sha256"] = own_files
     return Comparison(
         config_spec=config_spec,
         out=out,
@@ -219,7 +246,196 @@ def plan(
         seeds=seeds,
         num_steps=configs[arms[0].name].num_steps,
         identity=identity,
+        tokens_per_step={
+            name: config.batch_size * config.model.block_size for name, config in configs.items()
+        },
+        notes=notes,
     )
+
+
+# ----------------------------------------------------------------------------- a sweep's winner
+
+SWEEP_WINNER = "sweep_best"  # the arm of a sweep's best trial (--from_sweep)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepWinner:
+    """A sweep's best complete trial: its config (the sweep's base config and the values the
+    trial set), its value of the sweep's objective, and every seed the sweep's trials used."""
+
+    study: str
+    trial: int
+    base_spec: str
+    values: dict[str, Any]  # the sweep's fixed settings (its --set) and the searched ones
+    params: frozenset[str]  # the searched keys among them
+    value: float
+    objective: str
+    tuned_seeds: frozenset[int]
+
+
+def _trial_config(config_file: Path) -> tuple[str, dict[str, Any]]:
+    """(BASE, VALUES) of a sweep trial's config.py (sweep.space.config_file_text's form), read
+    as literals, not run."""
+    found: dict[str, Any] = {}
+    try:
+        for node in ast.parse(config_file.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and target.id in ("BASE", "VALUES"):
+                    found[target.id] = ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError) as error:
+        raise CompareError(
+            f"{config_file} cannot be read as a sweep trial's config ({type(error).__name__}: "
+            f"{error}); rerun the sweep's best trial by hand with --config."
+        ) from None
+    if set(found) != {"BASE", "VALUES"}:
+        raise CompareError(
+            f"{config_file} is not a sweep trial's config (no BASE and VALUES); rerun the "
+            "sweep's best trial by hand with --config."
+        )
+    return found["BASE"], found["VALUES"]
+
+
+def sweep_winner(sweep_out: Path, study_name: str | None) -> SweepWinner:
+    """The best trial of the study in SWEEP_OUT/study.db (the only one, or `study_name`)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    database = sweep_out / "study.db"
+    if not database.is_file() or database.stat().st_size == 0:
+        raise CompareError(
+            f"--from_sweep {sweep_out} holds no study.db; name the --out folder of a "
+            "minigpt-jax sweep."
+        )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{database.resolve()}"
+    try:
+        names = optuna.get_all_study_names(storage)
+    except Exception as error:  # another program's file, a damaged database
+        raise CompareError(f"{database} cannot be read as a sweep's study ({error}).") from None
+    if study_name is None:
+        if len(names) != 1:
+            raise CompareError(
+                f"{database} holds studies {', '.join(names)}; say which with --study NAME."
+            )
+        study_name = names[0]
+    elif study_name not in names:
+        raise CompareError(
+            f"--study {study_name}: {database} holds {', '.join(names) or 'no study'}."
+        )
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if not complete:
+        raise CompareError(
+            f"study {study_name!r} in {database} has no complete trial yet; run the sweep first."
+        )
+    best = study.best_trial
+    base_seeds: dict[str, int] = {}
+    tuned, best_config = set(), None
+    for trial in study.get_trials(deepcopy=False):
+        run_dir = trial.user_attrs.get("run_dir")
+        if run_dir is None or not (sweep_out / run_dir / "config.py").is_file():
+            continue
+        base, values = _trial_config(sweep_out / run_dir / "config.py")
+        if "seed" not in values and base not in base_seeds:
+            base_seeds[base] = int(spaces.base_config(base).seed)
+        tuned.add(int(values.get("seed", base_seeds.get(base, 0))))
+        if trial.number == best.number:
+            best_config = (base, values)
+    if best_config is None:
+        raise CompareError(
+            f"the best trial ({best.number}) of study {study_name!r} has no config.py in "
+            f"{sweep_out}; rerun it by hand with --config."
+        )
+    base, values = best_config
+    if not Path(base.partition(":")[0]).is_file():
+        raise CompareError(
+            f"the sweep's base config {base} is gone; restore it, or rerun the best trial by "
+            "hand with --config."
+        )
+    return SweepWinner(
+        study=study_name,
+        trial=best.number,
+        base_spec=base,
+        values={k: v for k, v in values.items() if k != "seed"},
+        params=frozenset(best.params),
+        value=float(best.value),
+        objective=study.user_attrs.get("objective", "best val loss"),
+        tuned_seeds=frozenset(tuned),
+    )
+
+
+def fresh_seeds(text: str, tuned: frozenset[int]) -> list[int]:
+    """`--seeds N`: the N smallest seeds the sweep did not tune on; a list: refused if it holds
+    one it did."""
+    seeds = parse_seeds(text)
+    if "," not in text:
+        seeds, candidate = [], 0
+        while len(seeds) < int(text):
+            if candidate not in tuned:
+                seeds.append(candidate)
+            candidate += 1
+        return seeds
+    used = sorted(set(seeds) & tuned)
+    if used:
+        raise CompareError(
+            f"--seeds {text}: seed {used[0]} is one the sweep tuned on (it used "
+            f"{', '.join(map(str, sorted(tuned)))}); a winner is rechecked on fresh seeds."
+        )
+    return seeds
+
+
+def plan_from_sweep(
+    sweep_out: Path,
+    study_name: str | None,
+    baseline_spec: str,
+    out: Path,
+    sets: list[str],
+    seeds_text: str,
+) -> Comparison:
+    """The comparison of a sweep's best trial (arm `sweep_best`) with `baseline_spec` (arm
+    `baseline`) on seeds the sweep did not tune on; --set applies to both."""
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"--out {out} is a file; name a folder for the comparison.")
+    baseline_spec = config_file_of(baseline_spec)
+    try:
+        spaces.base_config(baseline_spec)
+    except ValueError as error:
+        raise CompareError(f"--baseline: {error}") from None
+    parse_seeds(seeds_text)  # its errors before the sweep's are read
+    winner = sweep_winner(sweep_out, study_name)
+    seeds = fresh_seeds(seeds_text, winner.tuned_seeds)
+    set_texts: dict[str, str] = {}
+    for argument in sets:
+        set_texts.update(_settings(argument, f"--set {argument}"))
+    fixed = _typed(baseline_spec, set_texts, "--set")
+    clash = sorted(k for k in set(fixed) & winner.params if fixed[k] != winner.values[k])
+    if clash:
+        raise CompareError(
+            f"--set {clash[0]}: the sweep chose {winner.values[clash[0]]!r} for it; a recheck "
+            "keeps the winner's values."
+        )
+    # The sweep's own fixed settings (its --set: a shorter run, another corpus) go to both
+    # arms, so the baseline trains as the sweep's trials did; --set may change them for both.
+    sweep_fixed = {
+        k: v for k, v in winner.values.items() if k not in winner.params and k not in fixed
+    }
+    searched = {k: v for k, v in winner.values.items() if k in winner.params}
+    about = f"trial {winner.trial} of sweep {sweep_out} (study {winner.study})"
+    arms = [
+        Arm(BASELINE, sweep_fixed, baseline_spec, about=baseline_spec),
+        Arm(SWEEP_WINNER, {**sweep_fixed, **searched}, winner.base_spec, about=about),
+    ]
+    tuned = ", ".join(map(str, sorted(winner.tuned_seeds)))
+    notes = (
+        f"{SWEEP_WINNER}: {about}, {winner.objective} {winner.value:.4f} in the sweep, whose "
+        f"trials used seed{'s' * (len(winner.tuned_seeds) != 1)} {tuned}; rerun here on fresh "
+        f"seeds {', '.join(map(str, seeds))}.",
+    )
+    comparison = _checked(baseline_spec, out, fixed, arms, seeds, notes)
+    comparison.identity["sweep"] = {"out": str(sweep_out.resolve()), "study": winner.study}
+    comparison.sweep_value = (winner.objective, winner.value)
+    return comparison
 
 
 def _plain(value: Any) -> Any:

@@ -28,6 +28,7 @@ class RunRecord:
     evals: list[tuple[int, float]]  # (step, val loss) of every evaluation recorded
     last_step: int = 0
     error: str = ""
+    seconds_to_target: float | None = None  # training seconds to the first val <= --target
 
     @property
     def final_val_loss(self) -> float | None:
@@ -37,8 +38,13 @@ class RunRecord:
     def best_val_loss(self) -> float | None:
         return min(v for _, v in self.evals) if self.status == "ok" else None
 
+    @property
+    def time_to_target(self) -> float | None:
+        return self.seconds_to_target if self.status == "ok" else None
+
     def value(self, metric: str) -> float | None:
-        """The run's value of `metric` (final_val_loss or best_val_loss); None unless ok."""
+        """The run's value of `metric` (final_val_loss, best_val_loss or time_to_target);
+        None unless ok (and, for time_to_target, unless the run reached the target)."""
         return getattr(self, metric)
 
 
@@ -54,9 +60,14 @@ def has_ended(run_dir: Path) -> bool:
     return (run_dir / END_FILE).exists()
 
 
-def read_record(run_dir: Path, arm: str, seed: int) -> RunRecord:
-    """The record of the run in `run_dir` (an ok run with no evaluation counts as failed)."""
-    result = result_of(run_dir, 1, None) if RunDir(run_dir).metrics.exists() else None
+def read_record(
+    run_dir: Path, arm: str, seed: int, tokens_per_step: int = 1, target: float | None = None
+) -> RunRecord:
+    """The record of the run in `run_dir` (an ok run with no evaluation counts as failed);
+    with a `target`, the training seconds to it (sweep.trial.result_of's account: each step's
+    share of its chunk's time, start-up, compilation and evaluation left out)."""
+    exists = RunDir(run_dir).metrics.exists()
+    result = result_of(run_dir, tokens_per_step, target) if exists else None
     evals = result.evals if result else []
     last_step = result.last_step if result else 0
     if not has_ended(run_dir):
@@ -65,4 +76,5 @@ def read_record(run_dir: Path, arm: str, seed: int) -> RunRecord:
     status, error = end["status"], end.get("error", "")
     if status == "ok" and not evals:
         status, error = "failed", "the run recorded no val loss"
-    return RunRecord(arm, seed, status, evals, last_step, error)
+    seconds = result.seconds_to_target if result else None
+    return RunRecord(arm, seed, status, evals, last_step, error, seconds)

@@ -16,7 +16,12 @@ from pathlib import Path
 from minigpt_jax.compare import stats
 from minigpt_jax.compare.record import RunRecord
 
-METRIC_WORDS = {"final_val_loss": "final val loss", "best_val_loss": "best val loss"}
+METRIC_WORDS = {
+    "final_val_loss": "final val loss",
+    "best_val_loss": "best val loss",
+    "time_to_target": "training seconds to the target val loss",
+}
+UNITS = {"final_val_loss": "nats", "best_val_loss": "nats", "time_to_target": "s"}
 
 
 @dataclasses.dataclass
@@ -38,7 +43,14 @@ class ArmResult:
 
 
 def _ok_values(records: list[RunRecord], metric: str) -> dict[int, float]:
-    return {r.seed: r.value(metric) for r in records if r.status == "ok"}
+    return {r.seed: r.value(metric) for r in records if r.value(metric) is not None}
+
+
+def _why_left_out(record: RunRecord, metric: str) -> str | None:
+    """Why a run's value is not in its arm's figures (None when it is)."""
+    if record.status != "ok":
+        return record.status
+    return "did not reach the target" if record.value(metric) is None else None
 
 
 def analyse(arms: list[tuple[str, str]], records: list[RunRecord], metric: str) -> list[ArmResult]:
@@ -66,7 +78,7 @@ def analyse(arms: list[tuple[str, str]], records: list[RunRecord], metric: str) 
                 result.paired.mean_diff, result.paired.std_diff
             )
     for result in results[1:]:
-        result.verdict = _verdict(result, results[0], holm=adjusted is not None)
+        result.verdict = _verdict(result, results[0], adjusted is not None, metric)
     return results
 
 
@@ -78,20 +90,21 @@ def _p(value: float) -> str:
     return "p < 0.001" if value < 0.001 else f"p = {value:.3f}"
 
 
-def _left_out(result: ArmResult, baseline: ArmResult) -> str:
+def _left_out(result: ArmResult, baseline: ArmResult, metric: str) -> str:
     """Words for the seeds left out of the pairs, and why."""
     why = []
     for records in (baseline.records, result.records):
         for record in records:
-            if record.status != "ok":
-                why.append(f"{record.arm} seed {record.seed} {record.status}")
+            reason = _why_left_out(record, metric)
+            if reason:
+                why.append(f"{record.arm} seed {record.seed} {reason}")
     return f"; left out of the pairs: {', '.join(why)}" if why else ""
 
 
-def _verdict(result: ArmResult, baseline: ArmResult, holm: bool) -> str:
+def _verdict(result: ArmResult, baseline: ArmResult, holm: bool, metric: str) -> str:
     head = f"{result.name} vs {baseline.name}: "
     paired, n = result.paired, len(result.paired_seeds)
-    left_out = _left_out(result, baseline)
+    left_out = _left_out(result, baseline, metric)
     if paired is None:
         return (
             head + f"{n} paired seed{'s' * (n != 1)} trained to the end: no test (2 needed)"
@@ -100,7 +113,7 @@ def _verdict(result: ArmResult, baseline: ArmResult, holm: bool) -> str:
         return head + f"the same value at every one of {n} paired seeds: no difference" + left_out
     corrected = " (Holm-adjusted)" if holm else ""
     text = (
-        head + f"{_number(paired.mean_diff)} nats (95% CI {_number(paired.ci_low)} … "
+        head + f"{_number(paired.mean_diff)} {UNITS[metric]} (95% CI {_number(paired.ci_low)} … "
         f"{_number(paired.ci_high)}), {_p(result.p)}{corrected} over {n} paired seeds"
     )
     if result.p < stats.ALPHA:
@@ -123,8 +136,10 @@ def _exact(value: float | None) -> str:
 
 
 def _run_cell(record: RunRecord, metric: str) -> str:
-    if record.status == "ok":
+    if record.value(metric) is not None:
         return f"{record.value(metric):.4f}"
+    if record.status == "ok":
+        return "target not reached"
     step = f" after step {record.last_step}" if record.last_step else ""
     return f"{record.status}{step}"
 
@@ -141,7 +156,7 @@ def markdown(results: list[ArmResult], metric: str, seeds: list[int], title: str
     """report.md: the verdicts, the table of arms, the table of runs, failures' errors."""
     holm = sum(r.paired is not None for r in results[1:]) >= 2
     words = METRIC_WORDS[metric]
-    lines = [f"# {title}", "", f"Metric: {words} (nats; lower is better).", ""]
+    lines = [f"# {title}", "", f"Metric: {words} ({UNITS[metric]}; lower is better).", ""]
     lines += [f"- {r.verdict}" for r in results[1:]]
     lines += [
         "",
@@ -160,7 +175,7 @@ def markdown(results: list[ArmResult], metric: str, seeds: list[int], title: str
         "|---" * (11 + holm) + "|",
     ]
     for r in results:
-        ok = sum(rec.status == "ok" for rec in r.records)
+        ok = sum(rec.value(metric) is not None for rec in r.records)
         s, d = r.summary, r.paired
         row = [
             r.name + (" (baseline)" if r is results[0] and r.name != "baseline" else ""),
@@ -203,6 +218,7 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
             "value",
             "final_val_loss",
             "best_val_loss",
+            "seconds_to_target",
             "last_step",
             "run_dir",
             "error",
@@ -219,6 +235,7 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
                     _exact(rec.value(metric)),
                     _exact(rec.final_val_loss),
                     _exact(rec.best_val_loss),
+                    _exact(rec.time_to_target),
                     rec.last_step,
                     run_dirs[(rec.arm, rec.seed)],
                     rec.error,
@@ -282,7 +299,7 @@ def figures(results: list[ArmResult], metric: str, out: Path) -> tuple[list[Path
     diffs.axhline(0.0, color="grey", lw=0.8)
     diffs.set_xticks(range(len(results) - 1), [r.name for r in results[1:]], rotation=20)
     diffs.set(
-        ylabel=f"{METRIC_WORDS[metric]} − baseline's (nats)",
+        ylabel=f"{METRIC_WORDS[metric]} − baseline's ({UNITS[metric]})",
         title="per-seed paired differences, mean and 95% CI",
     )
     figure.tight_layout()
@@ -294,6 +311,24 @@ def figures(results: list[ArmResult], metric: str, out: Path) -> tuple[list[Path
     return [path], ""
 
 
+def _recheck(winner: ArmResult, metric: str, sweep_value: float) -> str:
+    """A sweep winner's value in the sweep next to its value on fresh seeds."""
+    head = f"{winner.name}: {METRIC_WORDS[metric]} {sweep_value:.4f} in the sweep"
+    s = winner.summary
+    if s is None:
+        return head + "; too few fresh seeds ended well to say what it is on others"
+    below = s.mean > sweep_value
+    inside = s.ci_low <= sweep_value <= s.ci_high
+    return (
+        head + f", {s.mean:.4f} (95% CI {s.ci_low:.4f} … {s.ci_high:.4f}) over {s.n} fresh "
+        f"seeds: the sweep's figure is {abs(s.mean - sweep_value):.4f} {UNITS[metric]} "
+        + ("below" if below else "above")
+        + " their mean, "
+        + ("inside their interval" if inside else "outside their interval")
+        + (" (the win held luck of the tuned seed)" if below and not inside else "")
+    )
+
+
 def write(
     out: Path,
     arms: list[tuple[str, str]],
@@ -301,17 +336,25 @@ def write(
     seeds: list[int],
     metric: str,
     run_dirs: dict,
+    notes: tuple[str, ...] = (),
+    sweep_value: float | None = None,
 ) -> list[str]:
     """Writes report.md, results.csv and the figure; returns the lines to print: the
-    verdicts, then what was written."""
+    verdicts (after `notes`, lines that say what the comparison is of), then what was
+    written."""
     results = analyse(arms, records, metric)
+    if sweep_value is not None:
+        notes = (*notes, _recheck(results[-1], metric, sweep_value))
     title = f"Comparison in {out}: {len(arms)} arms × {len(seeds)} seeds"
     written, note = figures(results, metric, out)
     text = markdown(results, metric, seeds, title)
+    if notes:
+        head, rest = text.split("\n\n", 1)
+        text = head + "\n\n" + "".join(f"{line}\n\n" for line in notes) + rest
     text += "".join(f"\n![{p.stem}]({p.name})\n" for p in written) or f"\n({note})\n"
     _atomic_write(out / "report.md", text)
     _atomic_write(out / "results.csv", results_csv(results, metric, run_dirs))
-    lines = [r.verdict for r in results[1:]]
+    lines = [*notes, *(r.verdict for r in results[1:])]
     lines.append(
         f"wrote {out / 'report.md'}, {out / 'results.csv'}"
         + "".join(f", {p}" for p in written)

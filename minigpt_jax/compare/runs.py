@@ -49,7 +49,7 @@ def prepare(comparison: Comparison, arm: Arm, seed: int) -> Path:
         f"Arm {arm.name} at seed {seed} of the comparison in {comparison.out} (minigpt-jax "
         f"compare): {arm.described()}."
     )
-    text = spaces.config_file_text(comparison.config_spec, comparison.values(arm, seed), doc)
+    text = spaces.config_file_text(arm.config_spec, comparison.values(arm, seed), doc)
     config_file = run_dir / "config.py"
     if not config_file.exists() or config_file.read_text() != text:
         config_file.write_text(text)
@@ -118,26 +118,36 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
         say(f"[{number}/{len(jobs)}] " + _said(comparison, arm, seed, status, started))
 
 
+def _child_env(slot: int, gpus_per_worker: int) -> dict[str, str]:
+    if gpus_per_worker:
+        first = slot * gpus_per_worker
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_worker))}
+    if "XLA_PYTHON_CLIENT_PREALLOCATE" in os.environ:
+        return {}
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # shared GPUs: no run takes 75% of one
+
+
 def run_children(
     comparison: Comparison,
     jobs: list[tuple[Arm, int]],
     workers: int,
+    gpus_per_worker: int,
     stop: CompareStop,
     say: Say,
 ) -> None:
-    """Trains `jobs` in up to `workers` `minigpt-jax train` children at once."""
+    """Trains `jobs` in up to `workers` `minigpt-jax train` children at once; with
+    `gpus_per_worker`, the child in slot i sees GPUs i·N .. i·N + N − 1 only."""
     pending, running = list(jobs), {}
-    if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
-        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # shared GPUs: none takes 75%
     done = 0
     while pending or running:
         while pending and len(running) < workers and not stop.requested():
             arm, seed = pending.pop(0)
             config_file = prepare(comparison, arm, seed)
-            child = trials.start(config_file.parent, config_file)
-            running[child] = (arm, seed, time.perf_counter())
+            slot = min(set(range(workers)) - {s for *_, s in running.values()})
+            child = trials.start(config_file.parent, config_file, _child_env(slot, gpus_per_worker))
+            running[child] = (arm, seed, time.perf_counter(), slot)
             stop.children.append(child)
-        for child, (arm, seed, started) in list(running.items()):
+        for child, (arm, seed, started, _) in list(running.items()):
             code = child.poll()
             if code is None:
                 continue

@@ -36,9 +36,9 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child, between 
         pass  # not Linux: a killed worker's child trains on, and its run lock keeps it alone
 
 
-def start(run_dir: Path, config_file: Path) -> subprocess.Popen:
+def start(run_dir: Path, config_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`python -m minigpt_jax train --config config_file --workdir run_dir` in a child whose
-    output goes to run_dir/train.log."""
+    output goes to run_dir/train.log (`env`: variables set for it over this process's)."""
     log = open(run_dir / "train.log", "ab")  # noqa: SIM115 - the child holds it
     command = [
         sys.executable, "-m", "minigpt_jax", "train", "--config", str(config_file),
@@ -46,7 +46,11 @@ def start(run_dir: Path, config_file: Path) -> subprocess.Popen:
     ]  # fmt: skip
     try:
         return subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+            env=None if env is None else {**os.environ, **env},
         )
     finally:
         log.close()
