@@ -21,7 +21,8 @@ r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings
                      (an Optuna study; its own flags: minigpt-jax sweep --help)
   minigpt-jax compare --config configs/X.py --out DIR --seeds 5 --arm NAME:key=value[,key=value]
                      [--arm ...] [--baseline NAME] [--set key=value ...] [--workers K]
-                     [--metric final_val_loss|best_val_loss]
+                     [--metric final_val_loss|best_val_loss|time_to_target --target LOSS]
+  minigpt-jax compare --from_sweep SWEEP_OUT --baseline configs/X.py --out DIR --seeds 5
                      (arms over paired seeds: verdicts with paired tests, report.md,
                       results.csv; its own flags: minigpt-jax compare --help)
 

@@ -4,13 +4,21 @@ their difference from the baseline is real (paired statistics over the seeds).
     minigpt-jax compare --config configs/tiny.py --out compares/norm --seeds 5 \\
         --arm rmsnorm:model.norm=rmsnorm [--arm NAME:key=value[,key=value] ...] \\
         [--baseline NAME] [--set key=value ...] [--config.key=value ...] [--workers K] \\
-        [--metric final_val_loss|best_val_loss]
+        [--metric final_val_loss|best_val_loss|time_to_target --target LOSS]
+    minigpt-jax compare --from_sweep SWEEP_OUT [--study NAME] --baseline configs/X.py \\
+        --out compares/recheck --seeds 5
 
 Arms: the baseline is the --config unchanged (named `baseline`), unless --baseline names one of
 the --arm arms (an --arm NAME with no settings is the config unchanged). --set (or
 --config.key=value) applies to every arm. Seeds: `--seeds 5` is seeds 0..4, `--seeds 3,7,11`
 those; config.seed fixes the initialisation, the data order and dropout, so every arm at seed S
 sees the same batches: the differences are paired.
+
+A sweep's winner (--from_sweep): its best trial's config (arm sweep_best) against --baseline
+CONFIG (arm baseline), both with the sweep's own fixed settings (its --set), on seeds none of
+its trials used (`--seeds 5`: the five smallest such; a list naming a tuned seed is refused);
+the metric is the sweep's objective, and the report sets the winner's value in the sweep beside
+its mean on the fresh seeds (how much of the win was the tuned seed's luck).
 
 Each arm at each seed is an ordinary run directory, OUT/ARM/seed-S/ (config.py, metrics.jsonl,
 checkpoints: `minigpt-jax sample --workdir` reads it), trained one after another in this process
@@ -27,7 +35,9 @@ the paired t-test's p, Holm-adjusted with two or more arms, the Wilcoxon signed-
 it, and when not significant the seeds a paired t-test needs to detect the observed difference
 with 80% power at alpha 0.05), results.csv (one row per arm and seed) and figure.png (the
 val-loss curves, mean and a band of one std per arm, and the per-seed differences; skipped with
-a note without matplotlib). Exit status 0 once every run has ended (failed ones included), 1
+a note without matplotlib). --metric is not part of the comparison: a rerun with another reads
+the same runs again (time_to_target: the training seconds to the first evaluation at or below
+--target, start-up, compilation and evaluation left out; a run that never reaches it is named). Exit status 0 once every run has ended (failed ones included), 1
 when a signal stopped the comparison (rerun to resume it), 2 for a refused command.
 """
 
