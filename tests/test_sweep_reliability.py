@@ -56,3 +56,22 @@ def test_a_key_of_an_unknown_group_lists_the_valid_keys(args, env, tmp_path):
     assert f"unknown config key config.{group}" in line, line
     assert "valid keys of config: seed, batch_size" in line and "optim" in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_numpy_cannot_take_is_refused_before_anything_is_written(seed, env, tmp_path):
+    out = tmp_path / "sweep"
+    line = _one_line_error(_sweep(env, out, *SPACE, "--trials", "1", "--seed", seed))
+    assert f"--seed {seed} is out of range; give one of 0..4294967295" in line, line
+    assert not out.exists()  # no study.db
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes"])
+def test_the_largest_seed_varied_per_worker_and_rerun_still_seeds_a_sampler(sampler, tmp_path):
+    from minigpt_jax.sweep import command as sweep_command
+    from minigpt_jax.sweep import study as sweep_study
+
+    argv = ["--config", TINY, "--out", str(tmp_path), *SPACE, "--sampler", sampler]
+    sweep = sweep_command.check([*argv, "--seed", str(2**32 - 1), "--worker_index", "3"])
+    sampler_made = sweep_study.make_sampler(sweep, existing=10**6)  # seed + 1009*3 + 7919e6
+    assert type(sampler_made).__name__.lower().startswith(sampler[:3]), sampler_made

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from minigpt_jax.settings.registry import user_module_digests
 from minigpt_jax.sweep.study import (
+    MAX_SEED,
     PRUNERS,
     SAMPLERS,
     Sweep,
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--pruner_warmup", type=int, default=0, help="steps before a trial may be pruned")
     add("--trials", type=int, default=None, help="trials of the study (default: 20; grid: all)")
     add("--timeout", type=float, default=None, help="start no trial after this many seconds")
-    add("--seed", type=int, default=0, help="the sampler's seed")
+    add("--seed", type=int, default=0, help="the sampler's seed, 0..2**32-1")
     add("--target", type=float, default=None, help="objective: training seconds to this val loss")
     add("--workers", type=int, default=1, help="worker processes on this machine (default: 1)")
     add(
@@ -113,6 +114,8 @@ def check(argv: list[str]) -> Sweep:
         raise SweepError(f"--timeout {args.timeout} must be a positive number of seconds.")
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise SweepError(f"--target {args.target} must be a positive val loss.")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SweepError(f"--seed {args.seed} is out of range; give one of 0..{MAX_SEED}.")
     if not args.heartbeat > 0:
         raise SweepError("--heartbeat must be a positive number of seconds.")
     if not args.study.strip():

@@ -16,6 +16,7 @@ from typing import Any
 MAX_ATTEMPTS = 3  # runs of one run directory: the first and two resumes
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
 PRUNERS = ("median", "halving", "hyperband", "none")
+MAX_SEED = 2**32 - 1  # numpy's seeds: 0..2**32-1
 
 
 class SweepError(ValueError):
@@ -115,7 +116,7 @@ def make_sampler(sweep: Sweep, existing: int):
     args, index = sweep.args, sweep.args.worker_index
     # Grid and QMC index one shared sequence: every worker must hold the same seed. The others
     # draw: each worker (and each rerun) its own stream, or they would propose the same points.
-    varied = args.seed + 1009 * index + 7919 * existing
+    varied = (args.seed + 1009 * index + 7919 * existing) % (MAX_SEED + 1)
     if args.sampler == "grid":
         return _grid_sampler({d.key: list(d.values) for d in sweep.space}, args.seed)
     if args.sampler == "qmc":
