@@ -75,3 +75,72 @@ def test_the_largest_seed_varied_per_worker_and_rerun_still_seeds_a_sampler(samp
     sweep = sweep_command.check([*argv, "--seed", str(2**32 - 1), "--worker_index", "3"])
     sampler_made = sweep_study.make_sampler(sweep, existing=10**6)  # seed + 1009*3 + 7919e6
     assert type(sampler_made).__name__.lower().startswith(sampler[:3]), sampler_made
+
+
+# ----------------------------------------------------------------------------- studies apart
+
+# 4 steps, evaluated and saved every 2: one tiny trial.
+TINY_TRIAL = [
+    "--set", "num_steps=4", "--set", "eval_every=2", "--set", "checkpoint_every=2",
+    *SPACE, "--trials", "1", "--pruner", "none",
+]  # fmt: skip
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def two_studies(tmp_path_factory, env):
+    """The default study of one tiny trial, then `--study other` of the same settings in the
+    same OUT (as the identity refusal advises): (OUT, the first study's files before, after)."""
+    out = tmp_path_factory.mktemp("two") / "sweep"
+    first = _sweep(env, out, *TINY_TRIAL)
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = {**_contents(out / "trials"), "trials.csv": (out / "trials.csv").read_bytes()}
+    second = _sweep(env, out, *TINY_TRIAL, "--study", "other")
+    assert second.returncode == 0, second.stdout + second.stderr
+    after = {**_contents(out / "trials"), "trials.csv": (out / "trials.csv").read_bytes()}
+    return out, before, after, first.stdout, second.stdout
+
+
+def test_a_second_study_in_one_out_trains_in_its_own_folder(two_studies):
+    out, before, after, first, second = two_studies
+    assert after == before  # the first study's runs and table untouched
+    own = out / "studies" / "other"
+    assert (own / "trials" / "0000" / "metrics.jsonl").is_file()
+    assert (own / "trials.csv").is_file() and (own / "best_config.py").is_file()
+    assert f"wrote {own / 'trials.csv'}" in second
+    # a fresh trial of equal settings: the same val loss as the first study's trial 0
+    loss = [line for line in first.splitlines() if "trial 0: best val loss" in line]
+    assert loss and loss[0] in second, (first, second)
+
+
+def test_a_study_made_before_study_folders_keeps_its_trials_in_out(tmp_path):
+    import optuna
+
+    from minigpt_jax.sweep import command as sweep_command
+    from minigpt_jax.sweep import study as sweep_study
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    argv = ["--config", TINY, "--out", str(out), *TINY_TRIAL]
+    old = sweep_command.check([*argv, "--study", "lr"])
+    made = optuna.create_study(study_name="lr", storage=old.storage_url)
+    made.set_user_attr("identity", old.digest)  # what an older version recorded: no folder
+    made.set_user_attr("fixed_settings", old.identity)
+    sweep_study.open_study(old)
+    assert old.folder == out
+    new = sweep_command.check([*argv, "--study", "fresh"])
+    sweep_study.open_study(new)
+    assert new.folder == out / "studies" / "fresh"
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "."])
+def test_a_study_name_that_is_no_folder_name_is_refused(name, tmp_path, capsys):
+    from minigpt_jax.sweep import command as sweep_command
+
+    out = tmp_path / "sweep"
+    assert sweep_command.main(["--config", TINY, "--out", str(out), *SPACE, "--study", name]) == 2
+    assert "names its folder OUT/studies/NAME" in capsys.readouterr().err
+    assert not out.exists()

@@ -12,7 +12,9 @@ Its identity is its fixed settings (the --config file and the config it returns,
 space, the objective and the source of the plug-in modules the config names): the same command
 resumes the study, another is refused, naming what differs.
 
-Each trial trains in OUT/trials/NNNN (NNNN: its trial number) and reports every evaluation's
+Each trial trains in OUT/trials/NNNN (NNNN: its trial number; a study other than the default
+`sweep` has its own folder OUT/studies/NAME for its trials/, trials.csv, best_config.py and
+plots/, so studies in one OUT stay apart) and reports every evaluation's
 val loss to the pruner. A worker records a heartbeat while its trial runs; a trial whose worker
 died (kill -9, a lost machine) is marked failed by the next worker to look and queued again,
 and the new trial resumes the same run directory from its checkpoint (at most 3 attempts). A
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from minigpt_jax.settings.registry import user_module_digests
 from minigpt_jax.sweep.study import (
+    DEFAULT_STUDY,
     MAX_SEED,
     PRUNERS,
     SAMPLERS,
@@ -66,7 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--config", required=True, help="config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the sweep folder: study.db, trials/, trials.csv, plots/")
-    add("--study", default="sweep", help="the study's name in the storage (default: sweep)")
+    add(
+        "--study",
+        default=DEFAULT_STUDY,
+        help="the study's name in the storage (default: sweep); another's trials, table, best "
+        "config and plots go in OUT/studies/NAME",
+    )
     add("--storage", default=None, help="an RDB URL (default: sqlite:///OUT/study.db)")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed for every trial")
     add("--space", action="append", default=[], metavar="KEY=SPEC", help="searched (repeat)")
@@ -120,6 +128,11 @@ def check(argv: list[str]) -> Sweep:
         raise SweepError("--heartbeat must be a positive number of seconds.")
     if not args.study.strip():
         raise SweepError("--study is empty; name the study, e.g. --study lr.")
+    if args.study in (".", "..") or any(c in args.study for c in "/\\\0"):
+        raise SweepError(
+            f"--study {args.study!r} names its folder OUT/studies/NAME: use no / or \\ and not . "
+            "or .., e.g. --study lr."
+        )
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SweepError(f"--out {out} is a file; name a folder for the sweep.")
@@ -235,13 +248,13 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
                 else ""
             )
         )
-    table = report.write_table(study, sweep.out)
-    best_config = report.write_best_config(study, sweep.out, sweep.args.config, sweep.fixed)
-    plots, skipped = report.write_plots(study, sweep.out)
+    table = report.write_table(study, sweep.folder)
+    best_config = report.write_best_config(study, sweep.folder, sweep.args.config, sweep.fixed)
+    plots, skipped = report.write_plots(study, sweep.folder)
     lines.append(
         f"wrote {table}"
         + (f", {best_config}" if best_config else "")
-        + (f", {len(plots)} plots in {sweep.out / 'plots'}" if plots else "")
+        + (f", {len(plots)} plots in {sweep.folder / 'plots'}" if plots else "")
     )
     lines += [f"plot skipped: {note}" for note in skipped]
     lines.append(f"live view: optuna-dashboard {sweep.storage_url}")
@@ -272,6 +285,7 @@ def main(argv: list[str]) -> int:
     try:
         with ask_lock(sweep.out):  # two commands at once: one creates the study, one loads it
             study = open_study(sweep)  # once, before the workers: a refusal stops them all
+            sweep.folder.mkdir(parents=True, exist_ok=True)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2

@@ -37,6 +37,10 @@ class Sweep:
     eval_every: int
     identity: dict[str, Any]
     digest: str
+    # The study's own folder, where its trials/, trials.csv, best_config.py and plots/ go: OUT
+    # for the default study, OUT/studies/NAME for another, so studies in one OUT stay apart.
+    # open_study sets it from the study (one an older version made keeps OUT).
+    folder: Path | None = None
 
     @property
     def objective(self) -> str:
@@ -82,6 +86,7 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
         load_if_exists=True,
     )
     if "identity" not in study.user_attrs:
+        study.set_user_attr("folder", study_folder(sweep.args.study))
         study.set_user_attr("identity", sweep.digest)
         study.set_user_attr("fixed_settings", sweep.identity)
         study.set_user_attr("objective", sweep.objective)
@@ -95,7 +100,17 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
             f"settings: {differs}; rerun its own command to resume it, or start a new study "
             f"with --study NEWNAME."
         )
+    sweep.folder = sweep.out / study.user_attrs.get("folder", ".")  # none: made before folders
     return study
+
+
+DEFAULT_STUDY = "sweep"
+
+
+def study_folder(name: str) -> str:
+    """The folder of study `name`, relative to OUT: "." for the default study, else
+    studies/NAME (a name that is no plain folder name is refused by the command)."""
+    return "." if name == DEFAULT_STUDY else f"studies/{name}"
 
 
 def resume_failed(study, trial) -> None:

@@ -101,7 +101,10 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
     from minigpt_jax.train.metrics import read_metrics
 
     storage, number = study._storage, trial.number
-    run_rel = trial.user_attrs.get("run_dir") or f"trials/{number:04d}"
+    # relative to OUT: the study's folder's trials/NNNN (a queued resume: its run's)
+    run_rel = trial.user_attrs.get("run_dir") or str(
+        (sweep.folder / "trials" / f"{number:04d}").relative_to(sweep.out)
+    )
     trial.set_user_attr("run_dir", run_rel)
     run_dir = sweep.out / run_rel
     run_dir.mkdir(parents=True, exist_ok=True)
