@@ -144,3 +144,13 @@ def test_a_study_name_that_is_no_folder_name_is_refused(name, tmp_path, capsys):
     assert sweep_command.main(["--config", TINY, "--out", str(out), *SPACE, "--study", name]) == 2
     assert "names its folder OUT/studies/NAME" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_unknown_commands_help_is_an_error_naming_it(env):
+    result = _run(env, "nosuch", "--help")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "minigpt-jax: error: unknown command 'nosuch'; the commands: train, prepare, sample, "
+    ), result.stderr
