@@ -154,3 +154,10 @@ def test_an_unknown_commands_help_is_an_error_naming_it(env):
     assert len(lines) == 1 and lines[0].startswith(
         "minigpt-jax: error: unknown command 'nosuch'; the commands: train, prepare, sample, "
     ), result.stderr
+
+
+def test_an_infinite_heartbeat_is_refused_as_such_before_anything_is_written(env, tmp_path):
+    out = tmp_path / "sweep"
+    line = _one_line_error(_sweep(env, out, *SPACE, "--trials", "1", "--heartbeat", "inf"))
+    assert "--heartbeat inf must be a positive number of seconds, at most 3600" in line, line
+    assert not out.exists()  # no study.db, no .ask.lock

@@ -53,6 +53,8 @@ from minigpt_jax.sweep.study import (
 )
 from minigpt_jax.sweep.worker import WorkerStop, work
 
+MAX_HEARTBEAT_S = 3600  # a stale trial is found 4 heartbeats late: hours at most
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not argparse's usage block
@@ -124,8 +126,11 @@ def check(argv: list[str]) -> Sweep:
         raise SweepError(f"--target {args.target} must be a positive val loss.")
     if not 0 <= args.seed <= MAX_SEED:
         raise SweepError(f"--seed {args.seed} is out of range; give one of 0..{MAX_SEED}.")
-    if not args.heartbeat > 0:
-        raise SweepError("--heartbeat must be a positive number of seconds.")
+    if not 0 < args.heartbeat <= MAX_HEARTBEAT_S:  # inf, nan: refused here, not by the storage
+        raise SweepError(
+            f"--heartbeat {args.heartbeat} must be a positive number of seconds, at most "
+            f"{MAX_HEARTBEAT_S} (default 5)."
+        )
     if not args.study.strip():
         raise SweepError("--study is empty; name the study, e.g. --study lr.")
     if args.study in (".", "..") or any(c in args.study for c in "/\\\0"):
