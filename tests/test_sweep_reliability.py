@@ -161,3 +161,44 @@ def test_an_infinite_heartbeat_is_refused_as_such_before_anything_is_written(env
     line = _one_line_error(_sweep(env, out, *SPACE, "--trials", "1", "--heartbeat", "inf"))
     assert "--heartbeat inf must be a positive number of seconds, at most 3600" in line, line
     assert not out.exists()  # no study.db, no .ask.lock
+
+
+def test_a_0_byte_study_db_beside_old_runs_is_refused_not_a_new_study_on_them(
+    two_studies, env, tmp_path
+):
+    import shutil
+
+    out = tmp_path / "sweep"
+    shutil.copytree(two_studies[0] / "trials", out / "trials")  # runs of a study now lost
+    (out / "study.db").write_bytes(b"")
+    before = _contents(out / "trials")
+    line = _one_line_error(_sweep(env, out, *TINY_TRIAL))
+    assert f"study 'sweep' is not in sqlite:///{out / 'study.db'}" in line, line
+    assert f"move {out / 'trials'} aside" in line, line
+    assert _contents(out / "trials") == before
+
+
+def test_two_commands_making_one_study_at_once_refuse_by_identity_not_integrity_error(
+    tmp_path, monkeypatch
+):
+    """Both find the study without an identity, both insert it: the second insert hits the
+    unique key (simulated here, as the real race is rare), and is refused by identity."""
+    import optuna
+    import sqlalchemy.exc
+
+    from minigpt_jax.sweep import command as sweep_command
+    from minigpt_jax.sweep import study as sweep_study
+
+    argv = ["--config", TINY, "--out", str(tmp_path), "--storage", f"sqlite:///{tmp_path}/s.db"]
+    mine = sweep_command.check([*argv, *SPACE])
+    theirs = sweep_command.check([*argv, "--space", "optim.lr=3e-3,4e-3"])
+    original = optuna.Study.set_user_attr
+
+    def the_other_writes_first(study, key, value):
+        monkeypatch.setattr(optuna.Study, "set_user_attr", original)
+        sweep_study.open_study(theirs)
+        raise sqlalchemy.exc.IntegrityError("INSERT INTO study_user_attributes", {}, None)
+
+    monkeypatch.setattr(optuna.Study, "set_user_attr", the_other_writes_first)
+    with pytest.raises(sweep_study.SweepError, match=r"other fixed settings: --space"):
+        sweep_study.open_study(mine)

@@ -77,21 +77,29 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
     # "experimental" and "supposed to be used with optimize" warnings say nothing to act on.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+    from sqlalchemy.exc import IntegrityError
+
+    storage = _storage(sweep)
+    if sweep.args.study not in {s.study_name for s in storage.get_all_studies()}:
+        _refuse_runs_of_a_lost_study(sweep)
     study = optuna.create_study(
         study_name=sweep.args.study,
-        storage=_storage(sweep),
+        storage=storage,
         sampler=sampler,
         pruner=pruner,
         direction="minimize",
         load_if_exists=True,
     )
     if "identity" not in study.user_attrs:
-        study.set_user_attr("folder", study_folder(sweep.args.study))
-        study.set_user_attr("identity", sweep.digest)
-        study.set_user_attr("fixed_settings", sweep.identity)
-        study.set_user_attr("objective", sweep.objective)
+        try:
+            study.set_user_attr("folder", study_folder(sweep.args.study))
+            study.set_user_attr("identity", sweep.digest)
+            study.set_user_attr("fixed_settings", sweep.identity)
+            study.set_user_attr("objective", sweep.objective)
+        except IntegrityError:  # another command made the study at once and wrote first
+            pass
         study = optuna.load_study(
-            study_name=sweep.args.study, storage=study._storage, sampler=sampler, pruner=pruner
+            study_name=sweep.args.study, storage=storage, sampler=sampler, pruner=pruner
         )  # two commands at once: the last write is the study's; the other is refused below
     if study.user_attrs["identity"] != sweep.digest:
         differs = _differences(study.user_attrs.get("fixed_settings", {}), sweep.identity)
@@ -105,6 +113,19 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
 
 
 DEFAULT_STUDY = "sweep"
+
+
+def _refuse_runs_of_a_lost_study(sweep: Sweep) -> None:
+    """A study new to the storage whose trials folder already holds runs (study.db emptied,
+    truncated to 0 bytes or deleted): refused, as its trials would resume or overwrite them."""
+    trials = sweep.out / study_folder(sweep.args.study) / "trials"
+    runs = sorted(p.name for p in trials.iterdir() if p.is_dir()) if trials.is_dir() else []
+    if runs:
+        raise SweepError(
+            f"study {sweep.args.study!r} is not in {sweep.storage_url} (an empty, 0-byte or "
+            f"replaced study.db?), but {trials} holds {len(runs)} runs of it ({runs[0]}...); "
+            f"restore its study.db, or move {trials} aside to start the study afresh."
+        )
 
 
 def study_folder(name: str) -> str:
