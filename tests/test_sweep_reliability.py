@@ -202,3 +202,51 @@ def test_two_commands_making_one_study_at_once_refuse_by_identity_not_integrity_
     monkeypatch.setattr(optuna.Study, "set_user_attr", the_other_writes_first)
     with pytest.raises(sweep_study.SweepError, match=r"other fixed settings: --space"):
         sweep_study.open_study(mine)
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """make(*paths): each path read-only, for root too (chattr +i), undone at the end."""
+    made = []
+
+    def make(*paths):
+        for path in paths:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+            if os.geteuid() == 0:
+                subprocess.run(["chattr", "+i", str(path)], check=True)
+            made.append(path)
+
+    yield make
+    for path in made:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def test_a_complete_study_in_a_read_only_study_db_is_one_line(
+    two_studies, env, tmp_path, read_only
+):
+    import shutil
+
+    out = tmp_path / "sweep"
+    shutil.copytree(two_studies[0], out)
+    read_only(out / "study.db", out)
+    line = _one_line_error(_sweep(env, out, *TINY_TRIAL))
+    assert f"the study's storage {out / 'study.db'} cannot be used (attempt to write a " in line
+    assert "make it and its folder writable" in line, line
+
+
+def test_another_programs_database_as_storage_is_one_line(env, tmp_path):
+    import sqlite3
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    with sqlite3.connect(out / "study.db") as other:  # tables of the same names, its own columns
+        other.execute("create table studies (id text, name text)")
+        other.execute("create table alembic_version (version_num text)")
+    line = _one_line_error(_sweep(env, out, *TINY_TRIAL))
+    assert f"the study's storage {out / 'study.db'} cannot be used (no such column: " in line
+    assert "not another program's" in line, line

@@ -50,6 +50,8 @@ from minigpt_jax.sweep.study import (
     SweepError,
     ask_lock,
     open_study,
+    storage_errors,
+    storage_failure,
 )
 from minigpt_jax.sweep.worker import WorkerStop, work
 
@@ -294,15 +296,25 @@ def main(argv: list[str]) -> int:
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2
-    if sweep.args.worker_index == 0:
-        stop.children = _spawn_workers(sweep, argv)
-    work(sweep, stop, study._storage)
-    status = 0
-    for child in stop.children:
-        status = max(status, child.wait())
-    if sweep.args.worker_index == 0:
-        for line in summary(study, sweep, time.perf_counter() - wall_start):
-            print(line, flush=True)
+    except storage_errors() as error:
+        print(f"minigpt-jax sweep: error: {storage_failure(sweep, error)}", file=sys.stderr)
+        return 2
+    try:
+        if sweep.args.worker_index == 0:
+            stop.children = _spawn_workers(sweep, argv)
+        work(sweep, stop, study._storage)
+        status = 0
+        for child in stop.children:
+            status = max(status, child.wait())
+        if sweep.args.worker_index == 0:
+            for line in summary(study, sweep, time.perf_counter() - wall_start):
+                print(line, flush=True)
+    except storage_errors() as error:  # written while the study ran: its trials keep their runs
+        for child in stop.children:
+            child.terminate()
+            child.wait()
+        print(f"minigpt-jax sweep: error: {storage_failure(sweep, error)}", file=sys.stderr)
+        return 2
     if stop.signal_name:
         print(
             f"stopped by {stop.signal_name}: the trial in flight kept its checkpoint and is "

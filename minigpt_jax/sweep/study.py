@@ -68,6 +68,29 @@ def _storage(sweep: Sweep):
         raise SweepError(f"--storage {sweep.storage_url}: {line}; check the URL.") from None
 
 
+def storage_errors() -> tuple[type[Exception], ...]:
+    """What Optuna and SQLAlchemy raise when the storage cannot be read or written."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+
+
+def storage_failure(sweep: Sweep, error: Exception) -> str:
+    """One line for a storage error (a study.db it cannot write, another program's database):
+    the database, the driver's reason, the fix."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    url = sweep.storage_url
+    where = url.partition(":///")[2] if url.startswith("sqlite:///") else url
+    why = reason[0] if reason else type(cause).__name__
+    return (
+        f"the study's storage {where} cannot be used ({why}); "
+        "make it and its folder writable, or give --storage a database this sweep made (not "
+        "another program's); the runs in OUT are kept."
+    )
+
+
 def open_study(sweep: Sweep, sampler=None, pruner=None):
     """The study, created if new, with this command's identity; refuses one with another."""
     import optuna
