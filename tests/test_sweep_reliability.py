@@ -250,3 +250,32 @@ def test_another_programs_database_as_storage_is_one_line(env, tmp_path):
     line = _one_line_error(_sweep(env, out, *TINY_TRIAL))
     assert f"the study's storage {out / 'study.db'} cannot be used (no such column: " in line
     assert "not another program's" in line, line
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def test_a_signal_while_a_trial_starts_is_one_line_and_the_rerun_resumes(env, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
+    worker = subprocess.Popen(
+        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env=env,
+    )  # fmt: skip
+    first = worker.stdout.readline()  # "[worker 0] trial 0: ...": its child is starting
+    assert "trial 0:" in first, first + worker.stderr.read()
+    time.sleep(0.5)
+    assert not (out / "trials" / "0000" / "metrics.jsonl").exists()  # still starting
+    worker.send_signal(signal.SIGTERM)
+    stdout, stderr = worker.communicate(timeout=300)
+    assert worker.returncode == 1, first + stdout + stderr
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr
+    assert "trial 0: stopped before its first step; rerun the same command" in stdout, stdout
+    assert "stopped by SIGTERM" in stdout, stdout
+    rerun = _sweep(env, out, *TINY_TRIAL)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "trial 1: optim.lr=" in rerun.stdout and "(resumes trial 0)" in rerun.stdout
+    assert "1 complete" in rerun.stdout, rerun.stdout

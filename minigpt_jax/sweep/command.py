@@ -280,14 +280,17 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    stop = WorkerStop()  # from here: a signal while the config loads is not swallowed
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         sweep = check(argv)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2
-    stop = WorkerStop()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    if stop.signal_name:
+        print(f"stopped by {stop.signal_name} before the study opened; nothing written.")
+        return 1
     sweep.out.mkdir(parents=True, exist_ok=True)
     try:
         with ask_lock(sweep.out):  # two commands at once: one creates the study, one loads it
