@@ -442,6 +442,14 @@ def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a config-key typo turned into a message listing the valid keys, and
     a built-in config's name (`--config tiny`) turned into its packaged file."""
     if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
+        named = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+        if named is not None and named not in COMMANDS:  # `minigpt-jax nosuch --help`
+            print(
+                f"minigpt-jax: error: unknown command {named!r}; the commands: "
+                f"{', '.join(COMMANDS)} (minigpt-jax --help says what each does).",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         print(_help())
         sys.exit(0)
     _EntrySettingsParser.overrides = _overrides(argv)

@@ -12,7 +12,9 @@ Its identity is its fixed settings (the --config file and the config it returns,
 space, the objective and the source of the plug-in modules the config names): the same command
 resumes the study, another is refused, naming what differs.
 
-Each trial trains in OUT/trials/NNNN (NNNN: its trial number) and reports every evaluation's
+Each trial trains in OUT/trials/NNNN (NNNN: its trial number; a study other than the default
+`sweep` has its own folder OUT/studies/NAME for its trials/, trials.csv, best_config.py and
+plots/, so studies in one OUT stay apart) and reports every evaluation's
 val loss to the pruner. A worker records a heartbeat while its trial runs; a trial whose worker
 died (kill -9, a lost machine) is marked failed by the next worker to look and queued again,
 and the new trial resumes the same run directory from its checkpoint (at most 3 attempts). A
@@ -40,14 +42,20 @@ from pathlib import Path
 
 from minigpt_jax.settings.registry import user_module_digests
 from minigpt_jax.sweep.study import (
+    DEFAULT_STUDY,
+    MAX_SEED,
     PRUNERS,
     SAMPLERS,
     Sweep,
     SweepError,
     ask_lock,
     open_study,
+    storage_errors,
+    storage_failure,
 )
 from minigpt_jax.sweep.worker import WorkerStop, work
+
+MAX_HEARTBEAT_S = 3600  # a stale trial is found 4 heartbeats late: hours at most
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--config", required=True, help="config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the sweep folder: study.db, trials/, trials.csv, plots/")
-    add("--study", default="sweep", help="the study's name in the storage (default: sweep)")
+    add(
+        "--study",
+        default=DEFAULT_STUDY,
+        help="the study's name in the storage (default: sweep); another's trials, table, best "
+        "config and plots go in OUT/studies/NAME",
+    )
     add("--storage", default=None, help="an RDB URL (default: sqlite:///OUT/study.db)")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed for every trial")
     add("--space", action="append", default=[], metavar="KEY=SPEC", help="searched (repeat)")
@@ -75,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--pruner_warmup", type=int, default=0, help="steps before a trial may be pruned")
     add("--trials", type=int, default=None, help="trials of the study (default: 20; grid: all)")
     add("--timeout", type=float, default=None, help="start no trial after this many seconds")
-    add("--seed", type=int, default=0, help="the sampler's seed")
+    add("--seed", type=int, default=0, help="the sampler's seed, 0..2**32-1")
     add("--target", type=float, default=None, help="objective: training seconds to this val loss")
     add("--workers", type=int, default=1, help="worker processes on this machine (default: 1)")
     add(
@@ -113,10 +126,20 @@ def check(argv: list[str]) -> Sweep:
         raise SweepError(f"--timeout {args.timeout} must be a positive number of seconds.")
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise SweepError(f"--target {args.target} must be a positive val loss.")
-    if not args.heartbeat > 0:
-        raise SweepError("--heartbeat must be a positive number of seconds.")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SweepError(f"--seed {args.seed} is out of range; give one of 0..{MAX_SEED}.")
+    if not 0 < args.heartbeat <= MAX_HEARTBEAT_S:  # inf, nan: refused here, not by the storage
+        raise SweepError(
+            f"--heartbeat {args.heartbeat} must be a positive number of seconds, at most "
+            f"{MAX_HEARTBEAT_S} (default 5)."
+        )
     if not args.study.strip():
         raise SweepError("--study is empty; name the study, e.g. --study lr.")
+    if args.study in (".", "..") or any(c in args.study for c in "/\\\0"):
+        raise SweepError(
+            f"--study {args.study!r} names its folder OUT/studies/NAME: use no / or \\ and not . "
+            "or .., e.g. --study lr."
+        )
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SweepError(f"--out {out} is a file; name a folder for the sweep.")
@@ -232,13 +255,13 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
                 else ""
             )
         )
-    table = report.write_table(study, sweep.out)
-    best_config = report.write_best_config(study, sweep.out, sweep.args.config, sweep.fixed)
-    plots, skipped = report.write_plots(study, sweep.out)
+    table = report.write_table(study, sweep.folder)
+    best_config = report.write_best_config(study, sweep.folder, sweep.args.config, sweep.fixed)
+    plots, skipped = report.write_plots(study, sweep.folder)
     lines.append(
         f"wrote {table}"
         + (f", {best_config}" if best_config else "")
-        + (f", {len(plots)} plots in {sweep.out / 'plots'}" if plots else "")
+        + (f", {len(plots)} plots in {sweep.folder / 'plots'}" if plots else "")
     )
     lines += [f"plot skipped: {note}" for note in skipped]
     lines.append(f"live view: optuna-dashboard {sweep.storage_url}")
@@ -257,30 +280,44 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    stop = WorkerStop()  # from here: a signal while the config loads is not swallowed
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         sweep = check(argv)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2
-    stop = WorkerStop()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    if stop.signal_name:
+        print(f"stopped by {stop.signal_name} before the study opened; nothing written.")
+        return 1
     sweep.out.mkdir(parents=True, exist_ok=True)
     try:
         with ask_lock(sweep.out):  # two commands at once: one creates the study, one loads it
             study = open_study(sweep)  # once, before the workers: a refusal stops them all
+            sweep.folder.mkdir(parents=True, exist_ok=True)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2
-    if sweep.args.worker_index == 0:
-        stop.children = _spawn_workers(sweep, argv)
-    work(sweep, stop, study._storage)
-    status = 0
-    for child in stop.children:
-        status = max(status, child.wait())
-    if sweep.args.worker_index == 0:
-        for line in summary(study, sweep, time.perf_counter() - wall_start):
-            print(line, flush=True)
+    except storage_errors() as error:
+        print(f"minigpt-jax sweep: error: {storage_failure(sweep, error)}", file=sys.stderr)
+        return 2
+    try:
+        if sweep.args.worker_index == 0:
+            stop.children = _spawn_workers(sweep, argv)
+        work(sweep, stop, study._storage)
+        status = 0
+        for child in stop.children:
+            status = max(status, child.wait())
+        if sweep.args.worker_index == 0:
+            for line in summary(study, sweep, time.perf_counter() - wall_start):
+                print(line, flush=True)
+    except storage_errors() as error:  # written while the study ran: its trials keep their runs
+        for child in stop.children:
+            child.terminate()
+            child.wait()
+        print(f"minigpt-jax sweep: error: {storage_failure(sweep, error)}", file=sys.stderr)
+        return 2
     if stop.signal_name:
         print(
             f"stopped by {stop.signal_name}: the trial in flight kept its checkpoint and is "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from minigpt_jax.experiment import (
+    EXPERIMENT_KEYS,
     check_experiment_config,
     declaration,
     load_config_file,
@@ -91,8 +92,23 @@ def _type_of(config, key: str) -> tuple[type, Any]:
     found, value = _existing(config, key)
     if found and not hasattr(value, "keys"):
         return (type(value) if value is not None else str), None
+    raise ValueError(_unknown_key(config, key))
+
+
+def _unknown_key(config, key: str) -> str:
+    """The "did you mean" line of an unknown `key`: the valid keys of its group (the picked
+    entries' own settings too), or, when its group is none, the keys and groups of config."""
     path, _, name = key.rpartition(".")
-    raise ValueError(unknown_key_message(path, name))
+    if path not in EXPERIMENT_KEYS:  # train.steps, nosuch.key: no such group
+        head, _, rest = key.partition(".")
+        if head in EXPERIMENT_KEYS:  # model.norm.x: a setting is no group
+            return f"unknown config key config.{key}: config.{path} is not a group of settings."
+        line = unknown_key_message("", head)  # "unknown config key config.HEAD ...; valid ..."
+        return line.replace(f"config.{head}", f"config.{head} (in {key})", 1)
+    found, group = _existing(config, path) if path else (True, config)
+    own = tuple(k for k in (group.keys() if found and hasattr(group, "keys") else ())
+                if k not in EXPERIMENT_KEYS[path])  # fmt: skip
+    return unknown_key_message(path, name, own)
 
 
 def typed(config, key: str, text: str) -> Any:

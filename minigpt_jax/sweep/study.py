@@ -16,6 +16,7 @@ from typing import Any
 MAX_ATTEMPTS = 3  # runs of one run directory: the first and two resumes
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
 PRUNERS = ("median", "halving", "hyperband", "none")
+MAX_SEED = 2**32 - 1  # numpy's seeds: 0..2**32-1
 
 
 class SweepError(ValueError):
@@ -36,6 +37,10 @@ class Sweep:
     eval_every: int
     identity: dict[str, Any]
     digest: str
+    # The study's own folder, where its trials/, trials.csv, best_config.py and plots/ go: OUT
+    # for the default study, OUT/studies/NAME for another, so studies in one OUT stay apart.
+    # open_study sets it from the study (one an older version made keeps OUT).
+    folder: Path | None = None
 
     @property
     def objective(self) -> str:
@@ -63,6 +68,29 @@ def _storage(sweep: Sweep):
         raise SweepError(f"--storage {sweep.storage_url}: {line}; check the URL.") from None
 
 
+def storage_errors() -> tuple[type[Exception], ...]:
+    """What Optuna and SQLAlchemy raise when the storage cannot be read or written."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+
+
+def storage_failure(sweep: Sweep, error: Exception) -> str:
+    """One line for a storage error (a study.db it cannot write, another program's database):
+    the database, the driver's reason, the fix."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    url = sweep.storage_url
+    where = url.partition(":///")[2] if url.startswith("sqlite:///") else url
+    why = reason[0] if reason else type(cause).__name__
+    return (
+        f"the study's storage {where} cannot be used ({why}); "
+        "make it and its folder writable, or give --storage a database this sweep made (not "
+        "another program's); the runs in OUT are kept."
+    )
+
+
 def open_study(sweep: Sweep, sampler=None, pruner=None):
     """The study, created if new, with this command's identity; refuses one with another."""
     import optuna
@@ -72,20 +100,29 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
     # "experimental" and "supposed to be used with optimize" warnings say nothing to act on.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+    from sqlalchemy.exc import IntegrityError
+
+    storage = _storage(sweep)
+    if sweep.args.study not in {s.study_name for s in storage.get_all_studies()}:
+        _refuse_runs_of_a_lost_study(sweep)
     study = optuna.create_study(
         study_name=sweep.args.study,
-        storage=_storage(sweep),
+        storage=storage,
         sampler=sampler,
         pruner=pruner,
         direction="minimize",
         load_if_exists=True,
     )
     if "identity" not in study.user_attrs:
-        study.set_user_attr("identity", sweep.digest)
-        study.set_user_attr("fixed_settings", sweep.identity)
-        study.set_user_attr("objective", sweep.objective)
+        try:
+            study.set_user_attr("folder", study_folder(sweep.args.study))
+            study.set_user_attr("identity", sweep.digest)
+            study.set_user_attr("fixed_settings", sweep.identity)
+            study.set_user_attr("objective", sweep.objective)
+        except IntegrityError:  # another command made the study at once and wrote first
+            pass
         study = optuna.load_study(
-            study_name=sweep.args.study, storage=study._storage, sampler=sampler, pruner=pruner
+            study_name=sweep.args.study, storage=storage, sampler=sampler, pruner=pruner
         )  # two commands at once: the last write is the study's; the other is refused below
     if study.user_attrs["identity"] != sweep.digest:
         differs = _differences(study.user_attrs.get("fixed_settings", {}), sweep.identity)
@@ -94,7 +131,30 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
             f"settings: {differs}; rerun its own command to resume it, or start a new study "
             f"with --study NEWNAME."
         )
+    sweep.folder = sweep.out / study.user_attrs.get("folder", ".")  # none: made before folders
     return study
+
+
+DEFAULT_STUDY = "sweep"
+
+
+def _refuse_runs_of_a_lost_study(sweep: Sweep) -> None:
+    """A study new to the storage whose trials folder already holds runs (study.db emptied,
+    truncated to 0 bytes or deleted): refused, as its trials would resume or overwrite them."""
+    trials = sweep.out / study_folder(sweep.args.study) / "trials"
+    runs = sorted(p.name for p in trials.iterdir() if p.is_dir()) if trials.is_dir() else []
+    if runs:
+        raise SweepError(
+            f"study {sweep.args.study!r} is not in {sweep.storage_url} (an empty, 0-byte or "
+            f"replaced study.db?), but {trials} holds {len(runs)} runs of it ({runs[0]}...); "
+            f"restore its study.db, or move {trials} aside to start the study afresh."
+        )
+
+
+def study_folder(name: str) -> str:
+    """The folder of study `name`, relative to OUT: "." for the default study, else
+    studies/NAME (a name that is no plain folder name is refused by the command)."""
+    return "." if name == DEFAULT_STUDY else f"studies/{name}"
 
 
 def resume_failed(study, trial) -> None:
@@ -115,7 +175,7 @@ def make_sampler(sweep: Sweep, existing: int):
     args, index = sweep.args, sweep.args.worker_index
     # Grid and QMC index one shared sequence: every worker must hold the same seed. The others
     # draw: each worker (and each rerun) its own stream, or they would propose the same points.
-    varied = args.seed + 1009 * index + 7919 * existing
+    varied = (args.seed + 1009 * index + 7919 * existing) % (MAX_SEED + 1)
     if args.sampler == "grid":
         return _grid_sampler({d.key: list(d.values) for d in sweep.space}, args.seed)
     if args.sampler == "qmc":

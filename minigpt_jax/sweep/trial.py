@@ -138,6 +138,14 @@ def stop(child: subprocess.Popen) -> int:
     return 0 if child.returncode == 128 + signal.SIGTERM else child.returncode
 
 
+def records_of(run_dir: Path) -> list[dict]:
+    """The records of the run's metrics.jsonl; none when the child ended before writing one
+    (stopped or killed while it started)."""
+    if not RunDir(run_dir).metrics.exists():
+        return []
+    return read_metrics(run_dir)
+
+
 @dataclasses.dataclass
 class Result:
     """A finished run directory's record: its evaluations, best val loss, last step and, for a
@@ -156,7 +164,7 @@ def result_of(run_dir: Path, tokens_per_step: int, target: float | None) -> Resu
     chunk's time (tokens per step / tokens_per_sec), start-up, compilation and evaluation left
     out, so a trial resumed from its checkpoint is timed as one that ran through."""
     evals, seconds, elapsed, last = [], {}, 0.0, 0
-    for record in read_metrics(run_dir):
+    for record in records_of(run_dir):
         step = record["step"]
         last = max(last, step)
         rate = record.get("tokens_per_sec")

@@ -98,10 +98,12 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
     from minigpt_jax.experiment import check_experiment_config
     from minigpt_jax.sweep import space as spaces
     from minigpt_jax.sweep import trial as trials
-    from minigpt_jax.train.metrics import read_metrics
 
     storage, number = study._storage, trial.number
-    run_rel = trial.user_attrs.get("run_dir") or f"trials/{number:04d}"
+    # relative to OUT: the study's folder's trials/NNNN (a queued resume: its run's)
+    run_rel = trial.user_attrs.get("run_dir") or str(
+        (sweep.folder / "trials" / f"{number:04d}").relative_to(sweep.out)
+    )
     trial.set_user_attr("run_dir", run_rel)
     run_dir = sweep.out / run_rel
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +160,7 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
         return _say(sweep, f"trial {number}: taken over (its heartbeat lapsed); left to it")
     try:
         if why == "pruned":
-            last = max((r["step"] for r in read_metrics(run_dir)), default=pruned["step"])
+            last = max((r["step"] for r in trials.records_of(run_dir)), default=pruned["step"])
             trial.set_user_attr("pruned_at_step", pruned["step"])
             trial.set_user_attr("stopped_at_step", last)  # a few steps on: the worker's reaction
             trial.set_user_attr("pruned_reason", pruned["reason"])
@@ -173,10 +175,13 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
             trial.set_user_attr("stopped_at_step", result.last_step)
             study.tell(trial, state=TrialState.FAIL)
             resume_failed(study, storage.get_trial(trial._trial_id))
+            where = (
+                f"at step {result.last_step}, checkpoint kept"
+                if result.last_step
+                else "before its first step"  # a signal while the child started
+            )
             return _say(
-                sweep,
-                f"trial {number}: stopped at step {result.last_step}, checkpoint kept; rerun the "
-                "same command to resume it",
+                sweep, f"trial {number}: stopped {where}; rerun the same command to resume it"
             )
         if code != 0 or result.best_val_loss is None:
             return fail(trials.last_line(run_dir) if code else "the run recorded no val loss")
