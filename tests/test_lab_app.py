@@ -553,6 +553,9 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     assert float(p_now.rstrip(" %").replace(",", ".")) > 95.0, p_now
     chart = page.svg_texts("step-chart-img")
     assert words["step_axis"] in chart and words["step_chart"] in chart, chart
+    alt = page.js("return document.getElementById('step-chart-img').alt;")
+    points = "en 61 puntos" if lang == "es" else "over 61 points"  # steps 0..60, the last once
+    assert points in alt, alt
     assert np.abs(table[1] - compute.TABLE_VxD[1]).max() > 0.5  # kamienny moved
     others = [0, 2, 3, 4, 5]
     np.testing.assert_array_equal(table[others], compute.TABLE_VxD[others])
