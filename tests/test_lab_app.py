@@ -608,6 +608,30 @@ def test_phone_width_scrolls_tables_and_keeps_plots_readable(servers, browser, t
         """
     )
     assert overflowing == [], overflowing
+    # Each step figure fits the box that clips it: the window and every ancestor whose
+    # overflow-x hides or scrolls (issue 39, defect 1: the "now" column was cut at 390 px).
+    cut = page.js(
+        """
+        function clipBox(el) {
+          let r = {left: 0, right: innerWidth};
+          for (let a = el.parentElement; a; a = a.parentElement) {
+            if (/(hidden|auto|scroll|clip)/.test(getComputedStyle(a).overflowX)) {
+              const b = a.getBoundingClientRect();
+              r = {left: Math.max(r.left, b.left), right: Math.min(r.right, b.right)};
+            }
+          }
+          return r;
+        }
+        const out = [];
+        for (const cell of document.querySelectorAll('#step-figures th, #step-figures td')) {
+          const box = cell.getBoundingClientRect(), clip = clipBox(cell);
+          if (box.left < clip.left - 1 || box.right > clip.right + 1)
+            out.push([cell.textContent, box.left, box.right, clip.left, clip.right]);
+        }
+        return out;
+        """
+    )
+    assert cut == [], cut
     widths = page.js(
         "return [...document.querySelectorAll('.lab-plot img')]"
         ".map(e => e.getBoundingClientRect().width);"
