@@ -14,15 +14,13 @@ LANGUAGES = ("en", "es")
 
 
 def number(value, spec: str, lang: str) -> str:
-    """format(value, spec) as `lang` prints it: "0,755" and "47,0 %" in Spanish (spec "%": a
-    percentage); -0.0 prints as 0."""
+    """format(value, spec) as `lang` prints it: "0,755" and "47,0%" in Spanish, as the article
+    writes them; -0.0 prints as 0."""
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         value = float(value) + 0.0
     text = format(value, spec)
     if lang == "es":
         text = text.replace(".", ",")
-        if text.endswith("%"):
-            text = text[:-1] + " %"
     return text
 
 
