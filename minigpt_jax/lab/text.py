@@ -1,7 +1,7 @@
 """The lab page's words in English and Spanish; `message(lang, key, **params)` formats one.
 
-Numbers are formatted as each language prints them: the Spanish page writes a decimal comma and a
-space before the percent sign (47,0 %), in tables, messages, fields and plot axes alike
+Numbers are formatted as each language prints them: the Spanish page writes a decimal comma and
+the percent sign as the article does (47,0%), in tables, messages, fields and plot axes alike
 (`number`, and `Words.f` for a message with numbers in it).
 """
 
@@ -388,7 +388,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_explain": (
             "**Qué muestra:** dos vectores de salida congelados convierten la fila de entrada en "
             "dos logits; un paso de SGD simple resta tasa × gradiente (de jax.grad). **Prueba:** un "
-            "paso (47,0 % → 61,0 %), luego 50 mirando la gráfica; una tasa negativa; una edición "
+            "paso (47,0% → 61,0%), luego 50 mirando la gráfica; una tasa negativa; una edición "
             "entre tandas. **Por qué:** solo la fila leída tiene gradiente, y apunta según "
             "w_zamek − w_klucz, así que p(zamek) sube y las demás filas quedan idénticas bit a bit."
         ),
