@@ -126,7 +126,7 @@ def test_numbers_in_spanish_have_a_decimal_comma():
     """Every number the page formats goes through text.number (independent expectations)."""
     from minigpt_jax.lab.text import number
 
-    assert number(0.47, ".1%", "es") == "47,0 %" and number(0.47, ".1%", "en") == "47.0%"
+    assert number(0.47, ".1%", "es") == "47,0%" and number(0.47, ".1%", "en") == "47.0%"
     assert number(0.755, ".3f", "es") == "0,755" and number(-0.0, "+.3f", "en") == "+0.000"
     assert (
         TEXT["es"]
@@ -500,7 +500,7 @@ def test_inputs_that_used_to_break_the_page(servers, browser, tmp_path, lang, si
     page.type("step-lr", "0,4")
     page.click("step-button")
     if es:
-        page.wait_for("step-result", "47,0 %", "61,0 %")
+        page.wait_for("step-result", "47,0%", "61,0%")
         page.wait_for("step-message", TEXT["es"]["steps_done"].format(n=1))
         assert page.agree()[1, 0] != table[1, 0]
     else:
@@ -553,6 +553,9 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     assert float(p_now.rstrip(" %").replace(",", ".")) > 95.0, p_now
     chart = page.svg_texts("step-chart-img")
     assert words["step_axis"] in chart and words["step_chart"] in chart, chart
+    alt = page.js("return document.getElementById('step-chart-img').alt;")
+    points = "en 61 puntos" if lang == "es" else "over 61 points"  # steps 0..60, the last once
+    assert points in alt, alt
     assert np.abs(table[1] - compute.TABLE_VxD[1]).max() > 0.5  # kamienny moved
     others = [0, 2, 3, 4, 5]
     np.testing.assert_array_equal(table[others], compute.TABLE_VxD[others])
@@ -605,6 +608,30 @@ def test_phone_width_scrolls_tables_and_keeps_plots_readable(servers, browser, t
         """
     )
     assert overflowing == [], overflowing
+    # Each step figure fits the box that clips it: the window and every ancestor whose
+    # overflow-x hides or scrolls (issue 39, defect 1: the "now" column was cut at 390 px).
+    cut = page.js(
+        """
+        function clipBox(el) {
+          let r = {left: 0, right: innerWidth};
+          for (let a = el.parentElement; a; a = a.parentElement) {
+            if (/(hidden|auto|scroll|clip)/.test(getComputedStyle(a).overflowX)) {
+              const b = a.getBoundingClientRect();
+              r = {left: Math.max(r.left, b.left), right: Math.min(r.right, b.right)};
+            }
+          }
+          return r;
+        }
+        const out = [];
+        for (const cell of document.querySelectorAll('#step-figures th, #step-figures td')) {
+          const box = cell.getBoundingClientRect(), clip = clipBox(cell);
+          if (box.left < clip.left - 1 || box.right > clip.right + 1)
+            out.push([cell.textContent, box.left, box.right, clip.left, clip.right]);
+        }
+        return out;
+        """
+    )
+    assert cut == [], cut
     widths = page.js(
         "return [...document.querySelectorAll('.lab-plot img')]"
         ".map(e => e.getBoundingClientRect().width);"
@@ -717,7 +744,7 @@ def test_issue_30_defects(servers, browser, tmp_path, lang, size):
     point, comma = r"\d\.\d", r"\d,\d"
     if es:
         assert re.findall(rf".{{12}}{point}.{{4}}", body) == []
-        assert "47,0 %" in page.text("step-result")
+        assert "47,0%" in page.text("step-result")
         assert page.field("step-lr").get_attribute("value") == "0,4"
         assert "0,5" in page.svg_texts("map-points-img")
     else:

@@ -275,6 +275,12 @@ class LabTwoTest(chex.TestCase):
         grad_VxD = compute.step_gradient(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
         self.assertEqual(np.flatnonzero(np.abs(grad_VxD).max(1)).tolist(), [KAMIENNY])
 
+    def test_the_table_after_a_run_reports_the_runs_last_p_exactly(self):
+        # The chart adds a "now" point when it differs from the run's last one (issue 39, defect 9).
+        run = compute.train_steps(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY, 0.4, 1)
+        stats = compute.step_stats(run.table_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
+        self.assertEqual((stats.p, stats.loss), (float(run.p_Q1[-1]), float(run.loss_Q1[-1])))
+
     def test_a_run_that_leaves_float32_is_refused(self):
         huge_VxD = compute.set_coordinate(compute.TABLE_VxD, KAMIENNY, 0, -3e38)
         with self.assertRaises(LabInputError) as caught:

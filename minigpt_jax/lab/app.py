@@ -73,6 +73,8 @@ button.lab-button:hover { filter: brightness(0.95); }
   .lab-table td, .lab-table th { padding: 1px 3px; }
   .lab-table th[scope=row] { white-space: normal; max-width: 7.5em; }
   .lab-big { font-size: 15px; }
+  .lab-figures.lab-big { font-size: 13px; }  /* the step figures fit 390 px unscrolled */
+  .lab-figures th[scope=row] { min-width: 0; max-width: 6em; }
 }
 """
 

@@ -356,7 +356,8 @@ class Stats(NamedTuple):
 def step_stats(table_VxD, output_2xD, input_id: int) -> Stats:
     logits_2 = two_logits(jnp.asarray(table_VxD), jnp.asarray(output_2xD), input_id)
     loss = -jax.nn.log_softmax(logits_2)[0]
-    return Stats(float(jnp.exp(-loss)), float(loss), float(logits_2[0] - logits_2[1]))
+    loss_64 = np.float64(loss)  # p as train_steps computes it, so the chart sees the same figure
+    return Stats(float(np.exp(-loss_64)), float(loss_64), float(logits_2[0] - logits_2[1]))
 
 
 def step_gradient(table_VxD, output_2xD, input_id: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The lab page's words in English and Spanish; `message(lang, key, **params)` formats one.
 
-Numbers are formatted as each language prints them: the Spanish page writes a decimal comma and a
-space before the percent sign (47,0 %), in tables, messages, fields and plot axes alike
+Numbers are formatted as each language prints them: the Spanish page writes a decimal comma and
+the percent sign as the article does (47,0%), in tables, messages, fields and plot axes alike
 (`number`, and `Words.f` for a message with numbers in it).
 """
 
@@ -14,15 +14,13 @@ LANGUAGES = ("en", "es")
 
 
 def number(value, spec: str, lang: str) -> str:
-    """format(value, spec) as `lang` prints it: "0,755" and "47,0 %" in Spanish (spec "%": a
-    percentage); -0.0 prints as 0."""
+    """format(value, spec) as `lang` prints it: "0,755" and "47,0%" in Spanish, as the article
+    writes them; -0.0 prints as 0."""
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         value = float(value) + 0.0
     text = format(value, spec)
     if lang == "es":
         text = text.replace(".", ",")
-        if text.endswith("%"):
-            text = text[:-1] + " %"
     return text
 
 
@@ -390,7 +388,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_explain": (
             "**Qué muestra:** dos vectores de salida congelados convierten la fila de entrada en "
             "dos logits; un paso de SGD simple resta tasa × gradiente (de jax.grad). **Prueba:** un "
-            "paso (47,0 % → 61,0 %), luego 50 mirando la gráfica; una tasa negativa; una edición "
+            "paso (47,0% → 61,0%), luego 50 mirando la gráfica; una tasa negativa; una edición "
             "entre tandas. **Por qué:** solo la fila leída tiene gradiente, y apunta según "
             "w_zamek − w_klucz, así que p(zamek) sube y las demás filas quedan idénticas bit a bit."
         ),
