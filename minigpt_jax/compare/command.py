@@ -37,7 +37,8 @@ with 80% power at alpha 0.05), results.csv (one row per arm and seed) and figure
 val-loss curves, mean and a band of one std per arm, and the per-seed differences; skipped with
 a note without matplotlib). --metric is not part of the comparison: a rerun with another reads
 the same runs again (time_to_target: the training seconds to the first evaluation at or below
---target, start-up, compilation and evaluation left out; a run that never reaches it is named). Exit status 0 once every run has ended (failed ones included), 1
+--target, start-up, compilation and evaluation left out; a run that never reaches it is named).
+Exit status 0 once every run has ended (failed ones included), 1
 when a signal stopped the comparison (rerun to resume it), 2 for a refused command.
 """
 
