@@ -163,27 +163,23 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         comparison = plans.plan_from_sweep(
             Path(args.from_sweep), args.study, args.baseline, Path(args.out), args.set, args.seeds
         )
+    sweep_metric, sweep_target = None, None  # the sweep's objective, as a metric
+    if comparison.sweep_value is not None:
+        objective = comparison.sweep_value[0]
+        if objective.startswith("training seconds to val loss "):
+            sweep_metric, sweep_target = "time_to_target", float(objective.rsplit(" ", 1)[1])
+        else:
+            sweep_metric = "best_val_loss"
     if args.metric is None:
-        args.metric, objective_target = "final_val_loss", None
-        if comparison.sweep_value is not None:
-            objective = comparison.sweep_value[0]
-            if objective.startswith("training seconds to val loss "):
-                args.metric = "time_to_target"
-                objective_target = float(objective.rsplit(" ", 1)[1])
-            else:
-                args.metric = "best_val_loss"
+        args.metric = sweep_metric or "final_val_loss"
         if args.target is None:
-            args.target = objective_target
+            args.target = sweep_target
     if args.metric == "time_to_target" and args.target is None:
         raise plans.CompareError("--metric time_to_target needs --target LOSS (the val loss).")
     if args.target is not None and args.metric != "time_to_target":
         raise plans.CompareError("--target goes with --metric time_to_target; drop one.")
-    if comparison.sweep_value is not None:
-        sweep_metric = (
-            "best_val_loss" if comparison.sweep_value[0] == "best val loss" else "time_to_target"
-        )
-        if args.metric != sweep_metric:
-            comparison.sweep_value = None  # not the same measure: nothing to set beside it
+    if args.metric != sweep_metric:
+        comparison.sweep_value = None  # not the same measure: nothing to set beside it
     return comparison, args
 
 

@@ -8,7 +8,6 @@ resumes from its checkpoint when the same command runs again."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -118,15 +117,6 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
         say(f"[{number}/{len(jobs)}] " + _said(comparison, arm, seed, status, started))
 
 
-def _child_env(slot: int, gpus_per_worker: int) -> dict[str, str]:
-    if gpus_per_worker:
-        first = slot * gpus_per_worker
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_worker))}
-    if "XLA_PYTHON_CLIENT_PREALLOCATE" in os.environ:
-        return {}
-    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # shared GPUs: no run takes 75% of one
-
-
 def run_children(
     comparison: Comparison,
     jobs: list[tuple[Arm, int]],
@@ -144,7 +134,9 @@ def run_children(
             arm, seed = pending.pop(0)
             config_file = prepare(comparison, arm, seed)
             slot = min(set(range(workers)) - {s for *_, s in running.values()})
-            child = trials.start(config_file.parent, config_file, _child_env(slot, gpus_per_worker))
+            child = trials.start(
+                config_file.parent, config_file, trials.child_env(slot, gpus_per_worker, workers)
+            )
             running[child] = (arm, seed, time.perf_counter(), slot)
             stop.children.append(child)
         for child, (arm, seed, started, _) in list(running.items()):

@@ -56,6 +56,18 @@ def start(run_dir: Path, config_file: Path, env: dict[str, str] | None = None) -
         log.close()
 
 
+def child_env(slot: int, gpus_per_worker: int, workers: int) -> dict[str, str]:
+    """The variables a training child started by worker `slot` (of `workers` on this machine)
+    gets over this process's: its own `gpus_per_worker` GPUs (slot·N .. slot·N + N − 1), or,
+    when workers share the GPUs, no preallocation (no child takes 75% of one)."""
+    if gpus_per_worker:
+        first = slot * gpus_per_worker
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_worker))}
+    if workers > 1 and "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
+        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    return {}
+
+
 def wait_for_run_lock(run_dir: Path, timeout: float = STOP_GRACE_S) -> None:
     """Waits (up to `timeout`) until no process holds the run directory's run lock, as a
     trial resumed after its worker died may find its old child still saving a checkpoint."""

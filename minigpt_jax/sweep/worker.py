@@ -4,7 +4,6 @@ or a signal comes), trains each in its run directory through `minigpt-jax train`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import statistics
@@ -150,9 +149,8 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
 
     if resumes is not None:
         trials.wait_for_run_lock(run_dir)  # the killed worker's child may still be saving
-    env_child = _child_env(sweep)
-    with _environ(env_child):
-        child = trials.start(run_dir, config_file)
+    env = trials.child_env(sweep.args.worker_index, sweep.args.gpus_per_worker, sweep.args.workers)
+    child = trials.start(run_dir, config_file, env)
     code, why = trials.follow(child, run_dir, on_evaluation, keep_going)
     if os.environ.get(HOLD_ENV):
         time.sleep(float(os.environ[HOLD_ENV]))  # tests: a kill -9 between the end and tell
@@ -203,28 +201,3 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
         _say(sweep, f"trial {number}: {words}")
     except UpdateFinishedTrialError:
         _say(sweep, f"trial {number}: another worker recorded it first (heartbeat lapsed)")
-
-
-def _child_env(sweep: Sweep) -> dict[str, str]:
-    env = {}
-    per = sweep.args.gpus_per_worker
-    if per:
-        first = sweep.args.worker_index * per
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i) for i in range(per))
-    elif sweep.args.workers > 1 and "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # shared GPUs: no trial takes 75% of one
-    return env
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
