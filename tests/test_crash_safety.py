@@ -5,6 +5,7 @@ chosen and random moments (inside orbax saves among them); the others recreate e
 and each kind of damage in a copy of one uninterrupted run and check its error or fallback.
 """
 
+import errno
 import logging
 import os
 import random
@@ -685,12 +686,31 @@ def test_disk_full_during_a_save_is_one_line(corpus_file, tmp_path):
         assert result.returncode == 1
         # Before, tensorstore's callbacks of the failed writes often printed "Event loop is
         # closed" tracebacks (unraisable errors of orbax's closed asyncio loop) before it.
-        (line,) = result.stderr.strip().splitlines()
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        (line,) = lines
         assert line.startswith("minigpt-jax train: error: ") and "no space left on the" in line
         assert "then rerun the same command" in line
         assert load_params(workdir)[0]
     finally:
         subprocess.run(["umount", str(mount)])
+
+
+def test_disk_full_while_saving_best_is_reported_once(corpus_file, tmp_path, monkeypatch, caplog):
+    """best/ fails for want of space at an evaluation (issue: CI printed a logged "the step-120
+    evaluation failed; the steps trained could not be saved" line before the one-line error,
+    from a second save to the full disk): the disk-full error alone, nothing logged."""
+    from minigpt_jax.checkpoint import Checkpointer
+
+    def no_space(self, step, params, meta):
+        raise OSError(errno.ENOSPC, f"no space left on the device while saving step {step}")
+
+    monkeypatch.setattr(Checkpointer, "save_best", no_space)
+    caplog.set_level(logging.ERROR)
+    with pytest.raises(OSError, match="no space left") as raised:
+        train_and_evaluate(crash_config(corpus_file), tmp_path / "run", progress=False)
+    assert raised.value.errno == errno.ENOSPC
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_only_orbax_leftovers_are_silenced():

@@ -5,6 +5,7 @@ keep the best params, checkpoint, and stop cleanly on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import shutil
@@ -303,7 +304,11 @@ class Trainer:
         """The error to raise for the step-`step` evaluation that raised `error`; the steps
         trained are checkpointed first (unless `saved`), the evaluation pending, so a rerun
         resumes there and evaluates first. Raised in user code (its own frames, or a host
-        callback's exception in `callback_errors`): a PluginError naming the key."""
+        callback's exception in `callback_errors`): a PluginError naming the key. A full disk
+        (saving best/ failed) is raised as it is: its message says what is kept, and another
+        save to that disk would only add a second report of the same cause."""
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
         kept = self._keep_steps(step, saved)
         cause = callback_errors[0] if callback_errors else error
         plugin = error if isinstance(error, PluginError) else plugin_error(cause)
