@@ -97,6 +97,20 @@ def repeated_blocks(repo: Path) -> tuple[int, int]:
     return blocks, lines
 
 
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but the bodies of `if TYPE_CHECKING:` (a type-only import runs
+    nothing, so it is no edge of the import graph)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", "") == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
 def module_imports(repo: Path) -> dict[str, set[str]]:
     """{module: the library modules it imports anywhere in its source}, modules by dotted name."""
     modules = {}
@@ -107,7 +121,7 @@ def module_imports(repo: Path) -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in runtime_nodes(ast.parse(path.read_text())):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]

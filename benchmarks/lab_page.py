@@ -37,7 +37,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def _start_server(log_path: Path) -> tuple[subprocess.Popen, str]:
-    from minigpt_jax.lab.app import free_port
+    from minigpt_apps.lab.app import free_port
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

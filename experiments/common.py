@@ -1,6 +1,6 @@
 """Helpers shared by the experiments: command line, result tables, figures, timing.
 
-The six-word toy table of `one_step` and `context` lives in `minigpt_jax.lab.compute`, which the
+The six-word toy table of `one_step` and `context` lives in `minigpt_apps.lab.compute`, which the
 lab page shares.
 """
 

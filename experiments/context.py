@@ -2,7 +2,7 @@
 
     python -m experiments.context --outdir results/context
 
-"oto kamienny zamek" vs "oto metalowy zamek" on the six-word toy table (`minigpt_jax.lab.compute`)
+"oto kamienny zamek" vs "oto metalowy zamek" on the six-word toy table (`minigpt_apps.lab.compute`)
 with sinusoidal positions: at "zamek" the input (embedding + position) is identical in both
 sentences. One causal attention head with identity Q, K, V projections gives different outputs
 there, because "zamek" attends to "kamienny" in one and to "metalowy" in the other. With the
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
-from minigpt_jax.lab.compute import SENTENCES, VOCAB, TABLE_VxD, one_head, parse_sentence
+from minigpt_apps.lab.compute import SENTENCES, VOCAB, TABLE_VxD, one_head, parse_sentence
 
 
 def _one_head(sentence: str):

@@ -25,8 +25,8 @@ from experiments.common import (
     print_table,
     save_figure,
 )
+from minigpt_apps.lab.compute import lookup, one_hot_lookup
 from minigpt_jax import Embeddings, GPTConfig
-from minigpt_jax.lab.compute import lookup, one_hot_lookup
 from minigpt_jax.runtime.timing import median_seconds
 
 IDS = ((76, 299, 412),)

@@ -2,7 +2,7 @@
 
     python -m experiments.one_step --outdir results/one_step
 
-Vocabulary of six words with 6-d vectors (`minigpt_jax.lab.compute`, the lab's table). The
+Vocabulary of six words with 6-d vectors (`minigpt_apps.lab.compute`, the lab's table). The
 input is "kamienny"; the next token should be "zamek", not "klucz". Two frozen output vectors
 turn the input row into two logits; one plain SGD step (lr 0.4, gradient from `jax.grad`, in
 `compute.sgd_step`) on the table moves only the "kamienny" row, and takes p(zamek) from 0.470
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
-from minigpt_jax.lab.compute import (
+from minigpt_apps.lab.compute import (
     LEARNING_RATE,
     STEP_INPUT,
     STEP_RIVAL,

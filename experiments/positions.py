@@ -25,8 +25,8 @@ from experiments.common import (
     print_table,
     save_figure,
 )
+from minigpt_apps.lab.compute import position_similarity
 from minigpt_jax import GPTConfig, forward, init_params, sinusoidal_positions
-from minigpt_jax.lab.compute import position_similarity
 
 OFFSETS = (0, 1, 2, 4, 8, 16, 32, 64, 127)
 

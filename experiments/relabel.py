@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import make_parser, new_figure, print_table, save_figure
+from minigpt_apps.lab.compute import lookup, rename_rows
 from minigpt_jax import Embeddings, GPTConfig
-from minigpt_jax.lab.compute import lookup, rename_rows
 
 EDITED_TOKEN = 299
 # Where the batch holds EDITED_TOKEN, on top of random ids that avoid it.

@@ -1,4 +1,4 @@
-"""Moved: a sweep is `minigpt-jax sweep`, an Optuna study (minigpt_jax/sweep/: samplers,
+"""Moved: a sweep is `minigpt-jax sweep`, an Optuna study (minigpt_apps/sweep/: samplers,
 pruning from the val curve, a study many workers share, plots). This module only runs it:
 
     python -m experiments.sweep ARGS     is     minigpt-jax sweep ARGS
@@ -6,7 +6,7 @@ pruning from the val curve, a study many workers share, plots). This module only
 
 import sys
 
-from minigpt_jax.sweep.command import main
+from minigpt_apps.sweep.command import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,6 @@
-r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings|sweep|compare`
-(also `python -m minigpt_jax`): flags only.
+r"""The command line, `minigpt-jax train|prepare|sample|export|eval|settings` and the commands
+other packages add (`lab`, `sweep`, `compare` from minigpt_apps; also `python -m minigpt_jax`):
+flags only.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
                       [--config.init_from=HF_GPT2_DIR_OR_RUN] [--allow_resume_changes]
@@ -12,7 +13,6 @@ r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings
                      (text streams as it comes; Ctrl-C or SIGTERM stops it with what was sampled)
   minigpt-jax export --workdir runs/X --out HF_GPT2_DIR
   minigpt-jax eval   (--workdir runs/X | --pretrained HF_GPT2_DIR) --text FILE.txt [--stride 512]
-  minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
   minigpt-jax settings [--config configs/X.py [--config.key=value ...]]
                       (every config key: default, kind and doc, and the settings entries
                        declare; with --config, that config's resolved values)
@@ -25,6 +25,11 @@ r"""The command line, `minigpt-jax train|prepare|sample|export|eval|lab|settings
   minigpt-jax compare --from_sweep SWEEP_OUT --baseline configs/X.py --out DIR --seeds 5
                      (arms over paired seeds: verdicts with paired tests, report.md,
                       results.csv; its own flags: minigpt-jax compare --help)
+  minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
+
+`sweep`, `compare` and `lab` live outside the library, in minigpt_apps/: they are the entry
+points of the group `minigpt_jax.commands` (pyproject.toml), each a `main(argv) -> exit status`
+with its own flags; a package of yours adds a command the same way.
 
 `train` keeps JAX's compilation cache in ~/.cache/minigpt_jax/jax_compilation
 (MINIGPT_JAX_COMPILATION_CACHE=DIR moves it, =off turns it off).
@@ -38,10 +43,12 @@ from __future__ import annotations
 import contextlib
 import difflib
 import errno
+import importlib
 import os
 import re
 import signal
 import sys
+from importlib import metadata
 
 import ml_collections
 from absl import app, flags, logging
@@ -50,7 +57,20 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from minigpt_jax.sampling.settings import SampleSettings
 
-COMMANDS = ("train", "prepare", "sample", "export", "eval", "lab", "settings", "sweep", "compare")
+BUILT_IN = ("train", "prepare", "sample", "export", "eval", "settings")
+APP_COMMANDS = "minigpt_jax.commands"  # the entry-point group of other packages' commands
+
+
+def app_commands() -> dict[str, metadata.EntryPoint]:
+    """The commands installed packages add (minigpt_apps: lab, sweep, compare), by name: the
+    entry points of the group APP_COMMANDS, each naming a `main(argv: list[str]) -> int`."""
+    return {e.name: e for e in metadata.entry_points(group=APP_COMMANDS) if e.name not in BUILT_IN}
+
+
+def commands() -> tuple[str, ...]:
+    """Every command: the built-in ones, then the installed packages' by name."""
+    return BUILT_IN + tuple(sorted(app_commands()))
+
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/default.py.", lock_config=True
@@ -100,9 +120,6 @@ _TEXT = flags.DEFINE_string("text", None, "eval: a UTF-8 text file to measure pe
 _STRIDE = flags.DEFINE_integer(
     "stride", None, "eval: tokens between sliding windows (default: the model's block_size)."
 )
-_PORT = flags.DEFINE_integer("port", None, "lab: port on 127.0.0.1; default: a free one.")
-_OPEN = flags.DEFINE_bool("open", False, "lab: open the page in the default browser.")
-_LANG = flags.DEFINE_enum("lang", "en", ["en", "es"], "lab: the page's language.")
 
 
 def _train() -> None:
@@ -251,20 +268,6 @@ def _exit_stopped(status: int) -> None:
     os._exit(status)
 
 
-def _lab() -> None:
-    from minigpt_jax.lab.serving import bound_the_log, check_port
-
-    check_port(_PORT.value)  # before Gradio's 10 s of retries and its traceback
-    try:
-        from minigpt_jax.lab.app import launch
-    except ImportError as error:
-        raise RuntimeError(
-            f"the lab needs the `lab` extra ({error}); install it with pip install -e '.[lab]'."
-        ) from None
-    bound_the_log()  # a malformed request's payload would fill it
-    launch(port=_PORT.value, open_browser=_OPEN.value, lang=_LANG.value)
-
-
 def _settings() -> None:
     from minigpt_jax.experiment import settings_table
 
@@ -275,18 +278,18 @@ def _settings() -> None:
 
 
 def _run(argv: list[str]) -> None:
-    commands = [a for a in argv[1:] if not a.startswith("-")]
-    if len(commands) != 1 or commands[0] not in COMMANDS:
-        raise app.UsageError(f"name one command: {' | '.join(COMMANDS)}; got {commands or 'none'}.")
-    command = commands[0]
-    if command in ("sweep", "compare"):  # main() hands them to their own parsers
+    named = [a for a in argv[1:] if not a.startswith("-")]
+    if len(named) != 1 or named[0] not in commands():
+        raise app.UsageError(f"name one command: {' | '.join(commands())}; got {named or 'none'}.")
+    command = named[0]
+    if command not in BUILT_IN:  # main() hands them to their own parsers
         raise app.UsageError(
             f"put `{command}` first, e.g. minigpt-jax {command} --config ... --out ..."
         )
     if command in ("sample", "eval") and _PRETRAINED.value is not None:
         if _WORKDIR.value is not None:
             raise app.UsageError(f"{command}: give --workdir or --pretrained, not both.")
-    elif _WORKDIR.value is None and command not in ("lab", "settings"):
+    elif _WORKDIR.value is None and command != "settings":
         raise app.UsageError("--workdir is required, e.g. --workdir runs/default.")
     if _WORKDIR.value is not None and not _WORKDIR.value.strip():
         raise app.UsageError("--workdir is empty: name a run directory, e.g. --workdir runs/x.")
@@ -298,14 +301,11 @@ def _run(argv: list[str]) -> None:
         "sample": _sample,
         "export": _export,
         "eval": _eval,
-        "lab": _lab,
         "settings": _settings,
     }
-    if command not in STOPPED_IN_STEPS:
-        _answer_early_signal(command)
     try:
         run[command]()
-        _answer_early_signal(command, after=True)
+        _answer_late_signal(command)
     except Exception as error:
         _exit_on_plugin_error(command, error)
         if not isinstance(
@@ -331,25 +331,20 @@ def _run(argv: list[str]) -> None:
         sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
-# The commands that take SIGINT/SIGTERM over from their start (runtime.signals.StopRequest);
-# the lab gets Python's own handling back before it begins (Gradio's server stops on it).
-STOPPED_IN_STEPS = ("train", "prepare", "sample", "eval", "export", "settings")
+def _answer_late_signal(command: str) -> None:
+    """A SIGINT/SIGTERM recorded once the command's work was done (every built-in command
+    takes them over from its start: runtime.signals.StopRequest) still gives the signal's exit
+    status; later ones stay recorded, not raised in the interpreter's teardown."""
+    from minigpt_jax.runtime.signals import recorded_signal
 
-
-def _answer_early_signal(command: str, after: bool = False) -> None:
-    """Hands SIGINT/SIGTERM back to Python; one that came while the command started ends it in
-    one line, before it does anything. after=True: one that came once its work was done still
-    gives the signal's exit status (and later ones are still recorded, not raised in the
-    interpreter's teardown)."""
-    from minigpt_jax.runtime.signals import recorded_signal, stop_recording
-
-    early = recorded_signal() if after else stop_recording()
-    if early is not None:
-        what = "after it was done" if after else "as it started; nothing was done"
+    late = recorded_signal()
+    if late is not None:
         print(
-            f"minigpt-jax {command}: stopped by {early.name} {what}.", file=sys.stderr, flush=True
+            f"minigpt-jax {command}: stopped by {late.name} after it was done.",
+            file=sys.stderr,
+            flush=True,
         )
-        _exit_stopped(128 + int(early))
+        _exit_stopped(128 + int(late))
 
 
 class _EntrySettingsParser(ConfigFileFlagParser):
@@ -413,22 +408,29 @@ def _check_workdir_path(workdir: str) -> None:
 
 
 # `minigpt-jax --help`: one line per command (the module docstring has their flags).
-COMMAND_HELP = {
+BUILT_IN_HELP = {
     "train": "train a model (resumes from the run's last checkpoint)",
     "prepare": "write the token shards of config.data (data.format=shards)",
     "sample": "print text a run (or a Hugging Face GPT-2 directory) continues",
     "eval": "perplexity and bits per byte of a model on a text file",
     "export": "write a run as a Hugging Face GPT-2 directory",
     "settings": "every config key: default, kind and doc",
-    "lab": "the course's embedding lab as a local web page",
-    "sweep": "train many configs of a search space and rank them",
-    "compare": "train arms of a config over paired seeds; is the difference real?",
 }
 
 
+def _app_help(entry: metadata.EntryPoint) -> str:
+    """An installed command's line: the HELP of the module its entry point names."""
+    try:
+        return importlib.import_module(entry.module).HELP
+    except ImportError as error:
+        return f"(cannot be loaded: {error})"
+
+
 def _help() -> str:
-    width = max(len(c) for c in COMMANDS)
-    lines = [f"  {c:<{width}}  {COMMAND_HELP.get(c, '')}".rstrip() for c in COMMANDS]
+    apps = app_commands()
+    helps = {**BUILT_IN_HELP, **{name: _app_help(entry) for name, entry in apps.items()}}
+    width = max(len(c) for c in helps)
+    lines = [f"  {c:<{width}}  {helps[c]}" for c in commands()]
     return (
         "usage: minigpt-jax COMMAND [--flag=value ...]\n\ncommands:\n"
         + "\n".join(lines)
@@ -443,10 +445,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     a built-in config's name (`--config tiny`) turned into its packaged file."""
     if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in argv[1:]):
         named = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
-        if named is not None and named not in COMMANDS:  # `minigpt-jax nosuch --help`
+        if named is not None and named not in commands():  # `minigpt-jax nosuch --help`
             print(
                 f"minigpt-jax: error: unknown command {named!r}; the commands: "
-                f"{', '.join(COMMANDS)} (minigpt-jax --help says what each does).",
+                f"{', '.join(commands())} (minigpt-jax --help says what each does).",
                 file=sys.stderr,
             )
             sys.exit(2)
@@ -541,17 +543,11 @@ def _config_path(argv: list[str]) -> str | None:
 
 
 def main() -> None:
-    commands = [a for a in sys.argv[1:] if not a.startswith("-")]
-    if commands[:1] == ["sweep"]:  # its own flags (argparse), not absl's
-        from minigpt_jax.sweep.command import main as sweep
-
-        index = sys.argv.index("sweep")
-        sys.exit(sweep(sys.argv[1:index] + sys.argv[index + 1 :]))
-    if commands[:1] == ["compare"]:  # its own flags (argparse), like the sweep
-        from minigpt_jax.compare.command import main as compare
-
-        index = sys.argv.index("compare")
-        sys.exit(compare(sys.argv[1:index] + sys.argv[index + 1 :]))
+    named = [a for a in sys.argv[1:] if not a.startswith("-")]
+    apps = app_commands()
+    if named[:1] and named[0] in apps:  # its own flags (argparse), not absl's
+        index = sys.argv.index(named[0])
+        sys.exit(apps[named[0]].load()(sys.argv[1:index] + sys.argv[index + 1 :]))
     from minigpt_jax.runtime.signals import record_signals_while_starting
 
     record_signals_while_starting()  # until the command's own stop handling takes them over

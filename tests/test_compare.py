@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from minigpt_jax.compare import command, plan, report, stats
-from minigpt_jax.compare.record import RunRecord
+from minigpt_apps.compare import command, plan, report, stats
+from minigpt_apps.compare.record import RunRecord
 from minigpt_jax.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt_jax.lab import app, compute, parts, views
-from minigpt_jax.lab.state import from_storage, initial_state, table_key, to_storage
-from minigpt_jax.lab.text import TEXT
+from minigpt_apps.lab import app, compute, parts, views
+from minigpt_apps.lab.state import from_storage, initial_state, table_key, to_storage
+from minigpt_apps.lab.text import TEXT
 
 # The full suite only (`python -m pytest -q`): a real browser against lab servers.
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def test_each_tab_keeps_its_own_table_and_closed_tabs_are_dropped():
 
 def test_numbers_in_spanish_have_a_decimal_comma():
     """Every number the page formats goes through text.number (independent expectations)."""
-    from minigpt_jax.lab.text import number
+    from minigpt_apps.lab.text import number
 
     assert number(0.47, ".1%", "es") == "47,0%" and number(0.47, ".1%", "en") == "47.0%"
     assert number(0.755, ".3f", "es") == "0,755" and number(-0.0, "+.3f", "en") == "+0.000"
@@ -143,7 +143,7 @@ def test_numbers_in_spanish_have_a_decimal_comma():
 # that Stop and other tabs are tried on a run that is still going, on any machine.
 _SLOW_RUNS = """
 import sys, time
-from minigpt_jax.lab import compute
+from minigpt_apps.lab import compute
 train_steps = compute.train_steps
 
 def slow_train_steps(*args, **kwargs):

@@ -6,9 +6,9 @@ import chex
 import numpy as np
 from absl.testing import parameterized
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.compute import LabInputError
-from minigpt_jax.lab.text import TEXT, message
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.compute import LabInputError
+from minigpt_apps.lab.text import TEXT, message
 
 KAMIENNY = compute.VOCAB.index("kamienny")
 

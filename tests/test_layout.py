@@ -1,5 +1,6 @@
-"""The package's imports run one way: the layers the README's Layout section lists, no cycles,
-and no package attribute that shadows a submodule."""
+"""The packages' imports run one way: the layers the README's Layout section lists (the
+library's, then the apps'), no cycles, the library never importing an app, and no package
+attribute that shadows a submodule."""
 
 import ast
 import importlib
@@ -8,20 +9,33 @@ from pathlib import Path
 
 import chex
 
+from benchmarks.house import runtime_nodes  # the import graph's edges, as the census reads them
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minigpt_jax"
+APPS = ROOT / "minigpt_apps"
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
 # Every module by its path under minigpt_jax/ without .py ("model/gpt", "cli"); a subpackage's
 # __init__ is not a layer of its own (it imports nothing of the package: test below).
-MODULES = sorted(
+LIBRARY_MODULES = sorted(
     str(p.relative_to(PACKAGE).with_suffix(""))
     for p in PACKAGE.rglob("*.py")
     if not (p.name == "__init__.py" and p.parent != PACKAGE)
 )
+# The apps' modules by their path from the repository root ("minigpt_apps/lab/app"): a layer
+# table of their own, above the whole library.
+APP_MODULES = sorted(
+    str(p.relative_to(ROOT).with_suffix("")) for p in APPS.rglob("*.py") if p.name != "__init__.py"
+)
+MODULES = LIBRARY_MODULES + APP_MODULES
+
+
+def _is_app(module: str) -> bool:
+    return module.startswith("minigpt_apps/")
 
 
 def _source_file(module: str) -> Path:
-    return PACKAGE.joinpath(f"{module}.py")
+    return (ROOT if _is_app(module) else PACKAGE).joinpath(f"{module}.py")
 
 
 def readme_layers() -> dict[str, int]:
@@ -36,7 +50,11 @@ def readme_layers() -> dict[str, int]:
 
 
 def _module_of(dotted: str) -> str | None:
-    """ "model/gpt" for minigpt_jax.model.gpt; None for a subpackage itself."""
+    """ "model/gpt" for minigpt_jax.model.gpt, "minigpt_apps/lab/app" for minigpt_apps.lab.app;
+    None for a (sub)package itself."""
+    if dotted.split(".")[0] == "minigpt_apps":
+        name = dotted.replace(".", "/")
+        return name if name in APP_MODULES else None
     parts = dotted.split(".")[1:]
     if not parts:
         return "__init__"
@@ -47,11 +65,11 @@ def _module_of(dotted: str) -> str | None:
 
 
 def package_imports(module: str) -> set[str]:
-    """The minigpt_jax modules `module` imports anywhere in its source (function bodies too):
-    `from minigpt_jax.model import gpt` counts as model/gpt, `from minigpt_jax import cli` as
-    cli; `from minigpt_jax.model.gpt import forward` as model/gpt."""
+    """The minigpt_jax and minigpt_apps modules `module` imports anywhere in its source
+    (function bodies too): `from minigpt_jax.model import gpt` counts as model/gpt, `from
+    minigpt_jax import cli` as cli; `from minigpt_jax.model.gpt import forward` as model/gpt."""
     found = set()
-    for node in ast.walk(ast.parse(_source_file(module).read_text())):
+    for node in runtime_nodes(ast.parse(_source_file(module).read_text())):
         if isinstance(node, ast.Import):
             dotted_names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -64,7 +82,7 @@ def package_imports(module: str) -> set[str]:
         else:
             continue
         for dotted in dotted_names:
-            if dotted.split(".")[0] != "minigpt_jax":
+            if dotted.split(".")[0] not in ("minigpt_jax", "minigpt_apps"):
                 continue
             target = _module_of(dotted)
             if target is None:
@@ -79,14 +97,40 @@ class LayoutTest(chex.TestCase):
         self.assertCountEqual(readme_layers(), MODULES)
 
     def test_imports_point_to_lower_layers_only(self):
+        """Within the library and within the apps, by the tables; an app may import any module
+        of the library (it sits above it all)."""
         layers = readme_layers()
         wrong = [
             f"{module} (layer {layers[module]}) imports {dep} (layer {layers[dep]})"
             for module in MODULES
             for dep in sorted(package_imports(module))
-            if layers[dep] >= layers[module]
+            if _is_app(dep) == _is_app(module) and layers[dep] >= layers[module]
         ]
         self.assertEmpty(wrong, "imports against README.md's layer order")
+
+    def test_the_library_imports_no_app(self):
+        """The apps left the library (issue 35): cli finds their commands as entry points."""
+        wrong = [
+            f"{module} imports {dep}"
+            for module in LIBRARY_MODULES
+            for dep in sorted(package_imports(module))
+            if _is_app(dep)
+        ]
+        self.assertEmpty(wrong)
+        sources = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+        self.assertNotIn('import_module("minigpt_apps', sources)
+
+    def test_the_app_commands_are_installed_entry_points(self):
+        from minigpt_jax.cli import app_commands
+
+        self.assertEqual(
+            {name: entry.value for name, entry in app_commands().items()},
+            {
+                "lab": "minigpt_apps.lab.command:main",
+                "sweep": "minigpt_apps.sweep.command:main",
+                "compare": "minigpt_apps.compare.command:main",
+            },
+        )
 
     def test_no_import_cycle(self):
         graph = {module: package_imports(module) for module in MODULES}
@@ -114,7 +158,7 @@ class LayoutTest(chex.TestCase):
             for module in MODULES
             if module.startswith("data/")
             for dep in sorted(package_imports(module))
-            if dep.startswith(("train/", "model/", "sampling/", "lab/"))
+            if dep.startswith(("train/", "model/", "sampling/")) or _is_app(dep)
         ]
         self.assertEmpty(wrong)
 
@@ -139,7 +183,7 @@ class LayoutTest(chex.TestCase):
                 self.assertEmpty(modules, name)
 
     def test_no_package_attribute_shadows_a_submodule(self):
-        for module in MODULES:
+        for module in LIBRARY_MODULES:
             if module.endswith(("__init__", "__main__")):
                 continue
             parent, _, name = f"minigpt_jax/{module}".rpartition("/")
@@ -162,7 +206,7 @@ class ShapeLegendTest(chex.TestCase):
         legend = legend_letters()
         self.assertContainsSubset({"B", "T", "T1", "K", "C", "N", "G", "L"}, legend)
         used = {}
-        for path in PACKAGE.rglob("*.py"):
+        for path in [*PACKAGE.rglob("*.py"), *APPS.rglob("*.py")]:
             for name in re.findall(
                 r"\b[a-z][a-z0-9_]*_([A-Z][A-Z0-9]*(?:x[A-Z0-9]+)*)\b", path.read_text()
             ):

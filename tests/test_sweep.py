@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from minigpt_jax.sweep import command as sweep_command
-from minigpt_jax.sweep import study as sweep_study
-from minigpt_jax.sweep import worker as sweep_worker
+from minigpt_apps.sweep import command as sweep_command
+from minigpt_apps.sweep import study as sweep_study
+from minigpt_apps.sweep import worker as sweep_worker
 
 # The full suite only (`python -m pytest -q`): Optuna studies of trials in subprocesses.
 pytestmark = pytest.mark.slow

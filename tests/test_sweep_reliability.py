@@ -68,8 +68,8 @@ def test_a_seed_numpy_cannot_take_is_refused_before_anything_is_written(seed, en
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes"])
 def test_the_largest_seed_varied_per_worker_and_rerun_still_seeds_a_sampler(sampler, tmp_path):
-    from minigpt_jax.sweep import command as sweep_command
-    from minigpt_jax.sweep import study as sweep_study
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep import study as sweep_study
 
     argv = ["--config", TINY, "--out", str(tmp_path), *SPACE, "--sampler", sampler]
     sweep = sweep_command.check([*argv, "--seed", str(2**32 - 1), "--worker_index", "3"])
@@ -119,8 +119,8 @@ def test_a_second_study_in_one_out_trains_in_its_own_folder(two_studies):
 def test_a_study_made_before_study_folders_keeps_its_trials_in_out(tmp_path):
     import optuna
 
-    from minigpt_jax.sweep import command as sweep_command
-    from minigpt_jax.sweep import study as sweep_study
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep import study as sweep_study
 
     out = tmp_path / "sweep"
     out.mkdir()
@@ -138,7 +138,7 @@ def test_a_study_made_before_study_folders_keeps_its_trials_in_out(tmp_path):
 
 @pytest.mark.parametrize("name", ["a/b", "..", "."])
 def test_a_study_name_that_is_no_folder_name_is_refused(name, tmp_path, capsys):
-    from minigpt_jax.sweep import command as sweep_command
+    from minigpt_apps.sweep import command as sweep_command
 
     out = tmp_path / "sweep"
     assert sweep_command.main(["--config", TINY, "--out", str(out), *SPACE, "--study", name]) == 2
@@ -186,8 +186,8 @@ def test_two_commands_making_one_study_at_once_refuse_by_identity_not_integrity_
     import optuna
     import sqlalchemy.exc
 
-    from minigpt_jax.sweep import command as sweep_command
-    from minigpt_jax.sweep import study as sweep_study
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep import study as sweep_study
 
     argv = ["--config", TINY, "--out", str(tmp_path), "--storage", f"sqlite:///{tmp_path}/s.db"]
     mine = sweep_command.check([*argv, *SPACE])

@@ -7,7 +7,7 @@ re-exported here.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -29,9 +29,11 @@ from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 Array = chex.Array
 ATTENTION = ("attention",)  # the tag of every parameter of the attention (param_meta)
-GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 __all__ = [
     "KVCache",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import flax.linen as nn
@@ -46,8 +46,10 @@ from minigpt_jax.settings.registry import (
     expect_shape,
 )
 
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 Array = chex.Array
-GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -130,7 +132,7 @@ ATTENTION_MASKS: Registry[AttentionMask] = Registry(
 
 # ----------------------------------------------------------------------------- scores
 
-ScoreFn = Callable[[Array, Array, Array, GPTConfig], Array]
+ScoreFn = Callable[[Array, Array, Array, "GPTConfig"], Array]
 NO_SCORE = "none"
 
 

@@ -8,13 +8,13 @@ is the same math as the plain path (tests/test_backend.py checks values and grad
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 
-# cfg below is a config.GPTConfig; this module imports nothing of the package, so that the
-# layers that build the model (dense, attention) can all ask it.
-GPTConfig = Any
+if TYPE_CHECKING:  # the type only: this module imports nothing of the package when it runs
+    from minigpt_jax.model.config import GPTConfig
+
 
 # cuDNN flash attention's head-dim limit (jax._src.cudnn.fused_attention_stablehlo
 # .check_is_flash_attention): a multiple of 8, at most 128 before Hopper, 256 from Hopper on.

@@ -16,7 +16,7 @@ mlp(ln_1(x)) (GPT-J, PaLM: one norm, both branches from it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import flax.linen as nn
@@ -30,8 +30,10 @@ from minigpt_jax.model.layers import NORMS, activation_fn
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 Array = chex.Array
-GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 # Muon reads a (D, F) or (F, D) kernel as one matrix: inputs then outputs.
 MATRIX = (0, 1)

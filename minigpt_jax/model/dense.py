@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import chex
 import flax.linen as nn
@@ -18,8 +18,10 @@ import jax
 
 from minigpt_jax.model import backend
 
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 Array = chex.Array
-GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
 
 # Every weight of the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT; the projections
 # into the residual stream are scaled down further (`residual_init`).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import chex
 import flax.linen as nn
@@ -13,7 +13,9 @@ from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
-GPTConfig = Any  # a config.GPTConfig (only named here: no import of config)
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 
 Array = chex.Array
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -18,7 +18,9 @@ import jax.numpy as jnp
 
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
-GPTConfig = Any  # a config.GPTConfig (config imports this module, not the other way)
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+
 
 # PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use; RMSNorm takes the same.
 NORM_EPS = 1e-5

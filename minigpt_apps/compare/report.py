@@ -13,8 +13,8 @@ import io
 import os
 from pathlib import Path
 
-from minigpt_jax.compare import stats
-from minigpt_jax.compare.record import RunRecord
+from minigpt_apps.compare import stats
+from minigpt_apps.compare.record import RunRecord
 
 METRIC_WORDS = {
     "final_val_loss": "final val loss",

@@ -22,13 +22,13 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.actions import FRAME, equal_action, restore_action, show_action
-from minigpt_jax.lab.compute import LabInputError
-from minigpt_jax.lab.markup import error_html, shared_table_html, unexpected_html, view
-from minigpt_jax.lab.parts import PARTS, Event, Part, dashed
-from minigpt_jax.lab.state import STORAGE_KEY, LabState, initial_state, to_storage
-from minigpt_jax.lab.text import LANGUAGES, TEXT, Words
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.actions import FRAME, equal_action, restore_action, show_action
+from minigpt_apps.lab.compute import LabInputError
+from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
+from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
+from minigpt_apps.lab.state import STORAGE_KEY, LabState, initial_state, to_storage
+from minigpt_apps.lab.text import LANGUAGES, TEXT, Words
 
 log = logging.getLogger(__name__)
 

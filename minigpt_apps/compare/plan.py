@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from minigpt_apps.sweep import space as spaces
+from minigpt_apps.sweep.study import _flat as flat_config
 from minigpt_jax.experiment import add_entry_settings, check_experiment_config, config_file_of
 from minigpt_jax.settings.registry import user_module_digests
-from minigpt_jax.sweep import space as spaces
-from minigpt_jax.sweep.study import _flat as flat_config
 
 BASELINE = "baseline"  # the unchanged config's arm, unless --baseline names another
 IDENTITY_FILE = "compare.json"

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.markup import paragraph
-from minigpt_jax.lab.state import LabState, from_storage, initial_state, table_key
-from minigpt_jax.lab.text import TEXT
-from minigpt_jax.lab.views import edit_cell, number, rename_inputs, stats
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.markup import paragraph
+from minigpt_apps.lab.state import LabState, from_storage, initial_state, table_key
+from minigpt_apps.lab.text import TEXT
+from minigpt_apps.lab.views import edit_cell, number, rename_inputs, stats
 
 RUN_FRAMES = 20  # chunks of one run of N steps: where it may stop, and the most frames it shows
 FRAME_SECONDS = 0.25  # the least time between two frames of a run (the page renders each one)

@@ -10,8 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from minigpt_apps.sweep.trial import result_of
 from minigpt_jax.runtime.run_dir import RunDir
-from minigpt_jax.sweep.trial import result_of
 
 END_FILE = "compare_end.json"  # in the run directory: {"status": ..., "error": ...}
 STATUSES = ("ok", "diverged", "failed", "not run")

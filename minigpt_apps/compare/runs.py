@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from minigpt_jax.compare.plan import Arm, Comparison
-from minigpt_jax.compare.record import read_record, write_end
+from minigpt_apps.compare.plan import Arm, Comparison
+from minigpt_apps.compare.record import read_record, write_end
+from minigpt_apps.sweep import space as spaces
+from minigpt_apps.sweep import trial as trials
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.runtime.signals import StopRequest
-from minigpt_jax.sweep import space as spaces
-from minigpt_jax.sweep import trial as trials
 
 Say = Callable[[str], None]
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from minigpt_jax.lab.text import message
+from minigpt_apps.lab.text import message
 from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import Embeddings

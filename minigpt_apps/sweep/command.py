@@ -40,8 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from minigpt_jax.settings.registry import user_module_digests
-from minigpt_jax.sweep.study import (
+from minigpt_apps.sweep.study import (
     DEFAULT_STUDY,
     MAX_SEED,
     PRUNERS,
@@ -53,8 +52,10 @@ from minigpt_jax.sweep.study import (
     storage_errors,
     storage_failure,
 )
-from minigpt_jax.sweep.worker import WorkerStop, work
+from minigpt_apps.sweep.worker import WorkerStop, work
+from minigpt_jax.settings.registry import user_module_digests
 
+HELP = "train many configs of a search space and rank them"  # minigpt-jax --help
 MAX_HEARTBEAT_S = 3600  # a stale trial is found 4 heartbeats late: hours at most
 
 
@@ -104,12 +105,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def check(argv: list[str]) -> Sweep:
     """Parses and checks the command; raises SweepError with one line, before any write."""
+    from minigpt_apps.sweep import space as spaces
     from minigpt_jax.experiment import (
         add_entry_settings,
         check_experiment_config,
         config_file_of,
     )
-    from minigpt_jax.sweep import space as spaces
 
     args = _parser().parse_args(argv)
     if args.sampler not in SAMPLERS:
@@ -210,7 +211,7 @@ def _require(module: str, what: str, fix: str) -> None:
 
 def _spawn_workers(sweep: Sweep, argv: list[str]) -> list[subprocess.Popen]:
     """Workers 1..K-1 of this machine: the same command, one worker each."""
-    from minigpt_jax.sweep.trial import die_with_parent
+    from minigpt_apps.sweep.trial import die_with_parent
 
     return [
         subprocess.Popen(
@@ -232,7 +233,7 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
     """The closing lines: trials by state, the best trial, what was written."""
     from optuna.trial import TrialState
 
-    from minigpt_jax.sweep import report
+    from minigpt_apps.sweep import report
 
     trials = study.get_trials(deepcopy=False)
     by_state = {s: sum(t.state == s for t in trials) for s in TrialState}

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from minigpt_jax.lab import compute
+from minigpt_apps.lab import compute
 
 STORAGE_KEY = "minigpt-jax-lab-table"
 

@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Any
 
-from minigpt_jax.sweep.study import (
+from minigpt_apps.sweep.study import (
     Sweep,
     ask_lock,
     claim,
@@ -94,9 +94,9 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    from minigpt_apps.sweep import space as spaces
+    from minigpt_apps.sweep import trial as trials
     from minigpt_jax.experiment import check_experiment_config
-    from minigpt_jax.sweep import space as spaces
-    from minigpt_jax.sweep import trial as trials
 
     storage, number = study._storage, trial.number
     # relative to OUT: the study's folder's trials/NNNN (a queued resume: its run's)

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from minigpt_jax.sweep.space import config_file_text
+from minigpt_apps.sweep.space import config_file_text
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -50,14 +50,15 @@ import sys
 import time
 from pathlib import Path
 
-from minigpt_jax.compare import plan as plans
-from minigpt_jax.compare import report
-from minigpt_jax.compare.record import has_ended, read_record
-from minigpt_jax.compare.runs import CompareStop, run_children, run_here
+from minigpt_apps.compare import plan as plans
+from minigpt_apps.compare import report
+from minigpt_apps.compare.record import has_ended, read_record
+from minigpt_apps.compare.runs import CompareStop, run_children, run_here
 from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
 from minigpt_jax.runtime.signals import record_signals_while_starting
 
 PROG = "minigpt-jax compare"
+HELP = "train arms of a config over paired seeds; is the difference real?"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import gradio as gr
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.actions import (
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.actions import (
     equal_action,
     rename_action,
     reset_action,
@@ -24,9 +24,9 @@ from minigpt_jax.lab.actions import (
     steps_action,
     type_value_action,
 )
-from minigpt_jax.lab.markup import matrix_html, step_words
-from minigpt_jax.lab.text import Words
-from minigpt_jax.lab.views import (
+from minigpt_apps.lab.markup import matrix_html, step_words
+from minigpt_apps.lab.text import Words
+from minigpt_apps.lab.views import (
     SLIDER_RANGE,
     context_view,
     edit_view,

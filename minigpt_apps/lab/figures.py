@@ -12,10 +12,10 @@ import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 
-from minigpt_jax.lab import compute, svg
-from minigpt_jax.lab.markup import escape, step_words
-from minigpt_jax.lab.state import LabState
-from minigpt_jax.lab.text import Words
+from minigpt_apps.lab import compute, svg
+from minigpt_apps.lab.markup import escape, step_words
+from minigpt_apps.lab.state import LabState
+from minigpt_apps.lab.text import Words
 
 matplotlib.use("Agg")  # figures are rendered to SVG for the page, never shown in a window
 

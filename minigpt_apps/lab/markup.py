@@ -7,10 +7,10 @@ import html
 
 import numpy as np
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.compute import LabInputError
-from minigpt_jax.lab.state import LabState, table_key, to_storage
-from minigpt_jax.lab.text import TEXT, Words
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.compute import LabInputError
+from minigpt_apps.lab.state import LabState, table_key, to_storage
+from minigpt_apps.lab.text import TEXT, Words
 
 
 def escape(text) -> str:

@@ -237,7 +237,7 @@ def config_file_text(config_spec: str, values: dict[str, Any], doc: str) -> str:
     lines = [f"    {k!r}: {v!r}," for k, v in values.items()]
     return (
         f'"""{doc}"""\n\n'
-        "from minigpt_jax.sweep.space import config_with\n\n"
+        "from minigpt_apps.sweep.space import config_with\n\n"
         f"BASE = {spec!r}\n"
         "VALUES = {\n" + "\n".join(lines) + "\n}\n\n\n"
         "def get_config(arg=None):\n"

@@ -8,9 +8,9 @@ import math
 import gradio as gr
 import numpy as np
 
-from minigpt_jax.lab import compute
-from minigpt_jax.lab.compute import LabInputError
-from minigpt_jax.lab.figures import (
+from minigpt_apps.lab import compute
+from minigpt_apps.lab.compute import LabInputError
+from minigpt_apps.lab.figures import (
     chart_svg,
     clip,
     clock_figure,
@@ -21,7 +21,7 @@ from minigpt_jax.lab.figures import (
     similarity_figure,
     weights_svg,
 )
-from minigpt_jax.lab.markup import (
+from minigpt_apps.lab.markup import (
     boxed,
     escape,
     labels,
@@ -35,8 +35,8 @@ from minigpt_jax.lab.markup import (
     table_html,
     view,
 )
-from minigpt_jax.lab.state import LabState
-from minigpt_jax.lab.text import TEXT, Words
+from minigpt_apps.lab.state import LabState
+from minigpt_apps.lab.text import TEXT, Words
 
 MAX_POSITIONS = compute.MAX_POSITIONS
 SLIDER_RANGE = 2.0  # the slider spans ±2 (wider when the coordinate is already beyond)
