@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks import columns as benchmark_columns
 from benchmarks.columns import Column, chunk_column, torch_twin
 from minigpt_jax import GPTConfig, count_params, flops_per_token
-from minigpt_jax.experiment import gpt_config_from, load_config_file
+from minigpt_jax.config_dict import gpt_config_from, load_config_file
 from minigpt_jax.optimizers import make_optimizer
 from minigpt_jax.train.step import init_state, make_train_chunk
 

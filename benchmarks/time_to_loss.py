@@ -99,8 +99,8 @@ class _Paused:
 
 
 def _load(name: str, data_dir: str, overrides: dict | None = None):
-    from minigpt_jax.data.storage import dataset_from
-    from minigpt_jax.experiment import check_experiment_config, load_config_file
+    from minigpt_jax.config_dict import check_experiment_config, load_config_file
+    from minigpt_jax.data.formats import dataset_from
 
     config = load_config_file(str(REPO / CONFIGS[name]))
     for dotted, value in (overrides or {}).items():
@@ -120,8 +120,8 @@ def run_jax(
     import jax
     import numpy as np
 
+    from minigpt_jax.config_dict import gpt_config_from
     from minigpt_jax.data.dataset import get_batch
-    from minigpt_jax.experiment import gpt_config_from
     from minigpt_jax.model.losses import parse_terms
     from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state, make_train_chunk
@@ -177,8 +177,8 @@ def run_twin(name: str, data_dir: str, eval_every: int) -> list[dict]:
         make_torch_optimizer,
         torch_train_step,
     )
+    from minigpt_jax.config_dict import gpt_config_from
     from minigpt_jax.data.dataset import get_batch
-    from minigpt_jax.experiment import gpt_config_from
 
     clock = Clock()
     torch.manual_seed(0)

@@ -368,7 +368,7 @@ def main() -> None:
 
     from configs import shakespeare_char
     from minigpt_jax import forward, init_params
-    from minigpt_jax.experiment import gpt_config_from
+    from minigpt_jax.config_dict import gpt_config_from
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="timed steps (after 5 warm-up)")

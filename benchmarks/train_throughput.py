@@ -158,7 +158,7 @@ def jax_column(
 ) -> Column:
     import jax
 
-    from minigpt_jax.experiment import gpt_config_from
+    from minigpt_jax.config_dict import gpt_config_from
     from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state, make_train_chunk
 
@@ -195,7 +195,7 @@ def torch_column(
     import torch
 
     from benchmarks.torch_reference import make_torch_optimizer
-    from minigpt_jax.experiment import gpt_config_from
+    from minigpt_jax.config_dict import gpt_config_from
 
     cfg = gpt_config_from(config, vocab_size).replace(dtype="float32", param_dtype="float32")
     model = torch_twin(cfg, config.seed)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     from minigpt_jax import flops_per_token
-    from minigpt_jax.experiment import gpt_config_from, load_config_file
+    from minigpt_jax.config_dict import gpt_config_from, load_config_file
 
     config = load_config_file(args.config)
     overrides = VARIANTS if args.variants else {DEFAULT: {}}

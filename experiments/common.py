@@ -50,8 +50,8 @@ def add_pretrained_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def load_pretrained(path: str | Path):
-    """`minigpt_jax.loading.load_model(path)`, with a line saying what was loaded."""
-    from minigpt_jax.loading import load_model
+    """`minigpt_jax.model_files.load_model(path)`, with a line saying what was loaded."""
+    from minigpt_jax.model_files import load_model
 
     model = load_model(path)
     cfg = model.cfg

@@ -35,7 +35,7 @@ from experiments.training import (
 from minigpt_jax import GPTConfig
 from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.dataset import get_batch
-from minigpt_jax.data.storage import dataset_from
+from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.gpt import next_token_losses
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")

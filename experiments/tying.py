@@ -30,7 +30,7 @@ from experiments.common import (
     save_figure,
 )
 from minigpt_jax import GPTConfig, count_params, init_params, next_token_losses
-from minigpt_jax.experiment import gpt_config_from
+from minigpt_jax.config_dict import gpt_config_from
 
 # configs/gpt2_small.py's model, at GPT-2's vocabulary (its data.vocab_size).
 _GPT2_SMALL_RUN = gpt2_small.get_config()

@@ -30,10 +30,10 @@ _PUBLIC = {
     "sinusoidal_positions": "minigpt_jax.model.positions",
     "generate": "minigpt_jax.sampling.api",
     "generate_stream": "minigpt_jax.sampling.api",
-    "SampleSettings": "minigpt_jax.sampling.settings",
+    "SampleSettings": "minigpt_jax.sampling.options",
     "load_gpt2": "minigpt_jax.gpt2",
     "save_gpt2": "minigpt_jax.gpt2",
-    "load_model": "minigpt_jax.loading",
+    "load_model": "minigpt_jax.model_files",
     "train_and_evaluate": "minigpt_jax.train.loop",
 }
 

@@ -55,7 +55,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from minigpt_jax.sampling.settings import SampleSettings
+from minigpt_jax.sampling.options import SampleSettings
 
 BUILT_IN = ("train", "prepare", "sample", "export", "eval", "settings")
 APP_COMMANDS = "minigpt_jax.commands"  # the entry-point group of other packages' commands
@@ -154,8 +154,8 @@ def _train() -> None:
 
 
 def _prepare() -> None:
+    from minigpt_jax.config_dict import check_experiment_config
     from minigpt_jax.data.shards.read import sharded_dataset
-    from minigpt_jax.experiment import check_experiment_config
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
@@ -213,7 +213,7 @@ def _sample() -> None:
 
 
 def _export() -> None:
-    from minigpt_jax.loading import export_run
+    from minigpt_jax.model_files import export_run
 
     if _OUT.value is None:
         raise app.UsageError("export needs --out, the directory to write, e.g. --out hf/run.")
@@ -269,7 +269,7 @@ def _exit_stopped(status: int) -> None:
 
 
 def _settings() -> None:
-    from minigpt_jax.experiment import settings_table
+    from minigpt_jax.config_dict import settings_table
 
     # With --config (and overrides): that config's resolved values and its entries' settings.
     with _stopped_says("settings", "nothing was written."):
@@ -357,7 +357,7 @@ class _EntrySettingsParser(ConfigFileFlagParser):
     def parse(self, path):
         config = super().parse(path)
         if isinstance(config, ml_collections.ConfigDict):
-            from minigpt_jax.experiment import add_entry_settings
+            from minigpt_jax.config_dict import add_entry_settings
 
             add_entry_settings(config, self.overrides)
         return config
@@ -458,7 +458,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     flags.FLAGS["config"].parser = _EntrySettingsParser("config", lock_config=True)
     config_path = _config_path(argv)
     if config_path:
-        from minigpt_jax.experiment import (
+        from minigpt_jax.config_dict import (
             add_config_root_to_path,
             config_file_of,
             config_file_problem,
@@ -474,7 +474,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:
-        from minigpt_jax.experiment import unknown_key_message
+        from minigpt_jax.config_dict import unknown_key_message
 
         for arg in argv:
             match = re.match(r"--config\.([\w.]+)", arg)
@@ -490,7 +490,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def _unknown_group(dotted: str) -> str | None:
     """The message for a key `group.name` whose group does not exist (a typo of the group),
     suggesting the group that has `name`; None when the group exists."""
-    from minigpt_jax.experiment import EXPERIMENT_KEYS
+    from minigpt_jax.config_dict import EXPERIMENT_KEYS
 
     group, _, name = dotted.partition(".")
     groups = [g for g in EXPERIMENT_KEYS if g]
@@ -507,7 +507,7 @@ def _unknown_group(dotted: str) -> str | None:
 
 def _key_missing(argv: list[str], dotted: str) -> bool:
     """Whether `dotted` names no key of the --config file's get_config()."""
-    from minigpt_jax.experiment import load_config_file
+    from minigpt_jax.config_dict import load_config_file
 
     path = _config_path(argv)
     if path is None:

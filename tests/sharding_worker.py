@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import tiny  # noqa: E402
 from minigpt_jax import sharding  # noqa: E402
-from minigpt_jax.experiment import gpt_config_from  # noqa: E402
+from minigpt_jax.config_dict import gpt_config_from  # noqa: E402
 from minigpt_jax.optimizers import make_optimizer  # noqa: E402
 from minigpt_jax.train.loop import train_and_evaluate  # noqa: E402
 from minigpt_jax.train.metrics import read_metrics  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")  # the `bench` extra
 
 from benchmarks import train_throughput  # noqa: E402
-from minigpt_jax.experiment import gpt_config_from, load_config_file  # noqa: E402
+from minigpt_jax.config_dict import gpt_config_from, load_config_file  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -156,7 +156,7 @@ def test_sample_without_a_trained_run_says_how_to_train(tmp_path):
 def test_streamed_texts_equal_the_texts_of_one_call(trained_workdir):
     """Pieces of one token's call at first, in batches of 2 that a memory budget asks for,
     join to the texts of unbatched, unstreamed sampling; they come in printing order."""
-    from minigpt_jax.loading import load_run
+    from minigpt_jax.model_files import load_run
     from minigpt_jax.sampling.api import plan_sampling
     from minigpt_jax.sampling.texts import sample_texts, stream_texts
 

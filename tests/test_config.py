@@ -5,7 +5,7 @@ from absl.testing import parameterized
 
 from configs import default
 from minigpt_jax import GPTConfig
-from minigpt_jax.experiment import MODEL_KEYS, check_experiment_config, gpt_config_from
+from minigpt_jax.config_dict import MODEL_KEYS, check_experiment_config, gpt_config_from
 
 
 class GPTConfigTest(chex.TestCase):

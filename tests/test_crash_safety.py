@@ -632,7 +632,7 @@ def test_a_batch_beyond_the_machine_is_refused_before_a_step_runs(corpus_file, t
     with a batch that fits."""
     from configs import tiny
     from minigpt_jax.budget import host_memory_available, train_bytes_lower_bound
-    from minigpt_jax.experiment import check_experiment_config, gpt_config_from
+    from minigpt_jax.config_dict import check_experiment_config, gpt_config_from
     from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state
 

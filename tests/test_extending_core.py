@@ -15,7 +15,7 @@ import pytest
 from helpers import cli_in
 
 from minigpt_jax import forward, init_params
-from minigpt_jax.experiment import check_experiment_config, default_config, gpt_config_from
+from minigpt_jax.config_dict import check_experiment_config, default_config, gpt_config_from
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")

@@ -20,9 +20,9 @@ from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.checkpoint import load_params
+from minigpt_jax.config_dict import check_experiment_config, default_config
 from minigpt_jax.data.dataset import get_batch
-from minigpt_jax.data.storage import dataset_from
-from minigpt_jax.experiment import check_experiment_config, default_config
+from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.gpt import forward_with_attention
 from minigpt_jax.optimizers import build_optimizer, decay_mask, make_optimizer

@@ -23,7 +23,7 @@ from minigpt_jax import (
     next_token_losses,
     vocab_padding_params,
 )
-from minigpt_jax.experiment import gpt_config_from
+from minigpt_jax.config_dict import gpt_config_from
 
 DIMS = chex.Dimensions(B=2, T=8, D=32, H=4, V=64, N=2)
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)

@@ -13,7 +13,7 @@ import pytest
 from helpers import pydoc_text
 
 from minigpt_jax import gpt2 as pretrained
-from minigpt_jax import loading
+from minigpt_jax import model_files
 from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, load_gpt2_tokenizer
 from minigpt_jax.model.gpt import forward, forward_with_cache, init_cache
 from minigpt_jax.sampling.api import generate
@@ -71,7 +71,7 @@ def hf_model(hf_dir):
 
 @pytest.fixture(scope="module")
 def loaded(hf_dir):
-    return loading.load_model(hf_dir)
+    return model_files.load_model(hf_dir)
 
 
 def _hf_logits(model, tokens_BxT):
@@ -325,18 +325,18 @@ def test_extra_tensors_and_damaged_files_are_refused(hf_dir, tmp_path):
 
 def test_fine_tuning_config_must_match_the_checkpoint(loaded):
     with pytest.raises(ValueError, match="n_embd: checkpoint 32, config 64"):
-        loading.params_for(loaded, loaded.cfg.replace(n_embd=64, n_head=4))
-    cropped = loading.params_for(loaded, loaded.cfg.replace(block_size=16, dropout=0.0))
+        model_files.params_for(loaded, loaded.cfg.replace(n_embd=64, n_head=4))
+    cropped = model_files.params_for(loaded, loaded.cfg.replace(block_size=16, dropout=0.0))
     assert cropped["embed"]["pos"]["embedding"].shape == (16, 32)
     with pytest.raises(ValueError, match="exceeds the checkpoint's learned 32 positions"):
-        loading.params_for(loaded, loaded.cfg.replace(block_size=64))
+        model_files.params_for(loaded, loaded.cfg.replace(block_size=64))
 
 
 def test_vocabulary_padding_is_added_for_training_and_dropped_on_export(loaded, tmp_path):
     """params_for pads the table to the config's vocab_multiple (same logits); save_gpt2 writes
     the V real rows only, so the export reloads as the checkpoint it came from."""
     padded_cfg = loaded.cfg.replace(vocab_multiple=64)
-    padded = loading.params_for(loaded, padded_cfg)
+    padded = model_files.params_for(loaded, padded_cfg)
     table = padded["embed"]["tok"]["embedding"]
     assert table.shape == (padded_cfg.padded_vocab_size, loaded.cfg.n_embd)
     assert padded_cfg.padded_vocab_size > loaded.cfg.vocab_size
@@ -434,7 +434,7 @@ def test_cli_sample_train_export_eval_end_to_end(hf_dir, hf_model, tmp_path):
     result = _cli("export", f"--workdir={run}", f"--out={out}")
     assert result.returncode == 0, result.stderr
     exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
-    tuned = loading.load_model(run)
+    tuned = model_files.load_model(run)
     tokens_BxT = _tokens((2, 16), seed=4)
     np.testing.assert_allclose(
         _hf_logits(exported, tokens_BxT),
@@ -510,14 +510,14 @@ def test_init_from_starts_training_at_the_checkpoint(hf_dir, loaded, tmp_path):
     config = _finetune_config(hf_dir, corpus)
     config.optim.lr = config.optim.min_lr = config.optim.weight_decay = 0.0
     train_and_evaluate(config, tmp_path / "run", progress=False)
-    run = loading.load_model(tmp_path / "run")
+    run = model_files.load_model(tmp_path / "run")
     assert run.tokenizer.to_json() == loaded.tokenizer.to_json()
-    expected = loading.params_for(loaded, run.cfg)
+    expected = model_files.params_for(loaded, run.cfg)
     jax.tree_util.tree_map(np.testing.assert_array_equal, run.params, expected)
 
     config.init_from = str(tmp_path / "run")
     train_and_evaluate(config, tmp_path / "run2", progress=False)
-    again = loading.load_model(tmp_path / "run2")
+    again = model_files.load_model(tmp_path / "run2")
     jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, expected)
 
     config.init_from = str(hf_dir)

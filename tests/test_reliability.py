@@ -358,7 +358,7 @@ def test_export_disk_full_is_one_line_and_leaves_nothing(small_run, tmp_path):
 def test_export_writes_nothing_when_a_write_fails(small_run, tmp_path, monkeypatch):
     import safetensors.numpy
 
-    from minigpt_jax.loading import export_run
+    from minigpt_jax.model_files import export_run
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -9,7 +9,7 @@ import pytest
 
 from configs import default, gpt2_small, shakespeare_char, tiny
 from minigpt_jax import GPTConfig
-from minigpt_jax.experiment import (
+from minigpt_jax.config_dict import (
     EXPERIMENT_KEYS,
     check_experiment_config,
     complete,
@@ -18,7 +18,7 @@ from minigpt_jax.experiment import (
     settings_table,
 )
 from minigpt_jax.gpt2 import check_exportable
-from minigpt_jax.loading import shape_mismatch
+from minigpt_jax.model_files import shape_mismatch
 from minigpt_jax.settings.groups import GROUPS, KINDS, Loop, declarations
 from minigpt_jax.settings.registry import REGISTRIES
 from minigpt_jax.train.resume import SPEED_FIELDS, check_resume

@@ -8,7 +8,7 @@ from benchmarks.time_to_loss import first_at_or_below, make_val_loss, report
 from configs import speedrun_char
 from experiments import speedrun_ablation
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.experiment import check_experiment_config
+from minigpt_jax.config_dict import check_experiment_config
 
 
 def test_val_loss_scores_every_position_of_non_overlapping_windows():

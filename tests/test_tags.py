@@ -105,7 +105,7 @@ def test_a_plugins_own_tag_freezes_only_its_parameter_through_the_cli(tmp_path, 
 
     from helpers import run, train_args
 
-    from minigpt_jax.loading import load_model
+    from minigpt_jax.model_files import load_model
 
     (tmp_path / "my_gated.py").write_text(GATED)
     workdir = tmp_path / "run"

@@ -16,7 +16,7 @@ from typing import Any
 
 from minigpt_apps.sweep import space as spaces
 from minigpt_apps.sweep.study import _flat as flat_config
-from minigpt_jax.experiment import add_entry_settings, check_experiment_config, config_file_of
+from minigpt_jax.config_dict import add_entry_settings, check_experiment_config, config_file_of
 from minigpt_jax.settings.registry import user_module_digests
 
 BASELINE = "baseline"  # the unchanged config's arm, unless --baseline names another

@@ -81,7 +81,7 @@ def _said(comparison: Comparison, arm: Arm, seed: int, status: str, started: flo
 def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareStop, say: Say):
     """Trains `jobs` one after another in this process (its output in each run's train.log);
     returns when they are done or a signal stopped one (the run keeps its checkpoint)."""
-    from minigpt_jax.experiment import load_config_file
+    from minigpt_jax.config_dict import load_config_file
     from minigpt_jax.runtime import compile_cache
     from minigpt_jax.train.loop import train_and_evaluate
 

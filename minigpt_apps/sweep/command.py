@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 def check(argv: list[str]) -> Sweep:
     """Parses and checks the command; raises SweepError with one line, before any write."""
     from minigpt_apps.sweep import space as spaces
-    from minigpt_jax.experiment import (
+    from minigpt_jax.config_dict import (
         add_entry_settings,
         check_experiment_config,
         config_file_of,

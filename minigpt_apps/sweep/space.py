@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from minigpt_jax.experiment import (
+from minigpt_jax.config_dict import (
     EXPERIMENT_KEYS,
     check_experiment_config,
     declaration,
@@ -56,7 +56,7 @@ class Dimension:
 
 def base_config(spec: str):
     """get_config(arg) of the `--config path[:arg]` file (a one-line error if it fails)."""
-    from minigpt_jax.experiment import config_file_problem
+    from minigpt_jax.config_dict import config_file_problem
 
     problem = config_file_problem(spec)
     if problem:

@@ -96,7 +96,7 @@ def run_trial(study, trial, sweep: Sweep, stop: WorkerStop) -> None:
 
     from minigpt_apps.sweep import space as spaces
     from minigpt_apps.sweep import trial as trials
-    from minigpt_jax.experiment import check_experiment_config
+    from minigpt_jax.config_dict import check_experiment_config
 
     storage, number = study._storage, trial.number
     # relative to OUT: the study's folder's trials/NNNN (a queued resume: its run's)

@@ -24,7 +24,7 @@ Other configs start from this one and state only what differs:
 
 import ml_collections
 
-from minigpt_jax.experiment import default_config
+from minigpt_jax.config_dict import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

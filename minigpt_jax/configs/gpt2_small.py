@@ -18,7 +18,7 @@ Speed:    on an NVIDIA GPU the "auto" defaults pick cuDNN flash attention and au
 
 import ml_collections
 
-from minigpt_jax.experiment import default_config
+from minigpt_jax.config_dict import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -15,7 +15,7 @@ context 64, AdamW 1e-3 -> 1e-4 on a 100-step warmup + cosine); this file states 
 
 import ml_collections
 
-from minigpt_jax.experiment import default_config
+from minigpt_jax.config_dict import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -6,7 +6,7 @@ Expect:   a few seconds on a 2-core CPU; the loss falls from about log(V).
 
 import ml_collections
 
-from minigpt_jax.experiment import default_config
+from minigpt_jax.config_dict import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -2,4 +2,4 @@
 tokenizers and their registry (`tokenizers`), corpora by name (`sources`), what every data
 format gives a run (`dataset`: the Dataset, its split and batches), the in-memory format
 (`in_memory`), token shards for corpora of any size (`shards/`), and the Dataset a run config
-names (`storage`)."""
+names (`formats`: the registry of data.format)."""

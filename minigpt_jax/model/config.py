@@ -1,7 +1,7 @@
 """GPTConfig: the frozen, hashable model configuration that jit and the model code see.
 
 The model group only, each field declared once with `settings.setting`; what else an experiment
-config holds is declared in `settings`, and how a config file is loaded is `experiment`'s job.
+config holds is declared in `settings`, and how a config file is loaded is `config_dict`'s job.
 """
 
 from __future__ import annotations

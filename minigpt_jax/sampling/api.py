@@ -14,8 +14,8 @@ from minigpt_jax.model.embeddings import check_token_ids
 from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.sampling.loop import CHUNK_SECONDS, NewTokens, decoded_batches
+from minigpt_jax.sampling.options import SampleSettings, settings_of
 from minigpt_jax.sampling.plan import plan_sampling
-from minigpt_jax.sampling.settings import SampleSettings, settings_of
 
 Array = chex.Array
 Prompts = np.ndarray | Array | Sequence[np.ndarray | Sequence[int]]

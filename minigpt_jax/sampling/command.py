@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from minigpt_jax.loading import LoadedModel, load_model, load_run
+from minigpt_jax.model_files import LoadedModel, load_model, load_run
 from minigpt_jax.runtime.signals import StopThenInterrupt
-from minigpt_jax.sampling.settings import SampleSettings
+from minigpt_jax.sampling.options import SampleSettings
 from minigpt_jax.sampling.texts import SampleText, stream_texts
 
 COMMAND = "minigpt-jax sample"

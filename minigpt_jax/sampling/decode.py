@@ -18,8 +18,8 @@ from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import read_out
 from minigpt_jax.model.gpt import GPT, Params, head_weight, init_cache
 from minigpt_jax.sampling.filters import row_keys, sample_token
+from minigpt_jax.sampling.options import SampleSettings
 from minigpt_jax.sampling.plan import SamplingPlan, Slots, first_recomputed_token
-from minigpt_jax.sampling.settings import SampleSettings
 
 Array = chex.Array
 

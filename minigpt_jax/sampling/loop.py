@@ -15,8 +15,8 @@ from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.sampling.decode import decode, prefill, traced_settings
 from minigpt_jax.sampling.filters import row_keys
+from minigpt_jax.sampling.options import SampleSettings
 from minigpt_jax.sampling.plan import SamplingPlan, first_recomputed_token
-from minigpt_jax.sampling.settings import SampleSettings
 
 Array = chex.Array
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from minigpt_jax.budget import format_bytes, free_memory
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.sampling.settings import SampleSettings
+from minigpt_jax.sampling.options import SampleSettings
 
 # Prompt and new-token counts are rounded up to powers of two, at least this, so that a session
 # of many calls compiles once per (batch, bucket) pair instead of once per length.

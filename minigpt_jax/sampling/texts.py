@@ -13,14 +13,14 @@ import numpy as np
 
 from minigpt_jax.budget import format_bytes
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.loading import load_run
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
+from minigpt_jax.model_files import load_run
 from minigpt_jax.sampling.api import check_request, generate_stream
 from minigpt_jax.sampling.decode import time_step_past_block
 from minigpt_jax.sampling.loop import CHUNK_SECONDS
+from minigpt_jax.sampling.options import SampleSettings, settings_of
 from minigpt_jax.sampling.plan import SamplingPlan, plan_sampling, tokens_past_block
-from minigpt_jax.sampling.settings import SampleSettings, settings_of
 
 
 def sample_from_workdir(

@@ -3,7 +3,7 @@
 A setting is a field of a typed group declared with `setting(...)`: `GPTConfig` (the model
 group, minigpt_jax.model.config) and the groups below (loop settings at the top level, `optim`,
 `data`, `mesh`, `loss`). Everything else derives from these declarations: the keys a config may
-hold and the "did you mean" of a typo (`experiment`), the range checks, what may change on
+hold and the "did you mean" of a typo (`config_dict`), the range checks, what may change on
 resume (`train.resume`), what a fine-tune may change and what GPT-2's layout needs (`gpt2`), and
 the defaults a config file starts from, so `configs/*.py` state only what differs.
 
@@ -363,7 +363,7 @@ class Data:
     """config.data: the corpus, its tokenizer and split, and how a run holds it. The keys that
     pick a part (corpus, file_format, tokenizer, format) name an entry of their registry
     (data.sources.CORPORA, data.corpus.FILE_FORMATS, data.tokenizers.TOKENIZERS,
-    data.storage.DATA_FORMATS) or module:attr."""
+    data.formats.DATA_FORMATS) or module:attr."""
 
     corpus: str = setting(
         "pydoc",

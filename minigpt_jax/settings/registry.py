@@ -10,7 +10,7 @@ without a fork:
 
 An entry may declare the settings it reads (`declares`): they join the group of the config key
 that picks it (`--config.<group>.<name>=`), are checked, listed, recorded and resumed like the
-built-in ones (minigpt_jax.experiment).
+built-in ones (minigpt_jax.config_dict).
 
 Every registry has one entry shape (`entry_class`, and/or a function of `arity` arguments)
 normalised by one coercion (`Registry.coerce`), which refuses without calling it anything else
@@ -69,7 +69,7 @@ class PluginError(Exception):
         return "\n".join([self.header, *self.frames, *([self.note] if self.note else [])])
 
 
-# Every registry by the config key that picks its entries (experiment.py walks them).
+# Every registry by the config key that picks its entries (config_dict.py walks them).
 REGISTRIES: dict[str, Registry] = {}
 # {module name: (file, [picking keys])} of every user module a registry key imported.
 _USER_MODULES: dict[str, tuple[str | None, list[str]]] = {}

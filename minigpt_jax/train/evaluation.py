@@ -22,7 +22,6 @@ from jax.sharding import Mesh
 from minigpt_jax import budget, sharding
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.tokenizers import Tokenizer
-from minigpt_jax.loading import load_model
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
 from minigpt_jax.model.gpt import (
@@ -33,6 +32,7 @@ from minigpt_jax.model.gpt import (
     next_token_losses,
     target_weights,
 )
+from minigpt_jax.model_files import load_model
 
 Array = chex.Array
 LossTerms = tuple[tuple[str, float], ...]  # losses.parse_terms(config.loss.terms)

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax.checkpoint import Checkpointer
+from minigpt_jax.config_dict import check_experiment_config
 from minigpt_jax.data import dataset as data
-from minigpt_jax.experiment import check_experiment_config
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock

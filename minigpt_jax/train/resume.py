@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minigpt_jax.experiment import declaration, entry_settings
+from minigpt_jax.config_dict import declaration, entry_settings
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings.groups import MODEL, SPEED, TRAJECTORY, declarations
 

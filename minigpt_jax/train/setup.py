@@ -24,15 +24,15 @@ import numpy as np
 
 from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
+from minigpt_jax.config_dict import gpt_config_from, micro_batch_size
 from minigpt_jax.data import dataset as data
-from minigpt_jax.data.storage import dataset_from
-from minigpt_jax.experiment import gpt_config_from, micro_batch_size
-from minigpt_jax.loading import LoadedModel, check_fits, load_model, params_for
+from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS, choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
+from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.optimizers import build_optimizer
 from minigpt_jax.settings.registry import user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
@@ -92,7 +92,7 @@ def set_up(
     on_phase: OnPhase = lambda phase, step: None,
     last_step: int | None = None,
 ) -> Run:
-    """The run of `config` (complete and checked: experiment.check_experiment_config) in
+    """The run of `config` (complete and checked: config_dict.check_experiment_config) in
     `workdir`. on_phase(what, step) names each setup step as it starts ("reading the data",
     ...) and the step the run stands at (None until the checkpoints are checked). A run already
     at last_step compiles no train step (it has nothing to train)."""

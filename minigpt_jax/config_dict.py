@@ -23,7 +23,7 @@ from minigpt_jax import (  # noqa: F401 (their registries pick hooks, step_metri
     optimizers,  # noqa: F401 (its registries pick optim.*)
     step_metrics,
 )
-from minigpt_jax.data import storage  # noqa: F401 (its registries pick data.*)
+from minigpt_jax.data import formats  # noqa: F401 (its registries pick data.*)
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.settings import groups as settings
