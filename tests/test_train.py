@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import json
 import math
+import shutil
 
 import chex
 import jax
@@ -210,3 +211,19 @@ def test_bfloat16_compute_trains_with_float32_params(corpus_file, tmp_path):
     params, meta = load_params(tmp_path)
     assert meta["gpt_config"]["dtype"] == "bfloat16"
     assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("float32")}
+
+
+def test_a_resumed_run_builds_its_model_config_once(corpus_file, full_run, tmp_path, monkeypatch):
+    """Issue 35: GPTConfig was rebuilt from the ConfigDict (complete() and all) 6 times on a
+    resume. Now: once when the config is checked at the edge, once for the run's model group
+    (vocab_size then set by replace as each phase learns it)."""
+    from minigpt_jax import config_dict
+
+    workdir = tmp_path / "run"
+    shutil.copytree(full_run[0], workdir)
+    completions = []
+    complete = config_dict.complete
+    monkeypatch.setattr(config_dict, "complete", lambda c: completions.append(1) or complete(c))
+    summary = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False)
+    assert summary.resumed_from == 40
+    assert len(completions) == 2

@@ -109,18 +109,29 @@ def set_up(
         pretrained = load_model(config.init_from) if config.init_from else None
         optimizer = build_optimizer(config.optim, config.num_steps)
         terms = parse_terms(config.loss.terms)
-        metrics = _checked_metrics(config, terms, pretrained)
+        # The model group, typed once; only its vocab_size is set as each phase learns it.
+        model = gpt_config_from(config, vocab_size=1)
+        metrics = _checked_metrics(config, terms, model, pretrained)
         mesh = sharding.make_mesh(config.mesh)
         sharding.check_batch_size(micro_batch_size(config), mesh)
         # A char vocabulary is known once the corpus is read: counted as 1 until then.
         early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
         _check_memory(
-            config, optimizer.tx, mesh, pretrained.cfg.vocab_size if pretrained else early_vocab
+            config,
+            optimizer.tx,
+            mesh,
+            model.replace(vocab_size=pretrained.cfg.vocab_size if pretrained else early_vocab),
         )
         data_check = _DataCheck(config, checkpointer, latest, allow_resume_changes)
         if latest is not None:  # the settings first, so a refused resume changes no data file
             saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
-            _check_resume(config, saved_vocab, checkpointer, latest, allow_resume_changes)
+            _check_resume(
+                config,
+                model.replace(vocab_size=saved_vocab),
+                checkpointer,
+                latest,
+                allow_resume_changes,
+            )
         on_phase("reading the data", at)
         dataset = dataset_from(
             config,
@@ -131,10 +142,10 @@ def set_up(
             check_data=data_check if latest is not None else None,
             documents=ATTENTION_MASKS[config.model.attention_mask].documents,
         )
-        cfg = gpt_config_from(
-            config, (pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
+        cfg = model.replace(
+            vocab_size=(pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
         )
-        _check_memory(config, optimizer.tx, mesh, cfg.vocab_size)
+        _check_memory(config, optimizer.tx, mesh, cfg)
         _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
         if pretrained is not None and latest is None:
             check_fits(pretrained.cfg, cfg)
@@ -163,9 +174,7 @@ def set_up(
             resumed_from, best_val, pending_evaluation = None, math.inf, False
         else:
             on_phase(f"restoring checkpoint {latest}", latest)
-            changes = _check_resume(
-                config, cfg.vocab_size, checkpointer, latest, allow_resume_changes
-            )
+            changes = _check_resume(config, cfg, checkpointer, latest, allow_resume_changes)
             if changes:
                 _log.warning(
                     "resuming step %d with changed settings: %s", latest, "; ".join(changes)
@@ -240,7 +249,10 @@ def _check_documents(cfg: GPTConfig, tokenizer: Any) -> None:
 
 
 def _checked_metrics(
-    config: Any, terms: tuple[tuple[str, float], ...], pretrained: LoadedModel | None
+    config: Any,
+    terms: tuple[tuple[str, float], ...],
+    model: GPTConfig,
+    pretrained: LoadedModel | None,
 ) -> tuple[str, ...]:
     """config.eval.metrics resolved and probed against their contract (shapes only), before
     anything is written; a name clashing with a loss term's is refused."""
@@ -254,14 +266,14 @@ def _checked_metrics(
             )
     if metrics:
         vocab_size = pretrained.cfg.vocab_size if pretrained else 256
-        check_metrics(gpt_config_from(config, vocab_size), metrics)
+        check_metrics(model.replace(vocab_size=vocab_size), metrics)
     return metrics
 
 
-def _check_memory(config: Any, tx: Any, mesh: Any, vocab_size: int) -> None:
-    """Refuses, before any array is allocated, a run whose state, batches, logits and residual
-    stream alone (budget.train_bytes_lower_bound, from shapes) exceed the devices' memory."""
-    cfg = gpt_config_from(config, vocab_size)
+def _check_memory(config: Any, tx: Any, mesh: Any, cfg: GPTConfig) -> None:
+    """Refuses, before any array is allocated, a run of model `cfg` whose state, batches,
+    logits and residual stream alone (budget.train_bytes_lower_bound, from shapes) exceed the
+    devices' memory."""
     state_shapes = jax.eval_shape(functools.partial(init_state, cfg, tx), jax.random.key(0))
     fused = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False) == "cudnn"
     batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
@@ -272,14 +284,13 @@ def _check_memory(config: Any, tx: Any, mesh: Any, vocab_size: int) -> None:
 
 
 def _check_resume(
-    config: Any, vocab_size: int, checkpointer: Checkpointer, latest: int, allow_changes: bool
+    config: Any, cfg: GPTConfig, checkpointer: Checkpointer, latest: int, allow_changes: bool
 ) -> list[str]:
-    """The accepted changes of resuming checkpoint `latest` with `config` (and a vocabulary of
-    `vocab_size`); raises ValueError for changed model or (unless allowed) trajectory settings
-    or plug-in code (train.resume), or a checkpoint past config.num_steps."""
+    """The accepted changes of resuming checkpoint `latest` with `config` and its model `cfg`;
+    raises ValueError for changed model or (unless allowed) trajectory settings or plug-in
+    code (train.resume), or a checkpoint past config.num_steps."""
     saved = checkpointer.read_meta(latest)
     where = checkpointer.run_dir.checkpoints / str(latest)
-    cfg = gpt_config_from(config, vocab_size)
     meta = {"gpt_config": dataclasses.asdict(cfg), "config": config.to_dict()}
     changes = check_resume(saved, meta, where, allow_changes=allow_changes)
     changes += check_resume_plugins(
