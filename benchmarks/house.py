@@ -41,6 +41,33 @@ def line_count(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
+def code_lines(path: Path) -> int:
+    """Lines of code: not blank, not only a comment, not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.update(range(value.lineno, value.end_lineno + 1))
+    lines = path.read_text().splitlines()
+    return sum(
+        1
+        for number, line in enumerate(lines, 1)
+        if line.strip() and not line.strip().startswith("#") and number not in docstrings
+    )
+
+
+def core_files(repo: Path) -> list[str]:
+    """The core's files as the README's "The core" section lists them (`minigpt_jax/...py`)."""
+    readme = (repo / "README.md").read_text()
+    if "## The core" not in readme:
+        return []
+    section = readme.split("## The core", 1)[1].split("\n## ", 1)[0]
+    return sorted(set(re.findall(r"`(minigpt_jax/[\w/]+\.py)`", section)))
+
+
 def functions(repo: Path) -> list[tuple[str, str, int]]:
     """(file, qualified name, lines) of every function and method of the library."""
     found = []
@@ -287,6 +314,14 @@ def main() -> None:
     ))  # fmt: skip
     defs = sorted(functions(repo), key=lambda f: -f[2])[: args.most]
     print("largest functions: " + ", ".join(f"{f}:{name} {n}" for f, name, n in defs))
+    core = core_files(repo)
+    if core:
+        print(
+            f"the core (README's list): {len(core)} files, "
+            f"{sum(line_count(repo / f) for f in core):,} lines, "
+            f"{sum(code_lines(repo / f) for f in core):,} of them code (no docstring, comment "
+            "or blank line)"
+        )
     blocks, lines = repeated_blocks(repo)
     print(f"repeated blocks of {REPEAT_LINES}+ lines: {blocks} ({lines} lines)")
     graph = module_imports(repo)

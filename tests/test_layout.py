@@ -215,3 +215,13 @@ class ShapeLegendTest(chex.TestCase):
                         used.setdefault(letter, path.name)
         unknown = {letter: where for letter, where in used.items() if letter not in legend}
         self.assertEmpty(unknown, "shape letters missing from model.py's legend")
+
+
+def test_the_readmes_core_names_library_modules_that_exist():
+    """README's "The core" lists the files to read first (benchmarks/house.py measures them)."""
+    from benchmarks.house import core_files
+
+    core = core_files(ROOT)
+    assert len(core) >= 10, core
+    assert [f for f in core if not (ROOT / f).is_file()] == []
+    assert "minigpt_jax/train/step.py" in core and "minigpt_jax/model/gpt.py" in core
