@@ -372,6 +372,27 @@ def load_config_file(spec: str) -> Any:
     return module.get_config(arg or None)
 
 
+# Modules renamed or moved out of the library (issue 35): named in the error a config file
+# gets when it still imports one (a sweep's trial configs import the sweep's space).
+_MOVED_MODULES = {
+    "minigpt_jax.sweep": "minigpt_apps.sweep",
+    "minigpt_jax.compare": "minigpt_apps.compare",
+    "minigpt_jax.lab": "minigpt_apps.lab",
+    "minigpt_jax.experiment": "minigpt_jax.config_dict",
+    "minigpt_jax.loading": "minigpt_jax.model_files",
+    "minigpt_jax.data.storage": "minigpt_jax.data.formats",
+    "minigpt_jax.sampling.settings": "minigpt_jax.sampling.options",
+}
+
+
+def _moved_module(name: str) -> str | None:
+    """Where module `name` lives now, if it is one that moved (or a module inside one)."""
+    for old, new in _MOVED_MODULES.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return None
+
+
 def config_file_problem(spec: str) -> str | None:
     """None if the config file `path[:arg]` loads and its get_config(arg) returns a ConfigDict;
     else one line saying what is wrong (a syntax error, no get_config, get_config raising or
@@ -393,6 +414,16 @@ def config_file_problem(spec: str) -> str | None:
         return (
             f"{path} defines no get_config(); a config file defines get_config(arg=None) "
             "returning an ml_collections.ConfigDict (see configs/tiny.py)."
+        )
+    except ModuleNotFoundError as error:
+        moved = _moved_module(error.name or "")
+        if moved is None:
+            return f"{path} failed to load (ModuleNotFoundError: {error})."
+        return (
+            f"{path} imports {error.name}, which is {moved} since the library and its apps "
+            f"were reorganised (no old module paths are kept at 0.1.0): replace the import's "
+            f"module in the file (a sweep's or a comparison's config files: every config.py "
+            "and best_config.py it wrote), then rerun."
         )
     except Exception as error:  # the config file's own code
         line = str(error).splitlines()[0] if str(error) else "no detail"

@@ -581,6 +581,12 @@ def _one_line_error(args) -> str:
         ("def get_config(arg=None):\n    raise KeyError('x')\n", "raised KeyError: 'x'; fix it."),
         ("x = 1\n", "defines no get_config(); a config file defines get_config(arg=None)"),
         ("def get_config(arg=None):\n    return 3\n", "get_config() returned int, not an"),
+        # A trial config an earlier sweep wrote, from before the apps left the library.
+        (
+            "from minigpt_jax.sweep.space import config_with\n\n"
+            "def get_config(arg=None):\n    return config_with('tiny', {})\n",
+            "imports minigpt_jax.sweep, which is minigpt_apps.sweep since",
+        ),
     ],
 )
 def test_broken_config_file_is_one_line(tmp_path, body, message):
