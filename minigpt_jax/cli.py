@@ -1,6 +1,6 @@
 r"""The command line, `minigpt-jax train|prepare|sample|export|eval|settings` and the commands
 other packages add (`lab`, `sweep`, `compare` from minigpt_apps; also `python -m minigpt_jax`):
-flags only.
+the flags, each command's call, its errors as one line and its exit statuses.
 
   minigpt-jax train   --config configs/X.py [--config.key=value ...] --workdir runs/X
                       [--config.init_from=HF_GPT2_DIR_OR_RUN] [--allow_resume_changes]
