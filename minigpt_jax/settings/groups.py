@@ -49,8 +49,8 @@ class Setting:
     choices: Container | None = None  # a tuple, or a registry (names and module:attr)
     nullable: bool = False  # None is allowed (a placeholder to fill in, e.g. data.path)
     requirement: str | None = None  # words for the rule, where the generic ones don't fit
-    finetune_free: bool = False  # init_from may differ in it (pretrained.shape_mismatch)
-    gpt2: Any = _NO_VALUE  # the value GPT-2's layout needs to export (pretrained)
+    finetune_free: bool = False  # init_from may differ in it (model_files.shape_mismatch)
+    gpt2: Any = _NO_VALUE  # the value GPT-2's layout needs to export (gpt2.py)
     # A rule across settings of the group: (value, {name: value} of the group) -> the problem
     # in words ("must divide n_head=4"), or None; checked after every single value passed.
     relation: Callable[[Any, Mapping[str, Any]], str | None] | None = None
