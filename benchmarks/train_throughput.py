@@ -153,9 +153,11 @@ def token_batches(config, args, num_steps: int) -> tuple[np.ndarray, int]:
 # ----------------------------------------------------------------------------- runners
 
 
-def jax_column(
-    name: str, config, vocab_size: int, batches: np.ndarray, compiler_options: dict[str, Any]
-) -> Column:
+def compiled_chunk(
+    config, vocab_size: int, batches: np.ndarray, compiler_options: dict[str, Any] | None = None
+) -> tuple[Any, Any, list[Any], float]:
+    """(the compiled train chunk of config.steps_per_call steps, the initial train state, the
+    batches as device chunks (C, B, T+1), the compile seconds)."""
     import jax
 
     from minigpt_jax.config_dict import gpt_config_from
@@ -170,7 +172,18 @@ def jax_column(
     start = time.perf_counter()
     train_chunk = make_train_chunk(cfg, tx, schedule).lower(state, chunks[0])
     train_chunk = train_chunk.compile(compiler_options=compiler_options or None)
-    compile_s = time.perf_counter() - start
+    return train_chunk, state, chunks, time.perf_counter() - start
+
+
+def jax_column(
+    name: str, config, vocab_size: int, batches: np.ndarray, compiler_options: dict[str, Any]
+) -> Column:
+    from minigpt_jax.config_dict import gpt_config_from
+
+    cfg = gpt_config_from(config, vocab_size)
+    train_chunk, state, chunks, compile_s = compiled_chunk(
+        config, vocab_size, batches, compiler_options
+    )
     # Copies and transposes in the compiled call: what layout choices (dense_grad) leave XLA.
     copies = len(re.findall(r"\s(?:copy|transpose)\(", train_chunk.as_text()))
     options = [f"{key}={value!r}" for key, value in compiler_options.items()]

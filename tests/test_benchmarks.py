@@ -121,3 +121,39 @@ def test_the_text_memory_budget_covers_the_measured_peak():
 
     (row,) = corpus_memory.main(["--sizes-mb", "4", "--tokenizers", "char"])
     assert 10 < row["per_byte"] <= TEXT_BYTES_PER_BYTE["char"], row
+
+
+def test_the_step_account_puts_each_hlo_op_in_its_category():
+    """benchmarks/step_account.py: a dot (or a fusion calling one) is a matmul; otherwise the
+    flax module in the op_name decides; ops outside the model's jvp are the optimizer's."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import step_account as account
+
+    compiled = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2.0).lower(jnp.ones((8, 8)), jnp.ones((8, 8)))
+    instructions = account.hlo_instructions(compiled.compile().as_text())
+    dots = [name for name, (_, dot) in instructions.items() if dot]
+    assert dots and all(not dot for name, (_, dot) in instructions.items() if "tanh" in name)
+    path = "jit(train_chunk)/while/body/closed_call/"
+    assert account.xla_category(path + "jvp(GPT.hidden)/block_0/attn/attn._attend/div", False) == (
+        account.ATTENTION
+    )
+    assert account.xla_category(path + "transpose(jvp(GPT.hidden))/block_1/mlp/mul", False) == (
+        account.ACTIVATION
+    )
+    assert account.xla_category(path + "jvp(GPT.hidden)/block_0/ln_1/mul", False) == account.NORMS
+    assert account.xla_category(path + "jvp(GPT.hidden)/ln_f/add", False) == account.NORMS
+    assert account.xla_category(path + "jvp(jit(take_along_axis))/select_n", False) == (
+        account.EMBED_LOSS
+    )
+    assert account.xla_category(path + "sqrt", False) == account.OPTIMIZER
+    assert account.xla_category(path + "jvp(GPT.hidden)/block_0/mlp/dot_general", True) == (
+        account.MATMUL
+    )
+    assert account.torch_category("aten::mm", False) == account.MATMUL
+    assert account.torch_category("aten::native_layer_norm_backward", False) == account.NORMS
+    assert account.torch_category("aten::mul_", True) == account.OPTIMIZER
+    # 10 steps, 30 ms of ops over a 5 ms wall per step: 3 ms of ops a step, 2 ms the host's.
+    step = account.per_step({account.MATMUL: 20.0, account.NORMS: 10.0}, 5.0, 10)
+    assert step[account.MATMUL] == pytest.approx(2.0) and step[account.HOST] == pytest.approx(2.0)
