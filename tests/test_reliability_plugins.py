@@ -108,3 +108,29 @@ def test_editing_a_helper_module_of_a_plugin_is_a_change_of_code(user_dir):
     sampled = cli_in(user_dir, "sample", "--workdir", "run", "--max_new_tokens=4")
     (warning,) = [line for line in sampled.stderr.splitlines() if "plug-in code" in line]
     assert "run was trained with other plug-in code: the source of module my_scale" in warning
+
+
+def test_a_nan_from_an_activation_names_it_and_leaves_no_run_behind(user_dir):
+    """Issue 40: an activation turning NaN (log of negatives) was blamed on the learning rate
+    alone, and the fresh run left run.lock, tokens.npy and an empty checkpoints/ behind."""
+    _write(
+        user_dir, "nan_act.py", "import jax.numpy as jnp\n\n\ndef bad(x):\n    return jnp.log(x)\n"
+    )
+    failed = _train(user_dir, "--config.model.activation=nan_act:bad")
+    assert failed.returncode == 1
+    error = failed.stderr.strip().splitlines()[-1]
+    assert "non-finite training loss nan" in error, failed.stderr
+    assert error.index("config.model.activation='nan_act:bad'") < error.index("optim.lr"), error
+    assert not (user_dir / "run").exists(), sorted(p.name for p in (user_dir / "run").iterdir())
+
+
+def test_a_nan_metric_is_named_once_and_not_sent_to_tensorboard(user_dir):
+    """Issue 40: a metric plug-in returning NaN logged "nan" with absl lines from TensorBoard
+    (`NaN or Inf found in input tensor`) naming nothing."""
+    source = "import jax.numpy as jnp\n\n\ndef bad(params, batch_BxT1, intermediates, cfg):\n"
+    _write(user_dir, "nan_metric.py", source + "    return jnp.log(-1.0 + 0 * batch_BxT1.sum())\n")
+    ran = _train(user_dir, "--config.eval.metrics=nan_metric:bad", check=True, eval_every=2)
+    assert "NaN or Inf" not in ran.stderr, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if "val_bad is nan" in line]
+    assert len(warnings) == 1, ran.stderr  # two evaluations, one warning
+    assert "config.eval.metrics" in warnings[0], warnings[0]

@@ -122,14 +122,25 @@ def train_and_evaluate(
                 lock.__exit__(None, None, None)
                 _remove_created(workdir, before)
             raise
-        trainer, log = Trainer(run), None
+        trainer, log, failed = Trainer(run), None, False
         try:
             log = RunLogger(config, workdir, run.step, trainer.non_finite_step, progress=progress)
             _train(trainer, log, stop, last_step)
+        except OSError as error:
+            failed = True
+            raise _disk_full_error(error, run.checkpointer) from error
+        except Exception:
+            failed = True
+            raise
         finally:
             if log is not None:
                 log.close()
+            kept = run.checkpointer.latest_step()
             run.checkpointer.close()
+            # A fresh run that failed before its first checkpoint leaves its workdir as it was.
+            if failed and kept is None and before is not None and jax.process_index() == 0:
+                lock.__exit__(None, None, None)
+                _remove_created(workdir, before)
     return RunSummary(
         step=run.step,
         train_loss=log.train_loss,
@@ -239,7 +250,14 @@ class Trainer:
         val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
-            raise non_finite_error(f"val loss {val_loss}", step, run.checkpointer, run.terms, val)
+            raise non_finite_error(
+                f"val loss {val_loss}",
+                step,
+                run.checkpointer,
+                run.terms,
+                val,
+                _user_keys_in_play(run.config),
+            )
         if val_loss < run.best_val:
             self._check_params_finite(step, params)
             run.best_val = val_loss
@@ -346,7 +364,14 @@ class Trainer:
         if problem is not None:
             raise ValueError(problem)
         what = f"training loss {values['loss']} (grad norm {values['grad_norm']})"
-        raise non_finite_error(what, step, self.run.checkpointer, self.run.terms, values)
+        raise non_finite_error(
+            what,
+            step,
+            self.run.checkpointer,
+            self.run.terms,
+            values,
+            _user_keys_in_play(self.run.config),
+        )
 
     def _batch_problem(self, step: int) -> str | None:
         """What is wrong with the token ids of the batch of training step `step` (1-based),
@@ -379,7 +404,12 @@ class Trainer:
     def _check_params_finite(self, step: int, params: Any = None) -> None:
         params = self.run.state.params if params is None else params
         if not bool(jax.device_get(_all_finite(params))):
-            raise non_finite_error("parameters", step, self.run.checkpointer)
+            raise non_finite_error(
+                "parameters",
+                step,
+                self.run.checkpointer,
+                suspects=_user_keys_in_play(self.run.config),
+            )
 
 
 def _evaluate(
@@ -455,6 +485,26 @@ def _remove_created(workdir: Path, before: set[str]) -> None:
             path.unlink(missing_ok=True)
 
 
+def _disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
+    """`error` itself, or for a full disk without our own advice, the error naming the file it
+    could not write and what a rerun resumes from (the newest checkpoint, or nothing)."""
+    if error.errno != errno.ENOSPC or "rerun" in str(error):
+        return error
+    good = checkpointer.latest_step()
+    kept = (
+        f"it resumes from step {good}, kept in {checkpointer.workdir}"
+        if good is not None
+        else "no checkpoint was saved yet, so the run starts again"
+    )
+    where = f" ({error.filename})" if error.filename else ""
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on the device{where}; free some space, then rerun the same command: "
+        + kept,
+        error.filename,
+    )
+
+
 def _warn_if_all_warmup(config: Any) -> None:
     """Warns of a learning rate that never leaves its warmup within num_steps."""
     warmup, steps = config.optim.warmup_steps, config.num_steps
@@ -481,10 +531,12 @@ def non_finite_error(
     checkpointer: Checkpointer,
     terms: tuple[tuple[str, float], ...] = (),
     values: dict[str, float] | None = None,
+    suspects: str = "",
 ) -> FloatingPointError:
     """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
     one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
-    step's aux values by name) is non-finite is named as the cause instead of the lr."""
+    step's aux values by name) is non-finite is named as the cause instead of the lr; else the
+    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
     good = checkpointer.latest_step()
     for key, _ in terms:
         value = (values or {}).get(term_name(key))
@@ -499,14 +551,19 @@ def non_finite_error(
                     else ", then start again."
                 )
             )
+    suspect = (
+        f"first check the user code in play, {suspects} (e.g. a log or sqrt of a negative), else "
+        if suspects
+        else ""
+    )
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (
-            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; lower "
-            "optim.lr or raise optim.warmup_steps, then rerun the same command with "
-            "--allow_resume_changes to resume from it."
+            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
+            f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
+            "with --allow_resume_changes to resume from it."
             if good is not None
-            else "No checkpoint was saved yet; lower optim.lr and start again."
+            else f"No checkpoint was saved yet; {suspect}lower optim.lr, and start again."
         )
     )
 
