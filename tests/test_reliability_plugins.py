@@ -2,7 +2,12 @@
 while a run trains loses no trained step and is named, a run's identity covers every module of
 the user's own a plug-in imports, and a signal during a slow plug-in import names its phase."""
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +139,26 @@ def test_a_nan_metric_is_named_once_and_not_sent_to_tensorboard(user_dir):
     warnings = [line for line in ran.stderr.splitlines() if "val_bad is nan" in line]
     assert len(warnings) == 1, ran.stderr  # two evaluations, one warning
     assert "config.eval.metrics" in warnings[0], warnings[0]
+
+
+def test_a_signal_during_a_slow_plugin_import_names_the_import(user_dir):
+    """Issue 40: SIGTERM while a plug-in's module was still being imported was reported as
+    "received while checking the checkpoints"."""
+    source = "from pathlib import Path\nimport time\n\nPath('importing').touch()\ntime.sleep(60)\n"
+    _write(
+        user_dir, "slow_metric.py", source + "\n\ndef slow(params, batch, inter, cfg):\n    pass\n"
+    )
+    flags = [f"--config.{k}={v}" for k, v in SETTINGS.items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(user_dir)])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_jax", "train", "--config", TINY, "--workdir", "run",
+         "--progress=false", *flags, "--config.eval.metrics=slow_metric:slow"],
+        cwd=user_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (user_dir / "importing").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child.send_signal(signal.SIGTERM)
+    output, _ = child.communicate(timeout=60)
+    assert "SIGTERM received while importing the config's plug-ins" in output, output
+    assert not (user_dir / "run").exists()

@@ -84,14 +84,6 @@ def train_and_evaluate(
     and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
     wall_start = time.perf_counter()
-    config = check_experiment_config(config)  # complete: every setting, defaults filled in
-    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
-        raise ValueError(
-            f"stop_at={stop_at} must be a positive multiple of "
-            f"steps_per_call={config.steps_per_call}."
-        )
-    last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
-    _warn_if_all_warmup(config)
     workdir = Path(workdir)
     stop = TrainingStop()
     # Nothing is created until every check has passed (RunLock.create, called by set_up).
@@ -99,6 +91,11 @@ def train_and_evaluate(
     before = _fresh_workdir_entries(workdir)
     with stop, lock:
         try:
+            # The config's plug-ins are imported here (a slow import is a phase of its own).
+            stop.setup_phase("importing the config's plug-ins and checking it", None)
+            config = check_experiment_config(config)  # complete: every setting, defaults in
+            last_step = _last_step(config, stop_at)
+            _warn_if_all_warmup(config)
             run = set_up(
                 config,
                 workdir,
@@ -153,6 +150,16 @@ def train_and_evaluate(
         resumed_from=run.resumed_from,
         interrupted_by=stop.signal_name,
     )
+
+
+def _last_step(config: Any, stop_at: int | None) -> int:
+    """The step a run of `config` (complete) stops at: num_steps, or stop_at if earlier."""
+    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
+        raise ValueError(
+            f"stop_at={stop_at} must be a positive multiple of "
+            f"steps_per_call={config.steps_per_call}."
+        )
+    return config.num_steps if stop_at is None else min(stop_at, config.num_steps)
 
 
 def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int) -> None:
