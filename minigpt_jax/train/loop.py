@@ -8,7 +8,6 @@ import dataclasses
 import errno
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from minigpt_jax.experiment import check_experiment_config
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
-from minigpt_jax.runtime.run_dir import RunDir
+from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import (
     PluginError,
@@ -117,7 +116,7 @@ def train_and_evaluate(
             # leaves its workdir as it was: what it created goes, run.lock (released) too.
             if before is not None and jax.process_index() == 0:
                 lock.__exit__(None, None, None)
-                _remove_created(workdir, before)
+                remove_created(workdir, before)
             raise
         trainer, log, failed = Trainer(run), None, False
         try:
@@ -137,7 +136,7 @@ def train_and_evaluate(
             # A fresh run that failed before its first checkpoint leaves its workdir as it was.
             if failed and kept is None and before is not None and jax.process_index() == 0:
                 lock.__exit__(None, None, None)
-                _remove_created(workdir, before)
+                remove_created(workdir, before)
     return RunSummary(
         step=run.step,
         train_loss=log.train_loss,
@@ -468,28 +467,10 @@ def _stopped_before_training(
 
 def _fresh_workdir_entries(workdir: Path) -> set[str] | None:
     """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
-    not exist), for `_remove_created`; None for a workdir with a run in it (never cleaned)."""
-    if not workdir.exists():
-        return set()
-    if RunDir(workdir).has_checkpoints():
+    not exist), for `remove_created`; None for a workdir with a run in it (never cleaned)."""
+    if workdir.exists() and RunDir(workdir).has_checkpoints():
         return None
-    return {p.name for p in workdir.iterdir()} | {"."}  # "." : the workdir existed
-
-
-def _remove_created(workdir: Path, before: set[str]) -> None:
-    """Removes what a failed setup created in `workdir` (the workdir too if it created it)."""
-    if not workdir.exists():
-        return
-    created = (
-        [workdir]
-        if "." not in before
-        else [path for path in workdir.iterdir() if path.name not in before]
-    )
-    for path in created:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    return entries_of(workdir)
 
 
 def _disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
