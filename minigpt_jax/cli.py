@@ -322,7 +322,7 @@ def _run(argv: list[str]) -> None:
                 where = f" ({error.filename})" if error.filename else ""
                 error = (
                     f"no space left on the device{where}; free some space, then rerun the same "
-                    "command (a run resumes from its last checkpoint)"
+                    "command (a run resumes from its last checkpoint, if it saved one)"
                 )
             # orbax's writer threads, left with nowhere to write, print tracebacks at exit.
             print(f"minigpt-jax {command}: error: {error}", file=sys.stderr, flush=True)

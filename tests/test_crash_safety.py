@@ -6,6 +6,7 @@ and each kind of damage in a copy of one uninterrupted run and check its error o
 """
 
 import errno
+import json
 import logging
 import os
 import random
@@ -438,13 +439,13 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
     config = crash_config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
         train_and_evaluate(config, workdir, progress=False)
-    saved = steps(workdir / "checkpoints")
+    saved = steps(workdir / "checkpoints") if workdir.exists() else []
     if saved:
         assert f"last good checkpoint, step {saved[-1]}" in str(error.value)
         params, _ = load_params(workdir)
         assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
-    else:
-        assert "No checkpoint was saved yet" in str(error.value)
+    else:  # a fresh run that saved nothing leaves its workdir as it found it
+        assert "No checkpoint was saved yet" in str(error.value) and not workdir.exists()
 
 
 # ----------------------------------------------------------------------------- resume settings
@@ -777,3 +778,41 @@ def test_prompt_that_is_not_utf8_is_one_line(reference):
         "minigpt-jax sample: error: the prompt is not valid UTF-8 text (byte 0xe9 at character "
         "3); pass UTF-8 (check the terminal's encoding, e.g. LANG=C.UTF-8)."
     )
+
+
+class _DiskFullFromStep:
+    """The `os` module for metrics.py, whose os.write fails like a full disk's (ENOSPC, no file
+    named) for every record of step `step` onwards."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data: bytes) -> int:
+        if json.loads(data)["step"] >= self.step:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+
+@pytest.mark.parametrize("full_from, kept", [(5, 4), (1, None)])
+def test_a_full_disk_at_a_metrics_write_names_the_file_and_what_is_kept(
+    corpus_file, tmp_path, monkeypatch, full_from, kept
+):
+    """Issue 40: os.write's ENOSPC named no file, and the command line promised a resume "from
+    its last checkpoint" where none was saved."""
+    from minigpt_jax.train import metrics
+
+    monkeypatch.setattr(metrics, "os", _DiskFullFromStep(full_from))
+    workdir = tmp_path / "run"
+    with pytest.raises(OSError) as raised:
+        resume(workdir, corpus_file, num_steps=8, eval_every=8)
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(workdir / "metrics.jsonl"), raised.value
+    if kept:
+        assert f"it resumes from step {kept}, kept in {workdir}" in str(raised.value)
+        assert steps(workdir / "checkpoints") == [kept]
+    else:
+        assert "no checkpoint was saved yet, so the run starts again" in str(raised.value)
+        assert not workdir.exists()  # the fresh run left nothing behind

@@ -2,7 +2,12 @@
 while a run trains loses no trained step and is named, a run's identity covers every module of
 the user's own a plug-in imports, and a signal during a slow plug-in import names its phase."""
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +113,52 @@ def test_editing_a_helper_module_of_a_plugin_is_a_change_of_code(user_dir):
     sampled = cli_in(user_dir, "sample", "--workdir", "run", "--max_new_tokens=4")
     (warning,) = [line for line in sampled.stderr.splitlines() if "plug-in code" in line]
     assert "run was trained with other plug-in code: the source of module my_scale" in warning
+
+
+def test_a_nan_from_an_activation_names_it_and_leaves_no_run_behind(user_dir):
+    """Issue 40: an activation turning NaN (log of negatives) was blamed on the learning rate
+    alone, and the fresh run left run.lock, tokens.npy and an empty checkpoints/ behind."""
+    _write(
+        user_dir, "nan_act.py", "import jax.numpy as jnp\n\n\ndef bad(x):\n    return jnp.log(x)\n"
+    )
+    failed = _train(user_dir, "--config.model.activation=nan_act:bad")
+    assert failed.returncode == 1
+    error = failed.stderr.strip().splitlines()[-1]
+    assert "non-finite training loss nan" in error, failed.stderr
+    assert error.index("config.model.activation='nan_act:bad'") < error.index("optim.lr"), error
+    assert not (user_dir / "run").exists(), sorted(p.name for p in (user_dir / "run").iterdir())
+
+
+def test_a_nan_metric_is_named_once_and_not_sent_to_tensorboard(user_dir):
+    """Issue 40: a metric plug-in returning NaN logged "nan" with absl lines from TensorBoard
+    (`NaN or Inf found in input tensor`) naming nothing."""
+    source = "import jax.numpy as jnp\n\n\ndef bad(params, batch_BxT1, intermediates, cfg):\n"
+    _write(user_dir, "nan_metric.py", source + "    return jnp.log(-1.0 + 0 * batch_BxT1.sum())\n")
+    ran = _train(user_dir, "--config.eval.metrics=nan_metric:bad", check=True, eval_every=2)
+    assert "NaN or Inf" not in ran.stderr, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if "val_bad is nan" in line]
+    assert len(warnings) == 1, ran.stderr  # two evaluations, one warning
+    assert "config.eval.metrics" in warnings[0], warnings[0]
+
+
+def test_a_signal_during_a_slow_plugin_import_names_the_import(user_dir):
+    """Issue 40: SIGTERM while a plug-in's module was still being imported was reported as
+    "received while checking the checkpoints"."""
+    source = "from pathlib import Path\nimport time\n\nPath('importing').touch()\ntime.sleep(60)\n"
+    _write(
+        user_dir, "slow_metric.py", source + "\n\ndef slow(params, batch, inter, cfg):\n    pass\n"
+    )
+    flags = [f"--config.{k}={v}" for k, v in SETTINGS.items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(user_dir)])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_jax", "train", "--config", TINY, "--workdir", "run",
+         "--progress=false", *flags, "--config.eval.metrics=slow_metric:slow"],
+        cwd=user_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (user_dir / "importing").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child.send_signal(signal.SIGTERM)
+    output, _ = child.communicate(timeout=60)
+    assert "SIGTERM received while importing the config's plug-ins" in output, output
+    assert not (user_dir / "run").exists()

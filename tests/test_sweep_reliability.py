@@ -279,3 +279,23 @@ def test_a_signal_while_a_trial_starts_is_one_line_and_the_rerun_resumes(env, tm
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "trial 1: optim.lr=" in rerun.stdout and "(resumes trial 0)" in rerun.stdout
     assert "1 complete" in rerun.stdout, rerun.stdout
+
+
+@pytest.mark.parametrize("out_existed", [False, True], ids=["new_out", "empty_out"])
+def test_a_refusal_at_the_study_s_opening_leaves_out_as_it_was(out_existed, tmp_path, capsys):
+    """Issue 40: a refusal by the storage or the study (here another program's database as
+    --storage) left OUT/.ask.lock behind, in an OUT this command had made."""
+    import sqlite3
+
+    from minigpt_jax.sweep import command as sweep_command
+
+    with sqlite3.connect(tmp_path / "other.db") as other:
+        other.execute("create table studies (id text, name text)")
+    out = tmp_path / "sweep"
+    if out_existed:
+        out.mkdir()
+    storage = f"sqlite:///{tmp_path / 'other.db'}"
+    argv = ["--config", TINY, "--out", str(out), *SPACE, "--storage", storage]
+    assert sweep_command.main(argv) == 2
+    assert "cannot be used (no such column: " in capsys.readouterr().err
+    assert (sorted(out.iterdir()) if out.exists() else None) == ([] if out_existed else None)

@@ -53,6 +53,7 @@ from minigpt_apps.sweep.study import (
     storage_failure,
 )
 from minigpt_apps.sweep.worker import WorkerStop, work
+from minigpt_jax.runtime.run_dir import entries_of, remove_created
 from minigpt_jax.settings.registry import user_module_digests
 
 HELP = "train many configs of a search space and rank them"  # minigpt-jax --help
@@ -269,6 +270,19 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
     return lines
 
 
+def _unlock_as_found(out: Path, found: set[str]) -> None:
+    """After a refusal at the study's opening: removes OUT/.ask.lock unless it was there
+    before (`found`, run_dir.entries_of), and OUT itself if this command made it and it is
+    empty (another command may be using it)."""
+    if ".ask.lock" not in found:
+        (out / ".ask.lock").unlink(missing_ok=True)
+    if "." not in found:
+        try:
+            out.rmdir()
+        except OSError:  # not empty: another command's study
+            pass
+
+
 def main(argv: list[str]) -> int:
     """`minigpt-jax sweep ARGS`: the exit status (an error is one line on stderr)."""
     wall_start = time.perf_counter()
@@ -292,16 +306,21 @@ def main(argv: list[str]) -> int:
     if stop.signal_name:
         print(f"stopped by {stop.signal_name} before the study opened; nothing written.")
         return 1
+    found = entries_of(sweep.out)
     sweep.out.mkdir(parents=True, exist_ok=True)
     try:
         with ask_lock(sweep.out):  # two commands at once: one creates the study, one loads it
-            study = open_study(sweep)  # once, before the workers: a refusal stops them all
-            sweep.folder.mkdir(parents=True, exist_ok=True)
-    except SweepError as error:
-        print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
-        return 2
-    except storage_errors() as error:
-        print(f"minigpt-jax sweep: error: {storage_failure(sweep, error)}", file=sys.stderr)
+            in_lock = entries_of(sweep.out)  # no other command writes OUT while this holds it
+            try:
+                study = open_study(sweep)  # once, before the workers: a refusal stops them all
+                sweep.folder.mkdir(parents=True, exist_ok=True)
+            except Exception:
+                remove_created(sweep.out, in_lock)  # what the refused open wrote
+                raise
+    except (SweepError, *storage_errors()) as error:
+        _unlock_as_found(sweep.out, found)
+        why = error if isinstance(error, SweepError) else storage_failure(sweep, error)
+        print(f"minigpt-jax sweep: error: {why}", file=sys.stderr)
         return 2
     try:
         if sweep.args.worker_index == 0:

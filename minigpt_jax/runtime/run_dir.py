@@ -17,6 +17,7 @@ module: it imports nothing of the package.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +96,28 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         """Whether the directory looks like a run's: it has checkpoints/ or best/."""
         return self.checkpoints.is_dir() or self.best.is_dir()
+
+
+def entries_of(folder: Path) -> set[str]:
+    """The names in `folder`, and "." if it exists (an empty set if it does not): what
+    `remove_created` keeps."""
+    if not folder.exists():
+        return set()
+    return {path.name for path in folder.iterdir()} | {"."}
+
+
+def remove_created(folder: Path, before: set[str]) -> None:
+    """Removes what a failed or refused command created in `folder` since `before`
+    (`entries_of`): the folder itself if it did not exist."""
+    if not folder.exists():
+        return
+    created = (
+        [folder]
+        if "." not in before
+        else [path for path in folder.iterdir() if path.name not in before]
+    )
+    for path in created:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

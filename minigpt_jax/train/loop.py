@@ -8,7 +8,6 @@ import dataclasses
 import errno
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from minigpt_jax.data import dataset as data
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
-from minigpt_jax.runtime.run_dir import RunDir
+from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import (
     PluginError,
@@ -84,14 +83,6 @@ def train_and_evaluate(
     and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
     wall_start = time.perf_counter()
-    config = check_experiment_config(config)  # complete: every setting, defaults filled in
-    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
-        raise ValueError(
-            f"stop_at={stop_at} must be a positive multiple of "
-            f"steps_per_call={config.steps_per_call}."
-        )
-    last_step = config.num_steps if stop_at is None else min(stop_at, config.num_steps)
-    _warn_if_all_warmup(config)
     workdir = Path(workdir)
     stop = TrainingStop()
     # Nothing is created until every check has passed (RunLock.create, called by set_up).
@@ -99,6 +90,11 @@ def train_and_evaluate(
     before = _fresh_workdir_entries(workdir)
     with stop, lock:
         try:
+            # The config's plug-ins are imported here (a slow import is a phase of its own).
+            stop.setup_phase("importing the config's plug-ins and checking it", None)
+            config = check_experiment_config(config)  # complete: every setting, defaults in
+            last_step = _last_step(config, stop_at)
+            _warn_if_all_warmup(config)
             run = set_up(
                 config,
                 workdir,
@@ -120,16 +116,27 @@ def train_and_evaluate(
             # leaves its workdir as it was: what it created goes, run.lock (released) too.
             if before is not None and jax.process_index() == 0:
                 lock.__exit__(None, None, None)
-                _remove_created(workdir, before)
+                remove_created(workdir, before)
             raise
-        trainer, log = Trainer(run), None
+        trainer, log, failed = Trainer(run), None, False
         try:
             log = RunLogger(config, workdir, run.step, trainer.non_finite_step, progress=progress)
             _train(trainer, log, stop, last_step)
+        except OSError as error:
+            failed = True
+            raise _disk_full_error(error, run.checkpointer) from error
+        except Exception:
+            failed = True
+            raise
         finally:
             if log is not None:
                 log.close()
+            kept = run.checkpointer.latest_step()
             run.checkpointer.close()
+            # A fresh run that failed before its first checkpoint leaves its workdir as it was.
+            if failed and kept is None and before is not None and jax.process_index() == 0:
+                lock.__exit__(None, None, None)
+                remove_created(workdir, before)
     return RunSummary(
         step=run.step,
         train_loss=log.train_loss,
@@ -142,6 +149,16 @@ def train_and_evaluate(
         resumed_from=run.resumed_from,
         interrupted_by=stop.signal_name,
     )
+
+
+def _last_step(config: Any, stop_at: int | None) -> int:
+    """The step a run of `config` (complete) stops at: num_steps, or stop_at if earlier."""
+    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
+        raise ValueError(
+            f"stop_at={stop_at} must be a positive multiple of "
+            f"steps_per_call={config.steps_per_call}."
+        )
+    return config.num_steps if stop_at is None else min(stop_at, config.num_steps)
 
 
 def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int) -> None:
@@ -239,7 +256,14 @@ class Trainer:
         val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
-            raise non_finite_error(f"val loss {val_loss}", step, run.checkpointer, run.terms, val)
+            raise non_finite_error(
+                f"val loss {val_loss}",
+                step,
+                run.checkpointer,
+                run.terms,
+                val,
+                _user_keys_in_play(run.config),
+            )
         if val_loss < run.best_val:
             self._check_params_finite(step, params)
             run.best_val = val_loss
@@ -346,7 +370,14 @@ class Trainer:
         if problem is not None:
             raise ValueError(problem)
         what = f"training loss {values['loss']} (grad norm {values['grad_norm']})"
-        raise non_finite_error(what, step, self.run.checkpointer, self.run.terms, values)
+        raise non_finite_error(
+            what,
+            step,
+            self.run.checkpointer,
+            self.run.terms,
+            values,
+            _user_keys_in_play(self.run.config),
+        )
 
     def _batch_problem(self, step: int) -> str | None:
         """What is wrong with the token ids of the batch of training step `step` (1-based),
@@ -379,7 +410,12 @@ class Trainer:
     def _check_params_finite(self, step: int, params: Any = None) -> None:
         params = self.run.state.params if params is None else params
         if not bool(jax.device_get(_all_finite(params))):
-            raise non_finite_error("parameters", step, self.run.checkpointer)
+            raise non_finite_error(
+                "parameters",
+                step,
+                self.run.checkpointer,
+                suspects=_user_keys_in_play(self.run.config),
+            )
 
 
 def _evaluate(
@@ -431,28 +467,30 @@ def _stopped_before_training(
 
 def _fresh_workdir_entries(workdir: Path) -> set[str] | None:
     """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
-    not exist), for `_remove_created`; None for a workdir with a run in it (never cleaned)."""
-    if not workdir.exists():
-        return set()
-    if RunDir(workdir).has_checkpoints():
+    not exist), for `remove_created`; None for a workdir with a run in it (never cleaned)."""
+    if workdir.exists() and RunDir(workdir).has_checkpoints():
         return None
-    return {p.name for p in workdir.iterdir()} | {"."}  # "." : the workdir existed
+    return entries_of(workdir)
 
 
-def _remove_created(workdir: Path, before: set[str]) -> None:
-    """Removes what a failed setup created in `workdir` (the workdir too if it created it)."""
-    if not workdir.exists():
-        return
-    created = (
-        [workdir]
-        if "." not in before
-        else [path for path in workdir.iterdir() if path.name not in before]
+def _disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
+    """`error` itself, or for a full disk without our own advice, the error naming the file it
+    could not write and what a rerun resumes from (the newest checkpoint, or nothing)."""
+    if error.errno != errno.ENOSPC or "rerun" in str(error):
+        return error
+    good = checkpointer.latest_step()
+    kept = (
+        f"it resumes from step {good}, kept in {checkpointer.workdir}"
+        if good is not None
+        else "no checkpoint was saved yet, so the run starts again"
     )
-    for path in created:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    where = f" ({error.filename})" if error.filename else ""
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on the device{where}; free some space, then rerun the same command: "
+        + kept,
+        error.filename,
+    )
 
 
 def _warn_if_all_warmup(config: Any) -> None:
@@ -481,10 +519,12 @@ def non_finite_error(
     checkpointer: Checkpointer,
     terms: tuple[tuple[str, float], ...] = (),
     values: dict[str, float] | None = None,
+    suspects: str = "",
 ) -> FloatingPointError:
     """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
     one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
-    step's aux values by name) is non-finite is named as the cause instead of the lr."""
+    step's aux values by name) is non-finite is named as the cause instead of the lr; else the
+    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
     good = checkpointer.latest_step()
     for key, _ in terms:
         value = (values or {}).get(term_name(key))
@@ -499,14 +539,19 @@ def non_finite_error(
                     else ", then start again."
                 )
             )
+    suspect = (
+        f"first check the user code in play, {suspects} (e.g. a log or sqrt of a negative), else "
+        if suspects
+        else ""
+    )
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (
-            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; lower "
-            "optim.lr or raise optim.warmup_steps, then rerun the same command with "
-            "--allow_resume_changes to resume from it."
+            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
+            f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
+            "with --allow_resume_changes to resume from it."
             if good is not None
-            else "No checkpoint was saved yet; lower optim.lr and start again."
+            else f"No checkpoint was saved yet; {suspect}lower optim.lr, and start again."
         )
     )
 

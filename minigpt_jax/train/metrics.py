@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import statistics
@@ -23,6 +24,8 @@ from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
+
+_log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
@@ -57,7 +60,10 @@ class MetricsWriter:
         record = {"step": int(step)}
         record.update({k: _json_float(v) for k, v in metrics.items()})
         data = _line(record).encode()
-        written = os.write(self._fd, data)  # O_APPEND: one write, one whole line
+        try:
+            written = os.write(self._fd, data)  # O_APPEND: one write, one whole line
+        except OSError as error:  # os.write names no file: name metrics.jsonl
+            raise OSError(error.errno, error.strerror, str(self.path)) from error
         if written != len(data):  # a full disk; never leave half a line in the middle
             # (read_metrics drops the torn tail this leaves)
             raise OSError(
@@ -65,7 +71,8 @@ class MetricsWriter:
             )
         if tensorboard:
             for key, value in metrics.items():
-                self._tensorboard.add_scalar(key, value, int(step))
+                if math.isfinite(value):  # TensorBoard logs a NaN with lines naming nothing
+                    self._tensorboard.add_scalar(key, value, int(step))
 
     def flush(self) -> None:
         if not self.enabled:
@@ -115,6 +122,7 @@ class RunLogger:
         self.train_loss: float | None = None
         self.val_loss: float | None = None
         self.eval_train_loss: float | None = None
+        self._warned_non_finite: set[str] = set()  # evaluation keys already warned of
         self._pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
         self._ready_at = time.perf_counter()  # when the device last finished (or was last idle)
 
@@ -158,10 +166,27 @@ class RunLogger:
         self.val_loss, self.eval_train_loss = val["loss"], train["loss"]
         row = {f"val_{k}": v for k, v in val.items()}
         row.update({f"eval_train_{k}": v for k, v in train.items()})
+        self._warn_non_finite(step, row)
         self.writer.write(step, row)
         self.bar.write(
             f"step {step}: train loss {self.eval_train_loss:.4f}, val loss {self.val_loss:.4f}"
         )
+
+    def _warn_non_finite(self, step: int, row: dict[str, float]) -> None:
+        """Warns once per key of an evaluation value (a metric plug-in's, most often) that is
+        not finite: it is kept in metrics.jsonl as a string and left out of TensorBoard."""
+        for key, value in row.items():
+            if not math.isfinite(value) and key not in self._warned_non_finite:
+                self._warned_non_finite.add(key)
+                _log.warning(
+                    "the evaluation value %s is %s at step %d (a metric of config.eval.metrics "
+                    "or a loss term's value): it is recorded as %r in metrics.jsonl and left out "
+                    "of TensorBoard; check the plug-in that computes it (said once per key).",
+                    key,
+                    value,
+                    step,
+                    str(value),
+                )
 
     def flush(self) -> None:
         """Flushes the files; host-side work (evaluation, checkpoints) is not chunk time."""
