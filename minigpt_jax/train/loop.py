@@ -1,12 +1,12 @@
 """The training loop: `train_and_evaluate` sets a run up (train.setup), then drives its `Trainer`
 chunk by chunk: dispatch the compiled steps, log their metrics (train.metrics), evaluate and
-keep the best params, checkpoint, and stop cleanly on SIGINT/SIGTERM."""
+keep the best params, checkpoint, and stop cleanly on SIGINT/SIGTERM. What can go wrong (a
+non-finite value, an evaluation that raises, a full disk, a fresh run's cleanup) is said in
+train.guard beside it."""
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -15,29 +15,21 @@ from typing import Any
 
 import chex
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.config_dict import check_experiment_config
-from minigpt_jax.data import dataset as data
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
-from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
-from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
+from minigpt_jax.runtime.run_dir import remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import (
-    PluginError,
     host_callback_errors,
-    plugin_error,
-    user_modules,
 )
+from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.setup import Run, set_up, train_batches
 
 Array = chex.Array
-_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -87,14 +79,14 @@ def train_and_evaluate(
     stop = TrainingStop()
     # Nothing is created until every check has passed (RunLock.create, called by set_up).
     lock = RunLock(workdir, jax.process_index(), create=False)
-    before = _fresh_workdir_entries(workdir)
+    before = guard.fresh_workdir_entries(workdir)
     with stop, lock:
         try:
             # The config's plug-ins are imported here (a slow import is a phase of its own).
             stop.setup_phase("importing the config's plug-ins and checking it", None)
             config = check_experiment_config(config)  # complete: every setting, defaults in
             last_step = _last_step(config, stop_at)
-            _warn_if_all_warmup(config)
+            guard.warn_if_all_warmup(config)
             run = set_up(
                 config,
                 workdir,
@@ -124,7 +116,7 @@ def train_and_evaluate(
             _train(trainer, log, stop, last_step)
         except OSError as error:
             failed = True
-            raise _disk_full_error(error, run.checkpointer) from error
+            raise guard.disk_full_error(error, run.checkpointer) from error
         except Exception:
             failed = True
             raise
@@ -142,7 +134,7 @@ def train_and_evaluate(
         train_loss=log.train_loss,
         val_loss=log.val_loss,
         eval_train_loss=log.eval_train_loss,
-        best_val_loss=_finite_or_none(run.best_val),
+        best_val_loss=guard.finite_or_none(run.best_val),
         wall_time_s=time.perf_counter() - wall_start,
         compile_time_s=run.compile_time_s,
         median_step_ms=log.median_step_ms(),
@@ -256,13 +248,13 @@ class Trainer:
         val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
-            raise non_finite_error(
+            raise guard.non_finite_error(
                 f"val loss {val_loss}",
                 step,
                 run.checkpointer,
                 run.terms,
                 val,
-                _user_keys_in_play(run.config),
+                guard.user_keys_in_play(run.config),
             )
         if val_loss < run.best_val:
             self._check_params_finite(step, params)
@@ -313,7 +305,7 @@ class Trainer:
         pending_evaluation: this step's evaluation was stopped; a resumed run does it first."""
         run = self.run
         self._check_params_finite(run.step)
-        meta = {**run.meta, "best_val_loss": _finite_or_none(run.best_val)}
+        meta = {**run.meta, "best_val_loss": guard.finite_or_none(run.best_val)}
         if pending_evaluation:
             meta["pending_evaluation"] = True
         # Other eval params than the trained ones are saved beside the state, for sampling.
@@ -322,99 +314,31 @@ class Trainer:
             self._check_params_finite(run.step, eval_params)
         run.checkpointer.save(run.state, meta, eval_params=eval_params)
 
-    def evaluation_failed(
-        self, step: int, error: Exception, callback_errors: list[BaseException], saved: bool
-    ) -> Exception:
-        """The error to raise for the step-`step` evaluation that raised `error`; the steps
-        trained are checkpointed first (unless `saved`), the evaluation pending, so a rerun
-        resumes there and evaluates first. Raised in user code (its own frames, or a host
-        callback's exception in `callback_errors`): a PluginError naming the key. A full disk
-        (saving best/ failed) is raised as it is: its message says what is kept, and another
-        save to that disk would only add a second report of the same cause."""
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return error
-        kept = self._keep_steps(step, saved)
-        cause = callback_errors[0] if callback_errors else error
-        plugin = error if isinstance(error, PluginError) else plugin_error(cause)
-        if plugin is None and callback_errors:  # raised in a helper of the user's own
-            plugin = plugin_error(cause, where=_user_keys_in_play(self.run.config) or "user code")
-        if plugin is None:
-            _log.error("the step-%d evaluation failed; %s", step, kept)
-            return error
-        plugin.header += f" (in the step-{step} evaluation)"
-        plugin.note = kept
-        return plugin
-
-    def _keep_steps(self, step: int, saved: bool) -> str:
-        """Checkpoints the train state with its evaluation pending (unless `saved`); says
-        what is kept and how to go on."""
-        if not saved:
-            try:
-                self.save(pending_evaluation=True)
-            except Exception as error:  # e.g. non-finite parameters: never saved as good
-                good = self.run.checkpointer.latest_step()
-                return f"the steps trained could not be saved ({error}); " + (
-                    f"checkpoint {good} is kept." if good else "no checkpoint was saved."
-                )
-        return (
-            f"The {step} steps trained are kept in checkpoint {step} (its evaluation runs first "
-            "when the run resumes): fix the code, then rerun the same command (with "
-            "--allow_resume_changes if you edited a module the run imports) to resume from it."
-        )
-
     def non_finite_step(self, step: int, values: dict[str, float]) -> None:
         """Raises the error for training step `step`, whose loss or grad norm is not finite
         (values: its metrics by name): out-of-vocabulary data named as the cause, else a loss
         term's own non-finite value, else the learning rate."""
-        problem = self._batch_problem(step)
+        problem = guard.batch_problem(self.run, step)
         if problem is not None:
             raise ValueError(problem)
         what = f"training loss {values['loss']} (grad norm {values['grad_norm']})"
-        raise non_finite_error(
+        raise guard.non_finite_error(
             what,
             step,
             self.run.checkpointer,
             self.run.terms,
             values,
-            _user_keys_in_play(self.run.config),
-        )
-
-    def _batch_problem(self, step: int) -> str | None:
-        """What is wrong with the token ids of the batch of training step `step` (1-based),
-        read again from the data: an id outside the vocabulary (memory-mapped shards changed
-        under the run), or None."""
-        config, cfg = self.run.config, self.run.cfg
-        batch = data.get_batch(
-            self.run.dataset.train,
-            config.batch_size,
-            config.model.block_size,
-            seed=config.seed,
-            step=step - 1,
-        )
-        largest = int(np.max(batch))
-        if largest < cfg.vocab_size:
-            return None
-        if config.data.format == "shards":
-            shards = config.data.shards_dir or RunDir(self.run.checkpointer.workdir).shards
-            where = f"the shards in {shards}"
-        else:
-            where = "the training data"
-        return (
-            f"the batch of step {step} holds token id {largest:,}, outside the model's "
-            f"vocabulary [0, {cfg.vocab_size:,}): {where} changed or were damaged while the run "
-            "read them; nothing of this step was saved. Rerun the same command: a run checks its "
-            "data at the start (and prepares damaged shards again), then resumes from its last "
-            "checkpoint."
+            guard.user_keys_in_play(self.run.config),
         )
 
     def _check_params_finite(self, step: int, params: Any = None) -> None:
         params = self.run.state.params if params is None else params
-        if not bool(jax.device_get(_all_finite(params))):
-            raise non_finite_error(
+        if not bool(jax.device_get(guard.all_finite(params))):
+            raise guard.non_finite_error(
                 "parameters",
                 step,
                 self.run.checkpointer,
-                suspects=_user_keys_in_play(self.run.config),
+                suspects=guard.user_keys_in_play(self.run.config),
             )
 
 
@@ -431,7 +355,9 @@ def _evaluate(
         except FloatingPointError:
             raise  # a non-finite val loss: nothing non-finite is saved (non_finite_error)
         except Exception as error:
-            raise trainer.evaluation_failed(step, error, callback_errors, saved) from error
+            raise guard.evaluation_error(
+                trainer.run, trainer.save, step, error, callback_errors, saved
+            ) from error
     if results is not None:
         log.evaluation(step, *results)
     return results
@@ -463,105 +389,3 @@ def _stopped_before_training(
         interrupted_by=stopped.signal_name,
         before_training=True,
     )
-
-
-def _fresh_workdir_entries(workdir: Path) -> set[str] | None:
-    """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
-    not exist), for `remove_created`; None for a workdir with a run in it (never cleaned)."""
-    if workdir.exists() and RunDir(workdir).has_checkpoints():
-        return None
-    return entries_of(workdir)
-
-
-def _disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
-    """`error` itself, or for a full disk without our own advice, the error naming the file it
-    could not write and what a rerun resumes from (the newest checkpoint, or nothing)."""
-    if error.errno != errno.ENOSPC or "rerun" in str(error):
-        return error
-    good = checkpointer.latest_step()
-    kept = (
-        f"it resumes from step {good}, kept in {checkpointer.workdir}"
-        if good is not None
-        else "no checkpoint was saved yet, so the run starts again"
-    )
-    where = f" ({error.filename})" if error.filename else ""
-    return OSError(
-        errno.ENOSPC,
-        f"no space left on the device{where}; free some space, then rerun the same command: "
-        + kept,
-        error.filename,
-    )
-
-
-def _warn_if_all_warmup(config: Any) -> None:
-    """Warns of a learning rate that never leaves its warmup within num_steps."""
-    warmup, steps = config.optim.warmup_steps, config.num_steps
-    if warmup > steps:
-        _log.warning(
-            "optim.warmup_steps=%d is above num_steps=%d: the learning rate never leaves its "
-            "warmup and peaks at %.2g%% of optim.lr; lower optim.warmup_steps (e.g. to %d) or "
-            "raise num_steps.",
-            warmup,
-            steps,
-            100 * steps / warmup,
-            max(steps // 10, 1),
-        )
-
-
-@jax.jit
-def _all_finite(tree: Any) -> Array:
-    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)]))
-
-
-def non_finite_error(
-    what: str,
-    step: int,
-    checkpointer: Checkpointer,
-    terms: tuple[tuple[str, float], ...] = (),
-    values: dict[str, float] | None = None,
-    suspects: str = "",
-) -> FloatingPointError:
-    """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
-    one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
-    step's aux values by name) is non-finite is named as the cause instead of the lr; else the
-    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
-    good = checkpointer.latest_step()
-    for key, _ in terms:
-        value = (values or {}).get(term_name(key))
-        if value is not None and not math.isfinite(value):
-            return FloatingPointError(
-                f"the loss term {key} gave {value} at step {step} (config.loss.terms; {what}); "
-                "nothing of it was saved. Fix the term so it stays finite"
-                + (
-                    f", then rerun the same command with --allow_resume_changes (its code "
-                    f"changed) to resume from step {good}, kept in {checkpointer.workdir}."
-                    if good is not None
-                    else ", then start again."
-                )
-            )
-    suspect = (
-        f"first check the user code in play, {suspects} (e.g. a log or sqrt of a negative), else "
-        if suspects
-        else ""
-    )
-    return FloatingPointError(
-        f"non-finite {what} at step {step}; nothing of it was saved. "
-        + (
-            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
-            f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
-            "with --allow_resume_changes to resume from it."
-            if good is not None
-            else f"No checkpoint was saved yet; {suspect}lower optim.lr, and start again."
-        )
-    )
-
-
-def _user_keys_in_play(config: Any) -> str:
-    """The config keys that name user code (`module:attr`), e.g. "config.eval.metrics='m:f'",
-    joined with "and"; "" when there are none."""
-    keys = [key for keys in user_modules(config).values() for key in keys]
-    return " and ".join(f"config.{key}" for key in dict.fromkeys(keys))
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None

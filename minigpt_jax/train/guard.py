@@ -1,0 +1,207 @@
+"""What can go wrong in a run, said once, beside the loop (train.loop): a non-finite loss,
+value or parameter named with its likely cause and the last good checkpoint; an evaluation
+that raises, its trained steps checkpointed first; a full disk naming what a rerun resumes
+from; the batch whose token ids left the vocabulary; and a fresh run's workdir left as it was
+when it fails before its first checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minigpt_jax.checkpoint import Checkpointer
+from minigpt_jax.data import dataset as data
+from minigpt_jax.model.losses import term_name
+from minigpt_jax.runtime.run_dir import RunDir, entries_of
+from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
+from minigpt_jax.train.setup import Run
+
+Array = chex.Array
+_log = logging.getLogger(__name__)
+
+
+def non_finite_error(
+    what: str,
+    step: int,
+    checkpointer: Checkpointer,
+    terms: tuple[tuple[str, float], ...] = (),
+    values: dict[str, float] | None = None,
+    suspects: str = "",
+) -> FloatingPointError:
+    """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
+    one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
+    step's aux values by name) is non-finite is named as the cause instead of the lr; else the
+    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
+    good = checkpointer.latest_step()
+    for key, _ in terms:
+        value = (values or {}).get(term_name(key))
+        if value is not None and not math.isfinite(value):
+            return FloatingPointError(
+                f"the loss term {key} gave {value} at step {step} (config.loss.terms; {what}); "
+                "nothing of it was saved. Fix the term so it stays finite"
+                + (
+                    f", then rerun the same command with --allow_resume_changes (its code "
+                    f"changed) to resume from step {good}, kept in {checkpointer.workdir}."
+                    if good is not None
+                    else ", then start again."
+                )
+            )
+    suspect = (
+        f"first check the user code in play, {suspects} (e.g. a log or sqrt of a negative), else "
+        if suspects
+        else ""
+    )
+    return FloatingPointError(
+        f"non-finite {what} at step {step}; nothing of it was saved. "
+        + (
+            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
+            f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
+            "with --allow_resume_changes to resume from it."
+            if good is not None
+            else f"No checkpoint was saved yet; {suspect}lower optim.lr, and start again."
+        )
+    )
+
+
+@jax.jit
+def all_finite(tree: Any) -> Array:
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)]))
+
+
+def evaluation_error(
+    run: Run,
+    save: Callable[..., None],
+    step: int,
+    error: Exception,
+    callback_errors: list[BaseException],
+    saved: bool,
+) -> Exception:
+    """The error to raise for the step-`step` evaluation of `run` that raised `error`; the
+    steps trained are checkpointed first by `save(pending_evaluation=True)` (unless `saved`),
+    the evaluation pending, so a rerun resumes there and evaluates first. Raised in user code
+    (its own frames, or a host callback's exception in `callback_errors`): a PluginError
+    naming the key. A full disk (saving best/ failed) is raised as it is: its message says
+    what is kept, and another save to that disk would only add a second report of it."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return error
+    kept = _keep_steps(run, save, step, saved)
+    cause = callback_errors[0] if callback_errors else error
+    plugin = error if isinstance(error, PluginError) else plugin_error(cause)
+    if plugin is None and callback_errors:  # raised in a helper of the user's own
+        plugin = plugin_error(cause, where=user_keys_in_play(run.config) or "user code")
+    if plugin is None:
+        _log.error("the step-%d evaluation failed; %s", step, kept)
+        return error
+    plugin.header += f" (in the step-{step} evaluation)"
+    plugin.note = kept
+    return plugin
+
+
+def _keep_steps(run: Run, save: Callable[..., None], step: int, saved: bool) -> str:
+    """Checkpoints the train state with its evaluation pending (unless `saved`); says
+    what is kept and how to go on."""
+    if not saved:
+        try:
+            save(pending_evaluation=True)
+        except Exception as error:  # e.g. non-finite parameters: never saved as good
+            good = run.checkpointer.latest_step()
+            return f"the steps trained could not be saved ({error}); " + (
+                f"checkpoint {good} is kept." if good else "no checkpoint was saved."
+            )
+    return (
+        f"The {step} steps trained are kept in checkpoint {step} (its evaluation runs first "
+        "when the run resumes): fix the code, then rerun the same command (with "
+        "--allow_resume_changes if you edited a module the run imports) to resume from it."
+    )
+
+
+def batch_problem(run: Run, step: int) -> str | None:
+    """What is wrong with the token ids of `run`'s batch of training step `step` (1-based),
+    read again from the data: an id outside the vocabulary (memory-mapped shards changed
+    under the run), or None."""
+    config, cfg = run.config, run.cfg
+    batch = data.get_batch(
+        run.dataset.train,
+        config.batch_size,
+        config.model.block_size,
+        seed=config.seed,
+        step=step - 1,
+    )
+    largest = int(np.max(batch))
+    if largest < cfg.vocab_size:
+        return None
+    if config.data.format == "shards":
+        shards = config.data.shards_dir or RunDir(run.checkpointer.workdir).shards
+        where = f"the shards in {shards}"
+    else:
+        where = "the training data"
+    return (
+        f"the batch of step {step} holds token id {largest:,}, outside the model's "
+        f"vocabulary [0, {cfg.vocab_size:,}): {where} changed or were damaged while the run "
+        "read them; nothing of this step was saved. Rerun the same command: a run checks its "
+        "data at the start (and prepares damaged shards again), then resumes from its last "
+        "checkpoint."
+    )
+
+
+def disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
+    """`error` itself, or for a full disk without our own advice, the error naming the file it
+    could not write and what a rerun resumes from (the newest checkpoint, or nothing)."""
+    if error.errno != errno.ENOSPC or "rerun" in str(error):
+        return error
+    good = checkpointer.latest_step()
+    kept = (
+        f"it resumes from step {good}, kept in {checkpointer.workdir}"
+        if good is not None
+        else "no checkpoint was saved yet, so the run starts again"
+    )
+    where = f" ({error.filename})" if error.filename else ""
+    return OSError(
+        errno.ENOSPC,
+        f"no space left on the device{where}; free some space, then rerun the same command: "
+        + kept,
+        error.filename,
+    )
+
+
+def fresh_workdir_entries(workdir: Path) -> set[str] | None:
+    """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
+    not exist), for `remove_created`; None for a workdir with a run in it (never cleaned)."""
+    if workdir.exists() and RunDir(workdir).has_checkpoints():
+        return None
+    return entries_of(workdir)
+
+
+def warn_if_all_warmup(config: Any) -> None:
+    """Warns of a learning rate that never leaves its warmup within num_steps."""
+    warmup, steps = config.optim.warmup_steps, config.num_steps
+    if warmup > steps:
+        _log.warning(
+            "optim.warmup_steps=%d is above num_steps=%d: the learning rate never leaves its "
+            "warmup and peaks at %.2g%% of optim.lr; lower optim.warmup_steps (e.g. to %d) or "
+            "raise num_steps.",
+            warmup,
+            steps,
+            100 * steps / warmup,
+            max(steps // 10, 1),
+        )
+
+
+def user_keys_in_play(config: Any) -> str:
+    """The config keys that name user code (`module:attr`), e.g. "config.eval.metrics='m:f'",
+    joined with "and"; "" when there are none."""
+    keys = [key for keys in user_modules(config).values() for key in keys]
+    return " and ".join(f"config.{key}" for key in dict.fromkeys(keys))
+
+
+def finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
