@@ -287,7 +287,7 @@ def test_a_refusal_at_the_study_s_opening_leaves_out_as_it_was(out_existed, tmp_
     --storage) left OUT/.ask.lock behind, in an OUT this command had made."""
     import sqlite3
 
-    from minigpt_jax.sweep import command as sweep_command
+    from minigpt_apps.sweep import command as sweep_command
 
     with sqlite3.connect(tmp_path / "other.db") as other:
         other.execute("create table studies (id text, name text)")
