@@ -310,3 +310,22 @@ class LabTwoTest(chex.TestCase):
         np.testing.assert_array_equal(one_hot_TxV.sum(1), 1.0)
         np.testing.assert_array_equal(one_hot_TxV.argmax(1), ids_T)
         np.testing.assert_array_equal(one_hot_TxV @ compute.TABLE_VxD, compute.TABLE_VxD[ids_T])
+
+
+class SliderTest(chex.TestCase):
+    def test_a_slider_event_that_repeats_the_value_leaves_the_message_alone(self):
+        # The drag's last input event repeats the value just applied: the note of the change
+        # ("-0.200 → +0.810") must stay, so that event writes no message (defect 2).
+        from minigpt_jax.lab import actions
+        from minigpt_jax.lab.state import initial_state
+
+        state = initial_state()
+        fields = {"edit_ids": "1, 2, 1", "edit_row": "1", "edit_dim": "0"}
+        old = f"{float(state.table_VxD[1, 0]):.3f}"
+        new_state, note, _ = actions.slide_action(state, {**fields, "edit_slider": "0.81"}, "en")
+        self.assertIn("+0.810", note)
+        repeated = actions.slide_action(new_state, {**fields, "edit_slider": "0.81"}, "en")
+        self.assertEqual(repeated, (None, None, {}))
+        # A typed value that changes nothing still says so.
+        typed = actions.type_value_action(state, {**fields, "edit_value": old}, "en")
+        self.assertIn("nothing changed", typed[1])

@@ -53,12 +53,16 @@ def rename_action(state: LabState, fields: dict, lang: str):
     return new_state, paragraph(note, "lab-ok"), extra
 
 
-def _set_value(state: LabState, fields: dict, lang: str, value: float):
+def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_same=False):
+    """Sets the edited cell to `value`; when it already holds it, says so, or (`quiet_same`, the
+    slider's repeated last event) returns no note, so the note of the change stays shown."""
     words = TEXT[lang]
     ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
     row, dim = edit_cell(state, fields)
     old = float(state.table_VxD[row, dim])
     positions = ", ".join(map(str, np.flatnonzero(ids_T == row))) or "—"
+    if old == value and quiet_same:
+        return None, None, {}
     if old == value:
         note = words.f("edit_same", row=row, dim=dim, value=value, positions=positions)
         return None, paragraph(note, "lab-ok"), {}
@@ -82,7 +86,7 @@ def _set_value(state: LabState, fields: dict, lang: str, value: float):
 def slide_action(state: LabState, fields: dict, lang: str):
     limit = compute.MAX_VALUE
     value = compute.parse_number(fields["edit_slider"], field="value", low=-limit, high=limit)
-    return _set_value(state, fields, lang, value)
+    return _set_value(state, fields, lang, value, quiet_same=True)
 
 
 def type_value_action(state: LabState, fields: dict, lang: str):

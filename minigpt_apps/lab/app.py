@@ -290,7 +290,8 @@ class Page(NamedTuple):
         used[part.name] = {w.key: fields[w.key] for w in _widgets(part.layout) if w.key in fields}
         out.update(extra)
         out = {key: value for key, value in out.items() if key not in event.keep}
-        out[f"{part.name}_message"] = note
+        if note is not None:  # None: the message shown stays (a slider event that changed nothing)
+            out[f"{part.name}_message"] = note
         return {self.components[key]: value for key, value in out.items() if key in self.components}
 
     def output_components(self, part: Part, event: Event | None = None) -> list:
