@@ -316,8 +316,8 @@ class SliderTest(chex.TestCase):
     def test_a_slider_event_that_repeats_the_value_leaves_the_message_alone(self):
         # The drag's last input event repeats the value just applied: the note of the change
         # ("-0.200 → +0.810") must stay, so that event writes no message (defect 2).
-        from minigpt_jax.lab import actions
-        from minigpt_jax.lab.state import initial_state
+        from minigpt_apps.lab import actions
+        from minigpt_apps.lab.state import initial_state
 
         state = initial_state()
         fields = {"edit_ids": "1, 2, 1", "edit_row": "1", "edit_dim": "0"}
