@@ -536,6 +536,13 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     assert edited.count(num(0.53)) >= 3  # the table cell and both occurrences (t=1, t=3)
     lookup = page.text("lookup-result")
     assert num(0.53) in lookup  # ids [0, 1, 0] read row 1, too
+    # A drag ends with an event repeating the value already set (issue 39, defect 2: the note
+    # then read "already holds +0.530: nothing changed"): the note of the change stays.
+    note = page.wait_for("edit-message", f"→ {num(0.53)}")
+    page.js("arguments[0].dispatchEvent(new Event('input', {bubbles: true}));", slider)
+    page.js("arguments[0].dispatchEvent(new Event('change', {bubbles: true}));", slider)
+    time.sleep(3)  # the repeated event's reply, if it wrote one, has arrived
+    assert page.text("edit-message") == note
 
     # Another row and coordinate: the slider takes that cell's value.
     page.choose("edit-row", "2 zamek")
