@@ -329,3 +329,29 @@ class SliderTest(chex.TestCase):
         # A typed value that changes nothing still says so.
         typed = actions.type_value_action(state, {**fields, "edit_value": old}, "en")
         self.assertIn("nothing changed", typed[1])
+
+
+class SizesTest(chex.TestCase):
+    """Part 8's sequence length (issue 39: its field borrowed part 7's name, "positions shown",
+    its limit 164 had no reason, and a Spanish page quoted the model's English ValueError)."""
+
+    def _view(self, length: str, lang: str) -> str:
+        from minigpt_apps.lab.views import sizes_view
+
+        fields = {"sizes_ids": compute.format_ids(compute.REAL_IDS), "sizes_length": length}
+        return str(sizes_view(None, fields, lang))
+
+    def test_a_length_beyond_block_size_is_said_in_the_pages_language(self):
+        page = self._view("100", "es")
+        self.assertIn("no cabe", page)
+        self.assertNotIn("exceeds block_size", page)  # the model's own (English) words
+        self.assertIn("does not fit", self._view("100", "en"))
+
+    def test_the_length_field_has_its_own_name_and_stops_at_twice_block_size(self):
+        with self.assertRaises(LabInputError) as raised:
+            self._view("129", "es")
+        error = raised.exception
+        text = message("es", error.key, **error.params)
+        self.assertIn("longitud de la secuencia", text)
+        self.assertIn("de 1 a 128", text)
+        self._view("128", "en")  # twice block_size: shown, refused by the model's check

@@ -250,7 +250,7 @@ _TEXT: dict[str, dict[str, str]] = {
             "table simply has no row past block_size. This part does not read the shared table."
         ),
         "sizes_ids": "Token ids (0 to 50,256)",
-        "sizes_length": "A sequence of this many tokens",
+        "sizes_length": "A sequence of this many tokens (1 to 128: twice block_size, to see where it stops)",
         "sizes_button": "Show",
         "sizes_long_table": "A ten-row W_E (rows 6 and 9 highlighted)",
         "sizes_article": "The article's ids {ids}: rows 6, 9, 6; shape (3, 6)",
@@ -258,7 +258,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] for ids {ids}: shape {shape} (the first {shown} of 128 coordinates)",
         "sizes_real_note": "W_E is ({vocab}, {dim}) and W_P is ({block}, {dim}), initialised as in training (N(0, 0.02²)); the lookup reads only the rows of the ids.",
         "sizes_fits": "A sequence of {t} tokens fits: W_P has rows 0 to {block} − 1.",
-        "sizes_beyond": "A sequence of {t} tokens does not fit: W_P has rows 0 to {block} − 1 only, so the model refuses it: “{error}”",
+        "sizes_beyond": "A sequence of {t} tokens does not fit: W_P has rows 0 to {block} − 1 only, so the model refuses it (its check: T ≤ block_size = {block}).",
         "sizes_tying": "Weight tying: GPT-2 small's read-out reuses W_E ({vocab} × {dim} = {table} parameters) instead of a second matrix of its own: {tied} parameters tied, {untied} untied.",
         # ---- input errors
         "malformed_list": "{field}: “{text}” is not a list of whole numbers; write e.g. {example}.",
@@ -291,6 +291,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_position": "position",
         "field_pair": "pair i",
         "field_length": "positions shown",
+        "field_sizes_length": "sequence length",
         "field_steps": "N steps",
         "field_sentence": "sentence",
         "field_edit_value": "value",
@@ -503,7 +504,7 @@ _TEXT: dict[str, dict[str, str]] = {
             "allá de block_size. Esta parte no lee la tabla compartida."
         ),
         "sizes_ids": "Ids de token (de 0 a 50 256)",
-        "sizes_length": "Una secuencia de tantos tokens",
+        "sizes_length": "Una secuencia de tantos tokens (de 1 a 128: el doble de block_size, para ver dónde se detiene)",
         "sizes_button": "Mostrar",
         "sizes_long_table": "Una W_E de diez filas (filas 6 y 9 resaltadas)",
         "sizes_article": "Los ids del artículo {ids}: filas 6, 9, 6; forma (3, 6)",
@@ -511,7 +512,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] para los ids {ids}: forma {shape} (las primeras {shown} de 128 coordenadas)",
         "sizes_real_note": "W_E es ({vocab}, {dim}) y W_P es ({block}, {dim}), inicializadas como en el entrenamiento (N(0; 0,02²)); la búsqueda solo lee las filas de los ids.",
         "sizes_fits": "Una secuencia de {t} tokens cabe: W_P tiene las filas 0 a {block} − 1.",
-        "sizes_beyond": "Una secuencia de {t} tokens no cabe: W_P solo tiene las filas 0 a {block} − 1, así que el modelo la rechaza: «{error}»",
+        "sizes_beyond": "Una secuencia de {t} tokens no cabe: W_P solo tiene las filas 0 a {block} − 1, así que el modelo la rechaza (su comprobación: T ≤ block_size = {block}).",
         "sizes_tying": "Atar los pesos: la salida de GPT-2 small reutiliza W_E ({vocab} × {dim} = {table} parámetros) en vez de una segunda matriz propia: {tied} parámetros atados, {untied} sin atar.",
         # ---- errores de entrada
         "malformed_list": "{field}: «{text}» no es una lista de números enteros; escribe p. ej. {example}.",
@@ -544,6 +545,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_position": "posición",
         "field_pair": "par i",
         "field_length": "posiciones mostradas",
+        "field_sizes_length": "longitud de la secuencia",
         "field_steps": "N pasos",
         "field_sentence": "frase",
         "field_edit_value": "valor",

@@ -478,7 +478,7 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
     article_T = np.asarray(compute.ARTICLE_IDS, np.int32)
     ids_T = compute.parse_ids(fields["sizes_ids"], compute.REAL_VOCAB, limit=compute.MAX_IDS)
     length = compute.parse_int(
-        fields["sizes_length"], field="length", low=1, high=2 * compute.REAL_BLOCK + 36
+        fields["sizes_length"], field="sizes_length", low=1, high=2 * compute.REAL_BLOCK
     )
     x_1xTxD = compute.real_lookup(ids_T)
     shown = min(6, compute.REAL_DIM)
@@ -500,8 +500,8 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
         compute.real_lookup(np.zeros(length, np.int32))
         beyond = words.f("sizes_fits", t=length, block=compute.REAL_BLOCK)
         beyond_cls = "lab-ok"
-    except ValueError as error:
-        beyond = words.f("sizes_beyond", t=length, block=compute.REAL_BLOCK, error=str(error))
+    except ValueError:  # the model's own check decides; the page says it in its own words
+        beyond = words.f("sizes_beyond", t=length, block=compute.REAL_BLOCK)
         beyond_cls = "lab-diff"
     tied, untied = _gpt2_counts()
     table_size = compute.embedding_table_size(compute.REAL_VOCAB, compute.GPT2_DIM)
