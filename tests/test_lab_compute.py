@@ -355,3 +355,14 @@ class SizesTest(chex.TestCase):
         self.assertIn("longitud de la secuencia", text)
         self.assertIn("de 1 a 128", text)
         self._view("128", "en")  # twice block_size: shown, refused by the model's check
+
+
+class CutTextTest(chex.TestCase):
+    def test_a_long_field_is_quoted_with_its_length_in_the_pages_language(self):
+        """Issue 39, defect 7: the Spanish page said "(400 characters)" in English."""
+        with self.assertRaises(LabInputError) as raised:
+            compute.parse_ids("x" * 400, 6)
+        spanish = raised.exception.localized("es")
+        self.assertIn("xxxxxxxxxxxxxxxxxxxxxxxx… (400 caracteres)", spanish)
+        self.assertNotIn("characters", spanish)
+        self.assertIn("… (400 characters)", raised.exception.localized("en"))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from minigpt_apps.lab.text import message
+from minigpt_apps.lab.text import Cut, message
 from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import Embeddings
@@ -87,9 +87,10 @@ def _digits(item: str) -> int:
 
 
 def _short(text: str, limit: int = 24) -> str:
-    """A field's text as a message quotes it: at most `limit` characters."""
+    """A field's text as a message quotes it: at most `limit` characters (text.Cut says how
+    long the whole was, in the page's language)."""
     text = str(text).strip()
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+    return text if len(text) <= limit else Cut(text[:limit], len(text))
 
 
 def _check_length(text: str, field: str) -> str:

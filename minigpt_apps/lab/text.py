@@ -24,11 +24,26 @@ def number(value, spec: str, lang: str) -> str:
     return text
 
 
+class Cut(str):
+    """A field's text cut to its first characters for a message; the length of the whole is
+    said in the page's language ("… (400 characters)", "… (400 caracteres)")."""
+
+    def __new__(cls, text: str, length: int):
+        cut = super().__new__(cls, text)
+        cut.length = length
+        return cut
+
+
+_CHARACTERS = {"en": "characters", "es": "caracteres"}
+
+
 class _Formatter(string.Formatter):
     def __init__(self, lang: str):
         self.lang = lang
 
     def format_field(self, value, format_spec):
+        if isinstance(value, Cut):
+            return f"{str.__str__(value)}… ({value.length} {_CHARACTERS[self.lang]})"
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return number(value, format_spec, self.lang)
         return super().format_field(value, format_spec)
