@@ -366,3 +366,16 @@ class CutTextTest(chex.TestCase):
         self.assertIn("xxxxxxxxxxxxxxxxxxxxxxxx… (400 caracteres)", spanish)
         self.assertNotIn("characters", spanish)
         self.assertIn("… (400 characters)", raised.exception.localized("en"))
+
+
+class SentenceTest(chex.TestCase):
+    def test_the_articles_sentence_is_read_as_the_vocabulary_holds_it(self):
+        """Issue 39, defect 5: «Oto kamienny zamek» was refused as an unknown word."""
+        read = compute.read_sentence("«Oto kamienny zamek».", compute.VOCAB)
+        self.assertEqual(read, "oto kamienny zamek")
+        np.testing.assert_array_equal(
+            compute.parse_sentence("«Oto kamienny zamek».", compute.VOCAB), [0, 1, 2]
+        )
+        with self.assertRaises(LabInputError) as raised:
+            compute.parse_sentence("oto drewniany zamek", compute.VOCAB)
+        self.assertEqual(raised.exception.key, "unknown_word")

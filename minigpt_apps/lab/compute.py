@@ -197,9 +197,28 @@ def parse_int(text, *, field: str, low: int, high: int) -> int:
     return int(raw)
 
 
+# Around a word, what a sentence quoted from the article or typed as prose may hold.
+_PUNCTUATION = "«»“”„\"'‘’.,;:!?¡¿()"
+
+
+def read_sentence(text: str, vocab: tuple[str, ...]) -> str:
+    """The words of `text` as the vocabulary holds them, one space apart: a word not in it is
+    read without the quotes and punctuation around it, and in lower case, when that form is
+    (the article writes «Oto kamienny zamek»); any other word is left for parse_sentence to
+    refuse."""
+    read = []
+    for word in _check_length(text, "sentence").split():
+        plain = word.strip(_PUNCTUATION)
+        read.append(
+            word if word in vocab else next((w for w in (plain, plain.lower()) if w in vocab), word)
+        )
+    return " ".join(w for w in read if w.strip(_PUNCTUATION) or w in vocab)
+
+
 def parse_sentence(text: str, vocab: tuple[str, ...], *, limit: int = MAX_WORDS) -> np.ndarray:
-    """Words of `vocab` separated by spaces -> ids (T,) int32, at most `limit` words."""
-    words = _check_length(text, "sentence").split()
+    """Words of `vocab` separated by spaces (read as `read_sentence` reads them) -> ids (T,)
+    int32, at most `limit` words."""
+    words = read_sentence(text, vocab).split()
     if not words:
         raise LabInputError("empty_sentence", vocab=", ".join(vocab))
     if len(words) > limit:

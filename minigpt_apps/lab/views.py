@@ -374,9 +374,9 @@ def context_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
     heads = []
     for key in ("context_a", "context_b"):
-        sentence = fields[key]
+        sentence = compute.read_sentence(fields[key], state.vocab)  # as read: shown so
         ids_T = compute.parse_sentence(sentence, state.vocab)
-        heads.append((" ".join(sentence.split()), ids_T, compute.one_head(state.table_VxD, ids_T)))
+        heads.append((sentence, ids_T, compute.one_head(state.table_VxD, ids_T)))
     inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])
     outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
     vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
