@@ -379,3 +379,25 @@ class SentenceTest(chex.TestCase):
         with self.assertRaises(LabInputError) as raised:
             compute.parse_sentence("oto drewniany zamek", compute.VOCAB)
         self.assertEqual(raised.exception.key, "unknown_word")
+
+
+class AppliedGradientTest(chex.TestCase):
+    def test_the_gradient_and_the_change_are_labelled_as_what_they_are(self):
+        """Issue 39, defect 6: the caption said "times lr" over the raw gradient, and after N
+        steps the row "change (−lr × gradient)" held the N-step total."""
+        from minigpt_apps.lab.state import LabState
+        from minigpt_apps.lab.views import _applied_html
+
+        before_VxD = np.asarray(compute.TABLE_VxD, np.float32)
+        after_VxD = before_VxD.copy()
+        after_VxD[1] -= 0.05
+        grad_VxD = np.zeros_like(before_VxD)
+        grad_VxD[1] = 0.01
+        state = LabState(after_VxD, compute.VOCAB)
+        run = {"grad": grad_VxD, "lr": 1.0, "n": 5, "rows": [1], "before": before_VxD}
+        many = _applied_html(state, run, TEXT["en"])
+        self.assertIn("change over the 5 steps", many)
+        self.assertNotIn("times lr", many)
+        one = _applied_html(state, {**run, "n": 1}, TEXT["es"])
+        self.assertIn("cambio (−tasa × gradiente)", one)
+        self.assertIn("el paso restó la tasa = 1 por él", one)

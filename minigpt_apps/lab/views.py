@@ -244,7 +244,12 @@ def _applied_html(state: LabState, run: dict, words: Words) -> str:
     for i in run["rows"]:
         before_D = np.asarray(run["before"][i], np.float32)
         rows = [before_D, state.table_VxD[i] - before_D, state.table_VxD[i]]
-        row_labels = [words["step_row_before"], words["step_row_change"], words["step_row_after"]]
+        change = (
+            words["step_row_change"]
+            if run["n"] == 1
+            else words.f("steps_row_change", n=run["n"])  # the total, not one step's
+        )
+        row_labels = [words["step_row_before"], change, words["step_row_after"]]
         caption = words.f("step_row_caption", row=i, word=state.vocab[i], n=run["n"])
         parts.append(
             matrix_html(
