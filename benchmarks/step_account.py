@@ -2,7 +2,7 @@
 (XLA's profile) beside the same account of its PyTorch twin (torch.profiler), in one run.
 
 Run:      python -m benchmarks.step_account [--config shakespeare_char] [--steps 20]
-              [--data DIR | --synthetic] [--threads N] [--no-torch]
+              [--data DIR | --synthetic] [--threads N] [--no-torch] [--clock-ghz 3.6]
 Needs:    the `bench` extra (torch); the corpus as benchmarks/train_throughput.py does.
 Measures: both sides train the config's model on the same batches (train_throughput's columns:
           the compiled chunk of K steps, the eager twin with the JAX init), warmed up, then
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--synthetic", action="store_true", help="random token ids")
     parser.add_argument("--threads", type=int, help="pin both sides to the first N cores")
     parser.add_argument("--no-torch", action="store_true", help="XLA's account only")
+    parser.add_argument("--clock-ghz", type=float, help="core clock for the peak (boost clock)")
     args = parser.parse_args(argv)
 
     threads = pin_cores(args.threads)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = max(args.steps // k, 1) * k
     batches, vocab_size = token_batches(config, args, steps + 2 * k)
     cpu = machine.this_cpu()
-    peak = machine.peaks(cpu, threads)["float32"]
+    peak = machine.peaks(cpu, threads, args.clock_ghz)["float32"]
     print("\n".join(machine.describe(cpu, threads, {"float32": peak})), flush=True)
 
     from minigpt_jax import flops_per_token
