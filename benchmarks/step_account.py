@@ -11,9 +11,10 @@ Measures: both sides train the config's model on the same batches (train_through
           (or a fusion holding one) is a matmul, else the flax module in its op_name decides
           (attn: the mask and softmax; mlp: the activation; ln_: the norms; embed and the
           read-out's take: embedding and loss), and an op outside the model's jvp is the
-          optimizer's (the update, clipping, the schedule). torch ops are put in the same
-          categories by name (aten::mm, _softmax, native_layer_norm, gelu, ...; anything under
-          Optimizer.step or the clipping is the optimizer's), by their self time. XLA runs
+          optimizer's (the update, clipping, the schedule, Muon's Newton-Schulz matmuls).
+          torch ops are put in the same categories by name (aten::mm, _softmax,
+          native_layer_norm, gelu, ...; anything under Optimizer.step or the clipping is the
+          optimizer's), by their self time. XLA runs
           independent thunks on all threads at once, so a category's milliseconds are its share
           of the busy time times the wall time per step (torch: its share of the ops' self
           time, likewise); "host" is the wall time no op accounts for.
@@ -80,9 +81,9 @@ def hlo_instructions(hlo_text: str) -> dict[str, tuple[str, bool]]:
 def xla_category(op_name: str, dot: bool) -> str:
     """The category of an HLO instruction from its op_name (the jaxpr path, with flax's module
     names) and whether it is a matmul."""
-    if dot:
-        return MATMUL
     in_model = "jvp(" in op_name
+    if dot:  # the model's matmuls; an optimizer's own (Muon's Newton-Schulz) are its update's
+        return MATMUL if in_model or not op_name else OPTIMIZER
     if "/attn" in op_name:
         return ATTENTION
     if "/mlp" in op_name:

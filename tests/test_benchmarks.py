@@ -151,6 +151,7 @@ def test_the_step_account_puts_each_hlo_op_in_its_category():
     assert account.xla_category(path + "jvp(GPT.hidden)/block_0/mlp/dot_general", True) == (
         account.MATMUL
     )
+    assert account.xla_category(path + "dot_general", True) == account.OPTIMIZER  # Muon's
     assert account.torch_category("aten::mm", False) == account.MATMUL
     assert account.torch_category("aten::native_layer_norm_backward", False) == account.NORMS
     assert account.torch_category("aten::mul_", True) == account.OPTIMIZER
