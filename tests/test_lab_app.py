@@ -859,16 +859,25 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     words = page.words
     thousands = words["thousands"]
 
-    page.wait_for("sizes-result", "[6, 9, 6]", "6 drewniany", "9 okno", "(1, 3, 128)")
+    # Issue 39, defects 3 and 4: the lesson's V, d = 512, 128 and x = tok_emb(ids) without
+    # positions (h0 adds W_P later); the article's fragment of three coordinates, semicolons.
+    page.wait_for("sizes-result", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
     shown = page.js("return document.getElementById('sizes-result').innerText;")
-    vectors = _cells(page, "sizes-article")
-    np.testing.assert_allclose(vectors, compute.LONG_TABLE_VxD[[6, 9, 6]], atol=5e-4)
-    params = compute.real_params()["params"]
-    expected = (
-        np.asarray(params["tok"]["embedding"])[[76, 299, 412], :6]
-        + np.asarray(params["pos"]["embedding"])[:3, :6]
+    assert "d = 128 and" not in shown and "(50,257, 128)" not in shown, shown
+    article = page.js(
+        "return [...document.querySelectorAll('#sizes-article td')].map(c => c.textContent);"
     )
-    np.testing.assert_allclose(_cells(page, "sizes-real"), expected, atol=5e-5)
+    point = "," if lang == "es" else "."
+    expected = ["0.2; -0.4; 0.1", "0.0; -0.2; 0.3", "0.2; -0.4; 0.1"]
+    assert article == [row.replace(".", point) for row in expected], article
+    params = compute.lesson_params()["params"]
+    x_TxD = np.asarray(params["tok"]["embedding"])[[76, 299, 412], :6]
+    np.testing.assert_allclose(_cells(page, "sizes-real"), x_TxD, atol=5e-5)
+    h0_TxD = x_TxD + np.asarray(params["pos"]["embedding"])[:3, :6]
+    np.testing.assert_allclose(_cells(page, "sizes-h0"), h0_TxD, atol=5e-5)
+    page.type("lookup-ids", "[6, 9, 6]")
+    page.field("lookup-ids").send_keys("\n")
+    page.wait_for("lookup-message", "parte 8" if lang == "es" else "part 8")
     tying = f"{50_257:,} × 768 = {50_257 * 768:,}".replace(",", thousands)
     assert tying in shown and "64" in shown, shown
     counts = re.findall(rf"(\d[\d{thousands}]+\d)", shown.split(tying, 1)[1])[:2]

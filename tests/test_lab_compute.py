@@ -1,6 +1,7 @@
 """The lab's numbers: the article's figures, and the properties each part of the page shows."""
 
 import math
+import re
 
 import chex
 import numpy as np
@@ -338,7 +339,7 @@ class SizesTest(chex.TestCase):
     def _view(self, length: str, lang: str) -> str:
         from minigpt_apps.lab.views import sizes_view
 
-        fields = {"sizes_ids": compute.format_ids(compute.REAL_IDS), "sizes_length": length}
+        fields = {"sizes_ids": compute.format_ids(compute.LESSON_IDS), "sizes_length": length}
         return str(sizes_view(None, fields, lang))
 
     def test_a_length_beyond_block_size_is_said_in_the_pages_language(self):
@@ -401,3 +402,73 @@ class AppliedGradientTest(chex.TestCase):
         one = _applied_html(state, {**run, "n": 1}, TEXT["es"])
         self.assertIn("cambio (−tasa × gradiente)", one)
         self.assertIn("el paso restó la tasa = 1 por él", one)
+
+
+def _table_cells(page: str, table_id: str) -> list[list[str]]:
+    """The <td> texts of each row of the table with id `table_id` in a view's HTML."""
+    table = re.search(rf'<table[^>]* id="{table_id}">(.*?)</table>', page).group(1)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in table.split("</tr>")]
+    return [row for row in rows if row]
+
+
+class ArticleAndLessonTest(chex.TestCase):
+    """Issue 39, defects 3 and 4: part 8's sizes and the article's [6, 9, 6] as the documents
+    write them."""
+
+    def _view(self, lang: str) -> str:
+        from minigpt_apps.lab.views import sizes_view
+
+        fields = {"sizes_ids": "[76, 299, 412]", "sizes_length": "100"}
+        return sizes_view(None, fields, lang)["sizes_result"]
+
+    def test_part_8_says_and_computes_the_lessons_sizes(self):
+        """The lesson: V, d = 512, 128 and x = tok_emb(ids) -> (1, 3, 128), no positions;
+        V = 50,257 only with d = 768 in the tying count."""
+        for lang, vocab in (("en", "50,257"), ("es", "50\u202f257")):
+            page = self._view(lang)
+            self.assertIn("V, d = 512, 128", page)
+            self.assertIn("tok_emb(ids)", page)
+            self.assertIn("(1, 3, 128)", page)
+            self.assertNotIn("d = 128 and learned", page)
+            self.assertNotIn("GPT-2's), d = 128", page)
+            self.assertIn(f"{vocab} × 768", page)
+        params = compute.lesson_params()["params"]
+        table_VxD = np.asarray(params["tok"]["embedding"])
+        self.assertEqual(table_VxD.shape, (512, 128))
+        page = self._view("en")
+        x_TxD = np.array(_table_cells(page, "sizes-real"), float)
+        np.testing.assert_allclose(x_TxD, table_VxD[[76, 299, 412], :6], atol=5e-5)
+        h0_TxD = np.array(_table_cells(page, "sizes-h0"), float)
+        positions_PxD = np.asarray(params["pos"]["embedding"])
+        np.testing.assert_allclose(
+            h0_TxD, table_VxD[[76, 299, 412], :6] + positions_PxD[:3, :6], atol=5e-5
+        )
+
+    def test_the_articles_fragment_has_three_coordinates_and_semicolons(self):
+        rows = [["0.2; -0.4; 0.1"], ["0.0; -0.2; 0.3"], ["0.2; -0.4; 0.1"]]
+        page = self._view("en")
+        self.assertEqual(_table_cells(page, "sizes-article"), rows)
+        self.assertIn("the first, the second and again the first of the rows shown", page)
+        self.assertIn("shape (3, 3)", page)
+        self.assertNotIn("shape (3, 6)", page)
+        spanish = _table_cells(self._view("es"), "sizes-fragment")
+        self.assertEqual(
+            [r for r in spanish if r != ["…"]], [["0,2; -0,4; 0,1"], ["0,0; -0,2; 0,3"]]
+        )
+        np.testing.assert_allclose(
+            compute.fragment_lookup((6, 9, 6)),
+            [[0.2, -0.4, 0.1], [0.0, -0.2, 0.3], [0.2, -0.4, 0.1]],
+            rtol=1e-6,
+        )
+
+    def test_part_1_says_where_the_articles_ids_live(self):
+        from minigpt_apps.lab.state import initial_state
+        from minigpt_apps.lab.views import lookup_view
+
+        for lang, where in (("en", "shown in part 8"), ("es", "en la parte 8")):
+            with self.assertRaises(LabInputError) as raised:
+                lookup_view(initial_state(), {"lookup_ids": "[6, 9, 6]"}, lang)
+            self.assertIn(where, raised.exception.localized(lang))
+        with self.assertRaises(LabInputError) as raised:  # another id past the table: as before
+            lookup_view(initial_state(), {"lookup_ids": "[7]"}, "en")
+        self.assertEqual(raised.exception.key, "id_out_of_range")

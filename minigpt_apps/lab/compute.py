@@ -514,49 +514,58 @@ def position_pair(pos: int, pair: int, dim: int) -> PositionPair:
     return PositionPair(float(sin), float(cos), omega, 2 * math.pi / omega)
 
 
-# ----------------------------------------------------------------------------- 8: realistic sizes
+# ----------------------------------------------------------------------------- 8: sizes
 
-# The article's lookup [6, 9, 6] needs ten rows: the six words and four more.
-LONG_VOCAB = (*VOCAB, "drewniany", "stary", "dom", "okno")
-LONG_TABLE_VxD = np.concatenate(
-    [
-        TABLE_VxD,
-        np.array(
-            [
-                [0.2, -0.4, 0.1, 0.0, 0.3, 0.2],  # drewniany ("wooden")
-                [-0.1, 0.3, 0.4, -0.2, 0.1, 0.0],  # stary ("old")
-                [0.5, 0.1, -0.1, 0.3, -0.3, 0.2],  # dom ("house")
-                [0.0, -0.2, 0.3, 0.4, 0.2, -0.3],  # okno ("window")
-            ],
-            np.float32,
-        ),
-    ]
-)
+# The article's lookup [6, 9, 6] reads a fragment of a larger table of three coordinates: it shows
+# rows 6 and 9 (coordinates separated by semicolons) and reads "the first, the second and again
+# the first of the rows shown". The article's own coordinates are not in this repository: these
+# are the lab's, in the article's form.
 ARTICLE_IDS = (6, 9, 6)
-# The lesson's sizes: GPT-2's vocabulary, a width of 128, learned positions up to block_size 64.
-REAL_VOCAB, REAL_DIM, REAL_BLOCK = 50_257, 128, 64
-REAL_IDS = (76, 299, 412)
-GPT2_DIM = 768
+FRAGMENT_IDS = (6, 9)  # the rows the fragment shows, in order
+FRAGMENT_RxD = np.array([[0.2, -0.4, 0.1], [0.0, -0.2, 0.3]], np.float32)  # rows 6 and 9
 
 
-def real_config(**overrides) -> GPTConfig:
-    fields = dict(vocab_size=REAL_VOCAB, n_embd=REAL_DIM, n_head=1, block_size=REAL_BLOCK)
+def fragment_lookup(ids_T=ARTICLE_IDS) -> np.ndarray:
+    """x_TxD = the fragment's rows for `ids_T` (ids among FRAGMENT_IDS): [6, 9, 6] reads the
+    first, the second and again the first of the rows shown, through the model's Embeddings."""
+    shown_T = np.array([FRAGMENT_IDS.index(int(i)) for i in ids_T], np.int32)
+    return np.asarray(lookup(FRAGMENT_RxD, shown_T[None]))[0]
+
+
+# The lesson's example: `V, d = 512, 128` and `x = tok_emb(ids)` -> (1, 3, 128), no positions;
+# its later h(0) adds learned positions W_P (here up to block_size 64). GPT-2's sizes
+# (V = 50,257, d = 768) go only with the tying count.
+LESSON_VOCAB, LESSON_DIM, LESSON_BLOCK = 512, 128, 64
+LESSON_IDS = (76, 299, 412)
+GPT2_VOCAB, GPT2_DIM = 50_257, 768
+
+
+def lesson_config(**overrides) -> GPTConfig:
+    fields = dict(vocab_size=LESSON_VOCAB, n_embd=LESSON_DIM, n_head=1, block_size=LESSON_BLOCK)
     return GPTConfig(**{**fields, "pos_encoding": "learned", "dropout": 0.0, **overrides})
 
 
 @functools.lru_cache(maxsize=1)
-def real_params():
-    """Embeddings(real_config()) initialised with key 0: W_E (50,257, 128) and W_P (64, 128),
-    made once (26 MB) and shared by every request."""
-    params = Embeddings(real_config()).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
+def lesson_params():
+    """Embeddings(lesson_config()) initialised with key 0: W_E (512, 128) and W_P (64, 128),
+    made once and shared by every request."""
+    params = Embeddings(lesson_config()).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
     return nn.unbox(params)
 
 
-def real_lookup(ids_T) -> np.ndarray:
-    """x_1xTxD = W_E[ids] + W_P[0 .. T-1] through the model's Embeddings (learned positions).
-    Raises the model's ValueError when T exceeds block_size (W_P has no row for position 64)."""
+def lesson_lookup(ids_T) -> np.ndarray:
+    """The lesson's x = tok_emb(ids): x_1xTxD = W_E[ids], no positions (the model's Embeddings
+    with positions off, on the lesson's W_E)."""
+    table_VxD = lesson_params()["params"]["tok"]["embedding"]
+    return np.asarray(lookup(table_VxD, jnp.asarray(ids_T, jnp.int32)[None]))
+
+
+def lesson_h0(ids_T) -> np.ndarray:
+    """The lesson's later h(0) = W_E[ids] + W_P[0 .. T-1]: x_1xTxD through the model's
+    Embeddings with learned positions. Raises the model's ValueError when T exceeds
+    block_size (W_P has no row for position 64)."""
     tokens_1xT = jnp.asarray(ids_T, jnp.int32)[None]
-    return np.asarray(Embeddings(real_config()).apply(real_params(), tokens_1xT))
+    return np.asarray(Embeddings(lesson_config()).apply(lesson_params(), tokens_1xT))
 
 
 def embedding_table_size(vocab_size: int, dim: int) -> int:

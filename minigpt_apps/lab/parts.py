@@ -277,7 +277,7 @@ PARTS = (
         "sizes",
         (
             (
-                Field("sizes_ids", compute.format_ids(compute.REAL_IDS)),
+                Field("sizes_ids", compute.format_ids(compute.LESSON_IDS)),
                 Field("sizes_length", "100"),
             ),
             Button("sizes_button"),

@@ -258,21 +258,25 @@ _TEXT: dict[str, dict[str, str]] = {
         # ---- 8. realistic sizes
         "sizes_heading": "8. The article's own ids and the lesson's real sizes",
         "sizes_explain": (
-            "**What it shows:** the article's lookup [6, 9, 6] on a ten-row table; then the "
-            "lesson's sizes: a vocabulary of V = 50,257 (GPT-2's), width d = 128 and learned "
-            "positions up to block_size 64, all through the model's own `Embeddings`; and what "
-            "tying the read-out to W_E saves. **Try:** other ids below 50,257; a length past 64. "
-            "**Why:** a lookup reads rows, so its cost does not grow with V; a learned position "
-            "table simply has no row past block_size. This part does not read the shared table."
+            "**What it shows:** the article's lookup [6, 9, 6] on its fragment of a table of "
+            "three coordinates; then the lesson's example, V, d = 512, 128 and x = tok_emb(ids) "
+            "for [76, 299, 412], through the model's own `Embeddings`; its later "
+            "h⁽⁰⁾ = x + W_P[0 .. T−1] with learned positions up to block_size 64; and what tying "
+            "the read-out to W_E saves in GPT-2 small (V = 50,257, d = 768). **Try:** other ids "
+            "below 512; a length past 64. **Why:** a lookup reads rows, so its cost does not grow "
+            "with V; a learned position table simply has no row past block_size. This part does "
+            "not read the shared table."
         ),
-        "sizes_ids": "Token ids (0 to 50,256)",
+        "sizes_ids": "Token ids (0 to 511)",
         "sizes_length": "A sequence of this many tokens (1 to 128: twice block_size, to see where it stops)",
         "sizes_button": "Show",
-        "sizes_long_table": "A ten-row W_E (rows 6 and 9 highlighted)",
-        "sizes_article": "The article's ids {ids}: rows 6, 9, 6; shape (3, 6)",
-        "sizes_article_note": "Positions 0 and 2 read row 6 (drewniany): the same vector twice; position 1 reads row 9 (okno).",
-        "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] for ids {ids}: shape {shape} (the first {shown} of 128 coordinates)",
-        "sizes_real_note": "W_E is ({vocab}, {dim}) and W_P is ({block}, {dim}), initialised as in training (N(0, 0.02²)); the lookup reads only the rows of the ids.",
+        "sizes_fragment": "The article's fragment of W_E: rows 6 and 9, three coordinates each (separated by semicolons, as the article writes them)",
+        "sizes_article": "The article's ids {ids}: the first, the second and again the first of the rows shown; shape ({t}, 3)",
+        "sizes_article_note": "Positions 0 and 2 read row 6: the same vector twice; position 1 reads row 9.",
+        "sizes_real_result": "The lesson's x = tok_emb(ids) for ids {ids}: shape {shape}, no positions (the first {shown} of {dim} coordinates)",
+        "sizes_real_note": "The lesson's sizes V, d = {vocab}, {dim}: W_E is ({vocab}, {dim}), initialised as in training (N(0, 0.02²)); the lookup reads only the rows of the ids.",
+        "sizes_h0_result": "Later, h⁽⁰⁾ = x + W_P[0 .. T−1] for ids {ids}: shape {shape} (the first {shown} of {dim} coordinates)",
+        "sizes_h0_note": "W_P holds learned positions: ({block}, {dim}), one row per position up to block_size {block}.",
         "sizes_fits": "A sequence of {t} tokens fits: W_P has rows 0 to {block} − 1.",
         "sizes_beyond": "A sequence of {t} tokens does not fit: W_P has rows 0 to {block} − 1 only, so the model refuses it (its check: T ≤ block_size = {block}).",
         "sizes_tying": "Weight tying: GPT-2 small's read-out reuses W_E ({vocab} × {dim} = {table} parameters) instead of a second matrix of its own: {tied} parameters tied, {untied} untied.",
@@ -281,6 +285,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "empty_list": "{field}: the list is empty; type at least one id, e.g. {example}.",
         "not_an_id": "{field}: “{item}” is not a whole number; ids are 0 to {high}, e.g. {example}.",
         "id_out_of_range": "{field}: id {id} is out of range; the table has rows 0 to {high}.",
+        "article_ids_elsewhere": "ids: {ids} is the article's example: it reads rows 6 and 9 of the article's fragment, shown in part 8; this table has rows 0 to {high}.",
         "permutation_length": "permutation: it must list each id 0 to {high} once ({size} numbers), got {got}.",
         "permutation_repeat": "permutation: id {id} appears twice and {missing} is missing; list each id once.",
         "not_a_number": "{field}: “{text}” is not a number; write e.g. 0.4.",
@@ -512,22 +517,25 @@ _TEXT: dict[str, dict[str, str]] = {
         # ---- 8. tamaños reales
         "sizes_heading": "8. Los ids del propio artículo y los tamaños reales de la lección",
         "sizes_explain": (
-            "**Qué muestra:** la búsqueda del artículo [6, 9, 6] en una tabla de diez filas; luego "
-            "los tamaños de la lección: un vocabulario de V = 50 257 (el de GPT-2), anchura "
-            "d = 128 y posiciones aprendidas hasta block_size 64, todo con el propio `Embeddings` "
-            "del modelo; y lo que ahorra atar la salida a W_E. **Prueba:** otros ids por debajo de "
-            "50 257; una longitud mayor que 64. **Por qué:** una búsqueda lee filas, así que su "
-            "coste no crece con V; una tabla de posiciones aprendidas no tiene ninguna fila más "
-            "allá de block_size. Esta parte no lee la tabla compartida."
+            "**Qué muestra:** la búsqueda del artículo [6, 9, 6] en su fragmento de una tabla de "
+            "tres coordenadas; luego el ejemplo de la lección, V, d = 512, 128 y x = tok_emb(ids) "
+            "para [76, 299, 412], con el propio `Embeddings` del modelo; su h⁽⁰⁾ posterior "
+            "= x + W_P[0 .. T−1] con posiciones aprendidas hasta block_size 64; y lo que ahorra "
+            "atar la salida a W_E en GPT-2 small (V = 50 257, d = 768). **Prueba:** otros ids por "
+            "debajo de 512; una longitud mayor que 64. **Por qué:** una búsqueda lee filas, así "
+            "que su coste no crece con V; una tabla de posiciones aprendidas no tiene ninguna fila "
+            "más allá de block_size. Esta parte no lee la tabla compartida."
         ),
-        "sizes_ids": "Ids de token (de 0 a 50 256)",
+        "sizes_ids": "Ids de token (de 0 a 511)",
         "sizes_length": "Una secuencia de tantos tokens (de 1 a 128: el doble de block_size, para ver dónde se detiene)",
         "sizes_button": "Mostrar",
-        "sizes_long_table": "Una W_E de diez filas (filas 6 y 9 resaltadas)",
-        "sizes_article": "Los ids del artículo {ids}: filas 6, 9, 6; forma (3, 6)",
-        "sizes_article_note": "Las posiciones 0 y 2 leen la fila 6 (drewniany): el mismo vector dos veces; la posición 1 lee la fila 9 (okno).",
-        "sizes_real_result": "x = W_E[ids] + W_P[0 .. T−1] para los ids {ids}: forma {shape} (las primeras {shown} de 128 coordenadas)",
-        "sizes_real_note": "W_E es ({vocab}, {dim}) y W_P es ({block}, {dim}), inicializadas como en el entrenamiento (N(0; 0,02²)); la búsqueda solo lee las filas de los ids.",
+        "sizes_fragment": "El fragmento de W_E del artículo: filas 6 y 9, tres coordenadas cada una (separadas por punto y coma, como las escribe el artículo)",
+        "sizes_article": "Los ids del artículo {ids}: la primera, la segunda y otra vez la primera de las filas mostradas; forma ({t}, 3)",
+        "sizes_article_note": "Las posiciones 0 y 2 leen la fila 6: el mismo vector dos veces; la posición 1 lee la fila 9.",
+        "sizes_real_result": "El x = tok_emb(ids) de la lección para los ids {ids}: forma {shape}, sin posiciones (las primeras {shown} de {dim} coordenadas)",
+        "sizes_real_note": "Los tamaños de la lección V, d = {vocab}, {dim}: W_E es ({vocab}, {dim}), inicializada como en el entrenamiento (N(0; 0,02²)); la búsqueda solo lee las filas de los ids.",
+        "sizes_h0_result": "Después, h⁽⁰⁾ = x + W_P[0 .. T−1] para los ids {ids}: forma {shape} (las primeras {shown} de {dim} coordenadas)",
+        "sizes_h0_note": "W_P guarda posiciones aprendidas: ({block}, {dim}), una fila por posición hasta block_size {block}.",
         "sizes_fits": "Una secuencia de {t} tokens cabe: W_P tiene las filas 0 a {block} − 1.",
         "sizes_beyond": "Una secuencia de {t} tokens no cabe: W_P solo tiene las filas 0 a {block} − 1, así que el modelo la rechaza (su comprobación: T ≤ block_size = {block}).",
         "sizes_tying": "Atar los pesos: la salida de GPT-2 small reutiliza W_E ({vocab} × {dim} = {table} parámetros) en vez de una segunda matriz propia: {tied} parámetros atados, {untied} sin atar.",
@@ -536,6 +544,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "empty_list": "{field}: la lista está vacía; escribe al menos un id, p. ej. {example}.",
         "not_an_id": "{field}: «{item}» no es un número entero; los ids van de 0 a {high}, p. ej. {example}.",
         "id_out_of_range": "{field}: el id {id} está fuera de rango; la tabla tiene las filas 0 a {high}.",
+        "article_ids_elsewhere": "ids: {ids} es el ejemplo del artículo: lee las filas 6 y 9 del fragmento del artículo, en la parte 8; esta tabla tiene las filas 0 a {high}.",
         "permutation_length": "permutación: debe listar cada id de 0 a {high} una vez ({size} números), y tiene {got}.",
         "permutation_repeat": "permutación: el id {id} aparece dos veces y falta el {missing}; lista cada id una vez.",
         "not_a_number": "{field}: «{text}» no es un número; escribe p. ej. 0,4.",

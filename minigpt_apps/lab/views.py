@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import gradio as gr
 import numpy as np
@@ -48,10 +49,24 @@ def number(fields: dict, key: str, lang: str, **limits) -> float:
     return compute.parse_number(fields[key], field=key, decimal_comma=lang == "es", **limits)
 
 
+def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
+    """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (part 8's
+    fragment), not only as out of range."""
+    try:
+        return compute.parse_ids(text, vocab_size)
+    except LabInputError as error:
+        numbers = tuple(int(n) for n in re.findall(r"[0-9]+", str(text)))
+        if error.key == "id_out_of_range" and numbers == compute.ARTICLE_IDS:
+            raise LabInputError(
+                "article_ids_elsewhere", ids=compute.format_ids(numbers), high=vocab_size - 1
+            ) from None
+        raise
+
+
 def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
     vocab_size = len(state.vocab)
-    ids_T = compute.parse_ids(fields["lookup_ids"], vocab_size)
+    ids_T = lookup_ids(fields["lookup_ids"], vocab_size)
     x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     one_hot_TxV = compute.one_hot(ids_T, vocab_size)
     via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
@@ -469,79 +484,107 @@ def _gpt2_counts() -> tuple[int, int]:
     from minigpt_jax.model.config import GPTConfig
     from minigpt_jax.model.gpt import count_params
 
-    sizes = dict(vocab_size=compute.REAL_VOCAB, n_embd=compute.GPT2_DIM, n_head=12, n_layer=12)
+    sizes = dict(vocab_size=compute.GPT2_VOCAB, n_embd=compute.GPT2_DIM, n_head=12, n_layer=12)
     sizes.update(block_size=1024, pos_encoding="learned")
     tied = count_params(GPTConfig(**sizes, tie_embeddings=True))
     return tied, count_params(GPTConfig(**sizes, tie_embeddings=False))
 
 
+def semicolon_row(row_D, words: Words) -> str:
+    """A row's coordinates as the article writes them: "0.2; -0.4; 0.1" ("0,2; -0,4; 0,1")."""
+    return "; ".join(words.num(float(v), ".1f") for v in row_D)
+
+
+def _fragment_html(row_labels, rows_RxD, caption: str, words: Words, table_id: str) -> str:
+    """Rows written as the article writes them, one cell of semicolon-separated coordinates;
+    a label "…" marks rows the fragment leaves out."""
+    body = "".join(
+        f'<tr><th scope="row">{escape(label)}</th><td>{semicolon_row(row, words)}</td></tr>'
+        if row is not None
+        else '<tr><th scope="row">…</th><td>…</td></tr>'
+        for label, row in zip(row_labels, rows_RxD, strict=True)
+    )
+    return boxed(f'<table class="lab-table" id="{table_id}">{body}</table>', caption, words)
+
+
+def _grouped(value: int, words: Words) -> str:
+    return f"{value:,}".replace(",", words["thousands"])
+
+
 def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
-    """The article's [6, 9, 6] on ten rows; the lesson's sizes: V = 50,257, d = 128, learned
-    positions up to block_size 64, and GPT-2's tied table."""
+    """The article's [6, 9, 6] on its fragment of a three-coordinate table; the lesson's
+    V, d = 512, 128 and x = tok_emb(ids), then its h(0) with learned positions up to
+    block_size 64; GPT-2's tied table (V = 50,257, d = 768)."""
     words = TEXT[lang]
-    long_state = LabState(compute.LONG_TABLE_VxD, compute.LONG_VOCAB)
     article_T = np.asarray(compute.ARTICLE_IDS, np.int32)
-    ids_T = compute.parse_ids(fields["sizes_ids"], compute.REAL_VOCAB, limit=compute.MAX_IDS)
+    ids_T = compute.parse_ids(fields["sizes_ids"], compute.LESSON_VOCAB, limit=compute.MAX_IDS)
     length = compute.parse_int(
-        fields["sizes_length"], field="sizes_length", low=1, high=2 * compute.REAL_BLOCK
+        fields["sizes_length"], field="sizes_length", low=1, high=2 * compute.LESSON_BLOCK
     )
-    x_1xTxD = compute.real_lookup(ids_T)
-    shown = min(6, compute.REAL_DIM)
-    lookup = matrix_html(
-        x_1xTxD[0, :, :shown],
-        [f"t={t}: {i}" for t, i in enumerate(ids_T)],
-        [*range(shown)],
-        words=words,
-        caption=words.f(
-            "sizes_real_result",
-            ids=compute.format_ids(ids_T),
-            shape=f"(1, {len(ids_T)}, {compute.REAL_DIM})",
-            shown=shown,
-        ),
-        spec="+.4f",
-        table_id="sizes-real",
-    )
+    shown, dim = min(6, compute.LESSON_DIM), compute.LESSON_DIM
+    shape = f"(1, {len(ids_T)}, {dim})"
+    row_labels = [f"t={t}: {i}" for t, i in enumerate(ids_T)]
+    lookups = [
+        matrix_html(
+            x_1xTxD[0, :, :shown],
+            row_labels,
+            [*range(shown)],
+            words=words,
+            caption=words.f(key, ids=compute.format_ids(ids_T), shape=shape, shown=shown, dim=dim),
+            spec="+.4f",
+            table_id=table_id,
+        )
+        for key, x_1xTxD, table_id in (
+            ("sizes_real_result", compute.lesson_lookup(ids_T), "sizes-real"),
+            ("sizes_h0_result", compute.lesson_h0(ids_T), "sizes-h0"),
+        )
+    ]
     try:
-        compute.real_lookup(np.zeros(length, np.int32))
-        beyond = words.f("sizes_fits", t=length, block=compute.REAL_BLOCK)
+        compute.lesson_h0(np.zeros(length, np.int32))
+        beyond = words.f("sizes_fits", t=length, block=compute.LESSON_BLOCK)
         beyond_cls = "lab-ok"
     except ValueError:  # the model's own check decides; the page says it in its own words
-        beyond = words.f("sizes_beyond", t=length, block=compute.REAL_BLOCK)
+        beyond = words.f("sizes_beyond", t=length, block=compute.LESSON_BLOCK)
         beyond_cls = "lab-diff"
     tied, untied = _gpt2_counts()
-    table_size = compute.embedding_table_size(compute.REAL_VOCAB, compute.GPT2_DIM)
+    table_size = compute.embedding_table_size(compute.GPT2_VOCAB, compute.GPT2_DIM)
+    fragment = _fragment_html(
+        ["…", *map(str, compute.FRAGMENT_IDS[:1]), "…", *map(str, compute.FRAGMENT_IDS[1:]), "…"],
+        [None, compute.FRAGMENT_RxD[0], None, compute.FRAGMENT_RxD[1], None],
+        words["sizes_fragment"],
+        words,
+        "sizes-fragment",
+    )
+    x_TxD = compute.fragment_lookup(article_T)
+    article = _fragment_html(
+        [f"t={t}: {i}" for t, i in enumerate(article_T)],
+        x_TxD,
+        words.f("sizes_article", ids=compute.format_ids(article_T), t=len(article_T)),
+        words,
+        "sizes-article",
+    )
     html_parts = [
-        side(
-            table_html(long_state, words, caption=words["sizes_long_table"], rows_hl={6, 9}),
-            op("→"),
-            lookup_html(
-                long_state,
-                article_T,
-                words.f("sizes_article", ids=compute.format_ids(article_T)),
-                words,
-                rows_hl={0, 2},
-                table_id="sizes-article",
-            ),
-        ),
-        paragraph(words.f("sizes_article_note"), "lab-ok"),
-        lookup,
+        side(fragment, op("→"), article),
+        paragraph(words["sizes_article_note"], "lab-ok"),
+        lookups[0],
         paragraph(
             words.f(
                 "sizes_real_note",
-                vocab=f"{compute.REAL_VOCAB:,}".replace(",", words["thousands"]),
-                dim=compute.REAL_DIM,
-                block=compute.REAL_BLOCK,
+                vocab=_grouped(compute.LESSON_VOCAB, words),
+                dim=compute.LESSON_DIM,
             )
         ),
+        lookups[1],
+        paragraph(words.f("sizes_h0_note", block=compute.LESSON_BLOCK, dim=dim)),
         paragraph(beyond, beyond_cls),
         paragraph(
             words.f(
                 "sizes_tying",
-                vocab=f"{compute.REAL_VOCAB:,}".replace(",", words["thousands"]),
+                vocab=_grouped(compute.GPT2_VOCAB, words),
                 dim=compute.GPT2_DIM,
-                table=f"{table_size:,}".replace(",", words["thousands"]),
-                tied=f"{tied:,}".replace(",", words["thousands"]),
-                untied=f"{untied:,}".replace(",", words["thousands"]),
+                table=_grouped(table_size, words),
+                tied=_grouped(tied, words),
+                untied=_grouped(untied, words),
             ),
             "lab-big",
         ),
