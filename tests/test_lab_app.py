@@ -887,8 +887,20 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     page.field("sizes-length").send_keys("\n")
     page.wait_for("sizes-result", words.f("sizes_fits", t=64, block=64))
 
+    # Issue 39, defect 7: Gradio's "processing | 0.3s" (English) showed on every click.
+    page.js(
+        "window.seenProgress = [];"
+        "new MutationObserver(() => {"
+        "  for (const el of document.querySelectorAll('body *')) {"
+        "    if (!el.children.length && /processing/i.test(el.textContent)"
+        "        && el.checkVisibility({checkOpacity: true, checkVisibilityCSS: true}))"
+        "      window.seenProgress.push(el.textContent);"
+        "  }"
+        "}).observe(document.body, {subtree: true, childList: true, characterData: true});"
+    )
     page.click("step-button")
     page.wait_for("step-result", words.num(0.61, ".1%"))
+    assert page.js("return window.seenProgress;") == [], page.js("return window.seenProgress;")
     table = page.agree()
     grad_VxD, after_VxD, p0, p1 = _np_step(compute.TABLE_VxD.astype(np.float64), 0.4)
     np.testing.assert_allclose(_cells(page, "step-grad"), grad_VxD, atol=6e-5)

@@ -451,10 +451,9 @@ def build(lang: str = "en") -> gr.Blocks:
                     page.output_components(part, event),
                     trigger_mode=event.trigger_mode,
                     concurrency_limit=None,  # each tab's lock orders its own events
-                    show_progress="hidden"
-                    if event.kind != "click" or event.action is None
-                    else "minimal",
-                    show_progress_on=[components[f"{part.name}_result"]],
+                    # Gradio's tracker prints "processing | 0.3s" in English on every page;
+                    # a run says where it is in the page's words (steps_running).
+                    show_progress="hidden",
                 )
     return demo
 
