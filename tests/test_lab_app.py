@@ -910,6 +910,24 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     np.testing.assert_allclose(change, after_VxD[KAMIENNY] - compute.TABLE_VxD[KAMIENNY], atol=6e-5)
     np.testing.assert_allclose(table, after_VxD, atol=1e-6)
     assert (round(100 * p0, 1), round(100 * p1, 1)) == (47.0, 61.0)
+    # Issue 39, against the article: the two logits and the softmax above p and the loss.
+    figures = page.js(
+        "return [...document.querySelectorAll('#step-figures tr')].slice(1)"
+        ".map(r => [r.querySelector('th').textContent,"
+        " ...[...r.querySelectorAll('td')].map(c => c.textContent)]);"
+    )
+    assert [row[0] for row in figures[:2]] == [
+        "logit_zamek = w_zamek · x",
+        "logit_klucz = w_klucz · x",
+    ]
+    logits_2xC = np.array([[float(c.replace(",", ".")) for c in row[1:]] for row in figures[:2]])
+    output_2xD = compute.OUTPUT_WEIGHTS_2xD.astype(np.float64)
+    expected_2xC = np.stack(
+        [output_2xD @ compute.TABLE_VxD[KAMIENNY], output_2xD @ after_VxD[KAMIENNY]], 1
+    )
+    np.testing.assert_allclose(logits_2xC, expected_2xC, atol=6e-5)
+    softmax = [row for row in figures if row[0].startswith("p(klucz) = softmax")]
+    assert softmax == [[softmax[0][0], words.num(1 - p0, ".1%"), words.num(1 - p1, ".1%")]], figures
 
 
 @pytest.mark.slow

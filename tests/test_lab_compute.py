@@ -472,3 +472,35 @@ class ArticleAndLessonTest(chex.TestCase):
         with self.assertRaises(LabInputError) as raised:  # another id past the table: as before
             lookup_view(initial_state(), {"lookup_ids": "[7]"}, "en")
         self.assertEqual(raised.exception.key, "id_out_of_range")
+
+
+class StepFiguresTest(chex.TestCase):
+    def test_the_step_figures_show_the_logits_and_softmax_against_numpy(self):
+        """Issue 39, against the article: its step shows the two logits, the softmax,
+        p(klucz) and L = −ln p(zamek); the page showed p and the loss only."""
+        from minigpt_apps.lab.state import LabState
+        from minigpt_apps.lab.views import step_view
+
+        table_VxD = compute.TABLE_VxD.astype(np.float64)
+        moved_VxD = table_VxD.copy()
+        moved_VxD[KAMIENNY, :3] += [0.5, -0.25, 0.125]
+        for table in (table_VxD, moved_VxD):
+            logits_2 = compute.OUTPUT_WEIGHTS_2xD.astype(np.float64) @ table[KAMIENNY]
+            softmax_2 = np.exp(logits_2) / np.exp(logits_2).sum()
+            state = LabState(table.astype(np.float32), compute.VOCAB)
+            for lang, point in (("en", "."), ("es", ",")):
+                page = step_view(state, {}, lang)["step_result"]
+                figures = re.search(r'id="step-figures">(.*?)</table>', page).group(1)
+                rows = re.findall(r'<th scope="row">(.*?)</th><td>(.*?)</td>', figures)
+                shown = {label: value.replace(point, ".") for label, value in rows}
+                self.assertEqual(
+                    list(shown)[:2], ["logit_zamek = w_zamek · x", "logit_klucz = w_klucz · x"]
+                )
+                self.assertAlmostEqual(float(shown["logit_zamek = w_zamek · x"]), logits_2[0], 4)
+                self.assertAlmostEqual(float(shown["logit_klucz = w_klucz · x"]), logits_2[1], 4)
+                for word, p in zip(("zamek", "klucz"), softmax_2, strict=True):
+                    self.assertEqual(
+                        shown[f"p({word}) = softmax(logits)_{word}"], f"{100 * p:.1f}%"
+                    )
+                loss = [v for k, v in shown.items() if k.endswith("= −ln p(zamek)")]
+                self.assertEqual(loss, [f"{-np.log(softmax_2[0]):.3f}"])

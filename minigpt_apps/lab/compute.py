@@ -366,18 +366,24 @@ def sgd_step(table_VxD, output_2xD, input_id: int, learning_rate: float) -> Step
 
 
 class Stats(NamedTuple):
-    """p(target), the loss and the logit gap target - rival at one table."""
+    """p(target), the loss and the logit gap target - rival at one table; the two logits
+    (target, rival) and p(rival), the softmax's other half, that produce them."""
 
     p: float
     loss: float
     gap: float
+    logit_target: float = math.nan
+    logit_rival: float = math.nan
+    p_rival: float = math.nan
 
 
 def step_stats(table_VxD, output_2xD, input_id: int) -> Stats:
     logits_2 = two_logits(jnp.asarray(table_VxD), jnp.asarray(output_2xD), input_id)
     loss = -jax.nn.log_softmax(logits_2)[0]
     loss_64 = np.float64(loss)  # p as train_steps computes it, so the chart sees the same figure
-    return Stats(float(np.exp(-loss_64)), float(loss_64), float(logits_2[0] - logits_2[1]))
+    target, rival = (float(v) for v in logits_2)
+    p_rival = float(jax.nn.softmax(logits_2)[1])
+    return Stats(float(np.exp(-loss_64)), float(loss_64), target - rival, target, rival, p_rival)
 
 
 def step_gradient(table_VxD, output_2xD, input_id: int) -> np.ndarray:

@@ -199,11 +199,15 @@ def stats(state: LabState) -> compute.Stats:
 
 
 def _figures_html(columns: list[tuple[str, compute.Stats]], words: Words) -> str:
-    """p(target), the loss and the logit gap, one column per table (labels wrap on phones)."""
+    """The two logits, their softmax, the loss and the logit gap, one column per table (labels
+    wrap on phones), in the article's order."""
     names = step_words()
     rows = [
-        (words.f("step_p", **names), lambda s: words.num(s.p, ".1%")),
-        (words["step_loss"], lambda s: words.num(s.loss, ".3f")),
+        (words.f("step_logit", word=names["target"]), lambda s: words.num(s.logit_target, "+.4f")),
+        (words.f("step_logit", word=names["rival"]), lambda s: words.num(s.logit_rival, "+.4f")),
+        (words.f("step_softmax", word=names["target"]), lambda s: words.num(s.p, ".1%")),
+        (words.f("step_softmax", word=names["rival"]), lambda s: words.num(s.p_rival, ".1%")),
+        (words.f("step_loss_row", **names), lambda s: words.num(s.loss, ".3f")),
         (words.f("step_gap", **names), lambda s: words.num(s.gap, "+.4f")),
     ]
     head = "<tr><th></th>" + "".join(f"<th>{escape(name)}</th>" for name, _ in columns) + "</tr>"
@@ -286,7 +290,8 @@ def step_view(state: LabState, fields: dict, lang: str) -> dict:
     input_id = state.vocab.index(compute.STEP_INPUT)
     run = state.last_run
     if run is not None:
-        before = compute.Stats(run["p"], run["loss"], run["gap"])
+        before_VxD = np.asarray(run["before"], np.float32)  # the table the run started from
+        before = compute.step_stats(before_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id)
         title = words["step_before"] if run["n"] == 1 else words.f("steps_before", n=run["n"])
         columns = [(title, before), (words["step_now"], now)]
         changed = ", ".join(f"{i} {state.vocab[i]}" for i in run["rows"]) or "—"
