@@ -504,3 +504,71 @@ class StepFiguresTest(chex.TestCase):
                     )
                 loss = [v for k, v in shown.items() if k.endswith("= −ln p(zamek)")]
                 self.assertEqual(loss, [f"{-np.log(softmax_2[0]):.3f}"])
+
+
+class NumberFormatTest(chex.TestCase):
+    """Issue 39's loose number formats: "−0.0000" under a note saying Δw = 0, "5.441e+04
+    positions", `{lr:g}` beside four-decimal tables, lr 1e-46 shown as "0" unexplained, and
+    part 7's fields refusing each other's values."""
+
+    def test_a_value_that_rounds_to_zero_prints_without_a_minus(self):
+        from minigpt_apps.lab.text import number
+
+        grad_D = compute.step_gradient(compute.TABLE_VxD, compute.OUTPUT_WEIGHTS_2xD, KAMIENNY)
+        shown = [number(float(g), "+.4f", "en") for g in grad_D[KAMIENNY, 3:]]
+        self.assertEqual(shown, ["+0.0000"] * 3)  # Δw[3:] = 0
+        self.assertEqual(number(-4.4e-9, ".3f", "es"), "0,000")
+        self.assertEqual(number(-0.5, "+.4f", "en"), "-0.5000")
+        self.assertEqual(number(float("-inf"), "+.4f", "en"), "-inf")
+
+    def test_a_long_period_is_a_grouped_whole_number(self):
+        from minigpt_apps.lab.views import positions_view
+
+        fields = {
+            "positions_dim": "16",
+            "positions_pos": "5",
+            "positions_pair": "7",
+            "positions_length": "64",
+        }
+        period = 2 * math.pi * 10000 ** (14 / 16)  # 19,869.2
+        for lang, text in (("en", "19,869 positions"), ("es", "19\u202f869 posiciones")):
+            page = positions_view(None, fields, lang)["positions_result"]
+            self.assertIn(text, page)
+            self.assertNotIn("e+04", page)
+        self.assertEqual(round(period), 19_869)
+
+    def test_the_learning_rate_in_a_caption_is_a_plain_decimal(self):
+        from minigpt_apps.lab.state import LabState
+        from minigpt_apps.lab.views import _applied_html
+
+        state = LabState(compute.TABLE_VxD, compute.VOCAB)
+        run = {"grad": np.zeros((6, 6)), "lr": 1e-5, "n": 1, "rows": [], "before": state.table_VxD}
+        self.assertIn("lr = 0.00001 times it", _applied_html(state, run, TEXT["en"]))
+        self.assertIn("la tasa = 0,00001 por él", _applied_html(state, run, TEXT["es"]))
+
+    def test_a_learning_rate_that_rounds_to_zero_in_float32_is_refused_saying_so(self):
+        with self.assertRaises(LabInputError) as raised:
+            compute.parse_number("1e-46", field="step_lr")
+        text = raised.exception.localized("en")
+        self.assertIn("rounds to 0 in float32", text)
+        self.assertIn("1.4e-45", text)
+        self.assertIn("1,4e-45", raised.exception.localized("es"))
+        self.assertEqual(compute.parse_number("-0", field="step_lr"), 0.0)  # 0 is 0, not refused
+
+    def test_part_7_moves_a_position_or_pair_past_the_others_and_says_so(self):
+        from minigpt_apps.lab.views import positions_view
+
+        fields = {
+            "positions_dim": "8",
+            "positions_pos": "70",
+            "positions_pair": "9",
+            "positions_length": "64",
+        }
+        page = positions_view(None, fields, "en")["positions_result"]
+        self.assertIn("so position 63 is used", page)
+        self.assertIn("so pair 3 is used instead of 9", page)
+        sin, cos = np.sin(63 * 10000 ** (-6 / 8)), np.cos(63 * 10000 ** (-6 / 8))
+        self.assertIn(f"PE(63, 6) = sin(63·ω) = {sin:+.4f}", page)
+        self.assertIn(f"PE(63, 7) = cos(63·ω) = {cos:+.4f}", page)
+        spanish = positions_view(None, fields, "es")["positions_result"]
+        self.assertIn("se usa la posición 63", spanish)

@@ -70,6 +70,7 @@ class LabInputError(ValueError):
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only (\d would take ٣ and ３)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).smallest_subnormal)  # ≈ 1.4e-45
 
 # Limits that keep every part of the page responsive (each named in its message).
 MAX_CHARS = 1_000  # characters in one text field
@@ -164,7 +165,8 @@ def parse_number(
     """A number in [low, high] from a text field, rounded to the float32 the table holds.
 
     Checked after the rounding, so a value that is finite in float64 but not in float32 (1e39) is
-    refused. `decimal_comma` also reads 0,4 as 0.4 (the Spanish page)."""
+    refused, and so is one that rounds to 0 (1e-46: float32's smallest is ≈ 1.4e-45).
+    `decimal_comma` also reads 0,4 as 0.4 (the Spanish page)."""
     raw = _check_length(text, field).strip()
     spelled = raw.replace(",", ".") if decimal_comma and raw.count(",") == 1 else raw
     try:
@@ -178,6 +180,8 @@ def parse_number(
         rounded = float(np.float32(value))
     if not math.isfinite(value) or not math.isfinite(rounded):
         raise LabInputError("not_finite", field=field, text=_short(raw))
+    if value != 0 and rounded == 0:  # 1e-46: below float32's smallest subnormal
+        raise LabInputError("rounds_to_zero", field=field, text=_short(raw), smallest=_FLOAT32_TINY)
     if not low <= value <= high:
         raise LabInputError(
             "number_out_of_bounds", field=field, text=_short(raw), low=low, high=high

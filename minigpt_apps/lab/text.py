@@ -15,10 +15,14 @@ LANGUAGES = ("en", "es")
 
 def number(value, spec: str, lang: str) -> str:
     """format(value, spec) as `lang` prints it: "0,755" and "47,0%" in Spanish, as the article
-    writes them; -0.0 prints as 0."""
+    writes them; -0.0, and a negative value that rounds to zero (-4e-9 as "-0.0000"), print
+    as 0 ("+0.0000" where the spec asks for a sign)."""
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         value = float(value) + 0.0
     text = format(value, spec)
+    mantissa = text.split("e")[0].split("E")[0]
+    if text.startswith("-") and "0" in mantissa and not any(d in mantissa for d in "123456789"):
+        text = ("+" if "+" in spec else "") + text[1:]
     if lang == "es":
         text = text.replace(".", ",")
     return text
@@ -177,8 +181,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "stop_button": "Stop",
         "step_lr_zero": "The learning rate is 0: the table did not move, yet the step counts (lr × gradient = 0).",
         "step_chart_alt": "Chart of p({target}) and the loss over {n} points: p({target}) from {first:.3f} to {last:.3f}, loss now {loss:.3f}.",
-        "step_grad_applied": "The gradient dloss/dW_E at the table before the step; the step subtracted lr = {lr:g} times it",
-        "steps_grad_applied": "The gradient dloss/dW_E of the first of the {n} steps; each step takes its own at its table and subtracts lr = {lr:g} times it",
+        "step_grad_applied": "The gradient dloss/dW_E at the table before the step; the step subtracted lr = {lr} times it",
+        "steps_grad_applied": "The gradient dloss/dW_E of the first of the {n} steps; each step takes its own at its table and subtracts lr = {lr} times it",
         "step_row_caption": "Row {row} ({word}) before → after the {n} step(s)",
         "step_row_before": "before",
         "step_row_change": "change (−lr × gradient)",
@@ -247,10 +251,12 @@ _TEXT: dict[str, dict[str, str]] = {
         ),
         "positions_values": (
             "ω_{pair} = 1/10000^(2·{pair}/{dim}) = {omega:.4g} rad per position (one turn every "
-            "{period:.4g} positions). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
+            "{period} positions). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
             "PE({pos}, {odd}) = cos({pos}·ω) = {cos:+.4f}."
         ),
         "positions_heatmap": "The sinusoidal table: position × dimension",
+        "positions_pos_clamped": "Position {typed} is past the {length} positions shown (0 to {pos}), so position {pos} is used; show more positions to reach it.",
+        "positions_pair_clamped": "Width D = {dim} has pairs 0 to {pair}, so pair {pair} is used instead of {typed}; a wider D reaches it.",
         "positions_heatmap_alt": "Heatmap of the sinusoidal position table, {length} positions × {dim} dimensions, the chosen pair outlined.",
         "positions_dimension": "dimension (pairs 2i, 2i+1: sin, cos)",
         "positions_position": "position",
@@ -299,6 +305,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "too_many_words": "sentence: {got} words; the limit is {limit} per sentence.",
         "table_not_finite": "the result would leave float32's range (nan or ±inf in W_E); use a smaller learning rate or value.",
         "not_finite": "{field}: {text} is not a finite number in float32; write e.g. 0.4.",
+        "rounds_to_zero": "{field}: {text} rounds to 0 in float32 (its smallest non-zero value is ≈ {smallest:.2g}); type 0 for no change, or a larger value.",
         "not_an_integer": "{field}: “{text}” is not a whole number; use {low} to {high}.",
         "out_of_bounds": "{field}: {value} is out of range; use {low} to {high}.",
         "odd_width": "width D: {value} is odd; the sinusoids come in (sin, cos) pairs, so use an even width such as {even}.",
@@ -438,8 +445,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "stop_button": "Detener",
         "step_lr_zero": "La tasa es 0: la tabla no se movió, pero el paso cuenta (tasa × gradiente = 0).",
         "step_chart_alt": "Gráfica de p({target}) y la pérdida en {n} puntos: p({target}) de {first:.3f} a {last:.3f}, pérdida ahora {loss:.3f}.",
-        "step_grad_applied": "El gradiente dpérdida/dW_E en la tabla de antes del paso; el paso restó la tasa = {lr:g} por él",
-        "steps_grad_applied": "El gradiente dpérdida/dW_E del primero de los {n} pasos; cada paso toma el suyo en su tabla y resta la tasa = {lr:g} por él",
+        "step_grad_applied": "El gradiente dpérdida/dW_E en la tabla de antes del paso; el paso restó la tasa = {lr} por él",
+        "steps_grad_applied": "El gradiente dpérdida/dW_E del primero de los {n} pasos; cada paso toma el suyo en su tabla y resta la tasa = {lr} por él",
         "step_row_caption": "Fila {row} ({word}) antes → después de {n} paso(s)",
         "step_row_before": "antes",
         "step_row_change": "cambio (−tasa × gradiente)",
@@ -509,10 +516,12 @@ _TEXT: dict[str, dict[str, str]] = {
         ),
         "positions_values": (
             "ω_{pair} = 1/10000^(2·{pair}/{dim}) = {omega:.4g} rad por posición (una vuelta cada "
-            "{period:.4g} posiciones). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
+            "{period} posiciones). PE({pos}, {even}) = sin({pos}·ω) = {sin:+.4f}; "
             "PE({pos}, {odd}) = cos({pos}·ω) = {cos:+.4f}."
         ),
         "positions_heatmap": "La tabla sinusoidal: posición × dimensión",
+        "positions_pos_clamped": "La posición {typed} queda fuera de las {length} posiciones mostradas (de 0 a {pos}), así que se usa la posición {pos}; muestra más posiciones para llegar a ella.",
+        "positions_pair_clamped": "Con anchura D = {dim} hay pares de 0 a {pair}, así que se usa el par {pair} en vez del {typed}; una D más ancha llega a él.",
         "positions_heatmap_alt": "Mapa de calor de la tabla sinusoidal de posiciones, {length} posiciones × {dim} dimensiones, con el par elegido recuadrado.",
         "positions_dimension": "dimensión (pares 2i, 2i+1: sin, cos)",
         "positions_position": "posición",
@@ -561,6 +570,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "too_many_words": "frase: {got} palabras; el límite es {limit} por frase.",
         "table_not_finite": "el resultado saldría del rango de float32 (nan o ±inf en W_E); usa una tasa o un valor menor.",
         "not_finite": "{field}: {text} no es un número finito en float32; escribe p. ej. 0,4.",
+        "rounds_to_zero": "{field}: {text} se redondea a 0 en float32 (su menor valor distinto de cero es ≈ {smallest:.2g}); escribe 0 para no cambiar nada, o un valor mayor.",
         "not_an_integer": "{field}: «{text}» no es un número entero; usa de {low} a {high}.",
         "out_of_bounds": "{field}: {value} está fuera de rango; usa de {low} a {high}.",
         "odd_width": "anchura D: {value} es impar; las sinusoides van en pares (sin, cos), así que usa una anchura par como {even}.",

@@ -242,6 +242,17 @@ def _chart_html(state: LabState, now: compute.Stats, words: Words) -> str:
     return plot_html(chart_svg(points, words), alt, words.lang, "step-chart")
 
 
+def lr_text(learning_rate: float, words: Words) -> str:
+    """The learning rate a step used (float32) as a plain decimal, like the tables beside it
+    ("0.00001", not "1e-05"); below 1e-6 in scientific notation, where a decimal would be
+    long."""
+    value = np.float32(learning_rate)
+    if value != 0 and abs(value) < 1e-6:
+        return words.num(float(value), ".3e")
+    plain = np.format_float_positional(value, unique=True, trim="-")
+    return plain.replace(".", ",") if words.lang == "es" else plain
+
+
 def _applied_html(state: LabState, run: dict, words: Words) -> str:
     """The gradient the run's first step subtracted and each changed row before → after."""
     grad_VxD = np.asarray(run["grad"], np.float32)
@@ -252,9 +263,9 @@ def _applied_html(state: LabState, run: dict, words: Words) -> str:
             labels(state),
             range(grad_VxD.shape[1]),
             words=words,
-            caption=words.f("step_grad_applied", lr=run["lr"])
+            caption=words.f("step_grad_applied", lr=lr_text(run["lr"], words))
             if run["n"] == 1
-            else words.f("steps_grad_applied", lr=run["lr"], n=run["n"]),
+            else words.f("steps_grad_applied", lr=lr_text(run["lr"], words), n=run["n"]),
             rows_hl=grad_rows,
             spec="+.4f",
             table_id="step-grad",
@@ -437,6 +448,14 @@ def context_view(state: LabState, fields: dict, lang: str) -> dict:
     return {"context_result": result, **figures}
 
 
+def period_text(period: float, words: Words) -> str:
+    """Positions per turn as a learner reads them: 4 significant digits below 1,000, a grouped
+    whole number from there ("54,410", not "5.441e+04")."""
+    if period < 1000:
+        return words.num(period, ".4g")
+    return _grouped(round(period), words)
+
+
 def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
     dim = compute.parse_int(fields["positions_dim"], field="width", low=2, high=MAX_POSITIONS)
@@ -447,15 +466,27 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
     length = compute.parse_int(
         fields["positions_length"], field="length", low=2, high=MAX_POSITIONS
     )
-    pos = compute.parse_int(fields["positions_pos"], field="position", low=0, high=length - 1)
-    pair = compute.parse_int(fields["positions_pair"], field="pair", low=0, high=dim // 2 - 1)
+    # A position past the positions shown, or a pair past the width, is moved to the last one
+    # and the page says so (the fields no longer refuse each other's values).
+    typed_pos = compute.parse_int(
+        fields["positions_pos"], field="position", low=0, high=MAX_POSITIONS - 1
+    )
+    typed_pair = compute.parse_int(
+        fields["positions_pair"], field="pair", low=0, high=MAX_POSITIONS // 2 - 1
+    )
+    pos, pair = min(typed_pos, length - 1), min(typed_pair, dim // 2 - 1)
+    notes = []
+    if pos != typed_pos:
+        notes.append(words.f("positions_pos_clamped", typed=typed_pos, length=length, pos=pos))
+    if pair != typed_pair:
+        notes.append(words.f("positions_pair_clamped", typed=typed_pair, dim=dim, pair=pair))
     values = compute.position_pair(pos, pair, dim)
     text = words.f(
         "positions_values",
         pair=pair,
         dim=dim,
         omega=values.omega,
-        period=values.period,
+        period=period_text(values.period, words),
         pos=pos,
         even=2 * pair,
         odd=2 * pair + 1,
@@ -464,7 +495,9 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
     )
     heatmap = words.f("positions_heatmap_alt", length=length, dim=dim)
     return {
-        "positions_result": view(None, paragraph(text, "lab-big")),
+        "positions_result": view(
+            None, *(paragraph(note, "lab-diff") for note in notes), paragraph(text, "lab-big")
+        ),
         "positions_heatmap": plot_html(
             heatmap_figure(length, dim, pos, pair, words), heatmap, lang, "positions-heatmap"
         ),
