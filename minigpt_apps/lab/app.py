@@ -107,6 +107,9 @@ def _render(part: Part, state: LabState, fields: dict, lang: str, *, own: bool) 
         return {f"{part.name}_result": view(state, error_html(error, lang)), **cleared}
 
 
+_PART_NAMES = tuple(part.name for part in PARTS)
+
+
 class Tab:
     """One browser tab's table on the server, its events' turns, the flag that stops its run,
     and what its outputs show now (sent again only when they change).
@@ -241,7 +244,7 @@ class Page(NamedTuple):
                     )
                     if new_state is not None:
                         tab.state = state = new_state
-                    yield self.changed(tab, out, self.components[f"{part.name}_message"])
+                    yield self.changed(tab, out)
             except LabInputError as error:
                 yield {self.components[f"{part.name}_message"]: error_html(error, self.lang)}
             except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
@@ -254,13 +257,15 @@ class Page(NamedTuple):
 
         return handle
 
-    def changed(self, tab: Tab, out: dict, message) -> dict:
+    def changed(self, tab: Tab, out: dict) -> dict:
         """The outputs whose HTML differs from what the tab shows (the rest are not sent); the
-        part's message always goes (Gradio takes an empty dict for a missing value)."""
+        messages always go (errors are written beside this record, and Gradio takes an empty
+        dict for a missing value)."""
+        messages = {self.components[f"{name}_message"] for name in ("table", *_PART_NAMES)}
         sent = {}
         for component, value in out.items():
             key = component._id
-            if isinstance(value, str) and component is not message:
+            if isinstance(value, str) and component not in messages:
                 if tab.shown.get(key) == value:
                     continue
                 tab.shown[key] = value
@@ -290,13 +295,16 @@ class Page(NamedTuple):
         used[part.name] = {w.key: fields[w.key] for w in _widgets(part.layout) if w.key in fields}
         out.update(extra)
         out = {key: value for key, value in out.items() if key not in event.keep}
+        if new_state is not None:  # no other part's message outlives the table it spoke of
+            out.update({f"{name}_message": "" for name in ("table", *_PART_NAMES)})
         if note is not None:  # None: the message shown stays (a slider event that changed nothing)
             out[f"{part.name}_message"] = note
         return {self.components[key]: value for key, value in out.items() if key in self.components}
 
     def output_components(self, part: Part, event: Event | None = None) -> list:
         """Everything an event of `part` may write: for one that may change the table, the
-        table, every view and widget and its message; for one that only shows (it never
+        table, every view and widget and every part's message (a change of the table clears the
+        others', which spoke of the table before); for one that only shows (it never
         changes the table), its own part's outputs and widgets alone, so that the other parts
         stay usable while it runs."""
         if event is not None and event.action is None:
@@ -305,8 +313,7 @@ class Page(NamedTuple):
             own = {f"{part.name}_result", f"{part.name}_message", *part.plots}
             own.update(w.key for w in _widgets(part.layout) if w.default is not None)
             return [c for key, c in self.components.items() if key in own]
-        skip = {f"{other.name}_message" for other in PARTS if other is not part}
-        return [c for key, c in self.components.items() if key not in skip]
+        return list(self.components.values())
 
 
 def _heading(part: Part, words: Words) -> str:
