@@ -31,7 +31,8 @@ def show_action(state, fields, lang):
 
 def rename_action(state: LabState, fields: dict, lang: str):
     """Renaming ids and rows together is applied to the shared table; then π's inverse and the
-    renamed ids fill the fields, so pressing Rename again undoes it."""
+    renamed ids fill the fields, so pressing Rename again undoes it; parts 1 and 3's ids (and
+    the edited row) are renamed too, so they read the same words as before."""
     words = TEXT[lang]
     ids_T, perm_V, mode = rename_inputs(state, fields)
     if mode != "both":
@@ -49,8 +50,33 @@ def rename_action(state: LabState, fields: dict, lang: str):
     extra = {
         "rename_ids": compute.format_ids(result.renamed_ids_T),
         "rename_perm": compute.format_ids(inverse_V),
+        **_renamed_fields(fields, perm_V),
     }
+    if {"lookup_ids", "edit_ids", "edit_row"} <= extra.keys():
+        note += " " + words.f(
+            "rename_fields_mapped",
+            lookup=extra["lookup_ids"],
+            edit=extra["edit_ids"],
+            row=extra["edit_row"],
+        )
     return new_state, paragraph(note, "lab-ok"), extra
+
+
+def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
+    """Parts 1 and 3's ids (and the edited row) renamed by π, so that after a rename they read
+    the same words as before; a field that does not hold valid ids is left as it is."""
+    renamed = {}
+    for key in ("lookup_ids", "edit_ids"):
+        try:
+            renamed[key] = compute.format_ids(perm_V[compute.parse_ids(fields[key], len(perm_V))])
+        except (compute.LabInputError, KeyError):
+            pass
+    try:
+        row = compute.parse_int(fields["edit_row"], field="row", low=0, high=len(perm_V) - 1)
+        renamed["edit_row"] = str(int(perm_V[row]))
+    except (compute.LabInputError, KeyError):
+        pass
+    return renamed
 
 
 def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_same=False):

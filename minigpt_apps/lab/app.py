@@ -289,11 +289,18 @@ class Page(NamedTuple):
             out["table"] = shared_table_html(new_state, TEXT[self.lang])
             for other in PARTS:
                 if other.reads_table and other is not part and not frame:
-                    shown = {**fields, **used.get(other.name, {})}
-                    out.update(_render(other, new_state, shown, self.lang, own=False))
+                    keys = {w.key for w in _widgets(other.layout)}
+                    shown = {
+                        **used.get(other.name, {}),
+                        **{k: extra[k] for k in keys & extra.keys()},
+                    }
+                    used[other.name] = shown  # the fields the action set (a rename's ids) shown
+                    out.update(_render(other, new_state, {**fields, **shown}, self.lang, own=False))
         out.update(_render(part, new_state or state, fields, self.lang, own=True))
         used[part.name] = {w.key: fields[w.key] for w in _widgets(part.layout) if w.key in fields}
-        out.update(extra)
+        for key, value in extra.items():  # a value set beside a view's update (choices) joins it
+            shown = out.get(key)
+            out[key] = gr.update(**{**shown, "value": value}) if isinstance(shown, dict) else value
         out = {key: value for key, value in out.items() if key not in event.keep}
         if new_state is not None:  # no other part's message outlives the table it spoke of
             out.update({f"{name}_message": "" for name in ("table", *_PART_NAMES)})

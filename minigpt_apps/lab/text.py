@@ -124,6 +124,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_after − x_before| = {diff:g}: the result changed, because only one side was renamed.",
         "rename_applied": "Applied (max |x_after − x_before| = {diff:g}): the shared table and its vocabulary now use the new ids, “{word}” is id {id}. The fields now hold π's inverse and the renamed ids: press Rename again to undo.",
         "rename_not_applied": "This was a what-if: the shared table is unchanged.",
+        "rename_fields_mapped": "Parts 1 and 3 keep their words: their ids were renamed by π too (lookup {lookup}, edit {edit}, row {row}).",
         # ---- 3. edit
         "edit_heading": "3. Edit a coordinate: every occurrence of that token changes, nothing else",
         "edit_explain": (
@@ -377,6 +378,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_después − x_antes| = {diff:g}: el resultado cambia, porque solo se renombró un lado.",
         "rename_applied": "Aplicado (max |x_después − x_antes| = {diff:g}): la tabla compartida y su vocabulario usan ahora los ids nuevos, «{word}» es el id {id}. Los campos tienen ahora la inversa de π y los ids renombrados: pulsa Renombrar otra vez para deshacerlo.",
         "rename_not_applied": "Esto era un supuesto: la tabla compartida no cambia.",
+        "rename_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids también se renombraron con π (búsqueda {lookup}, edición {edit}, fila {row}).",
         # ---- 3. editar
         "edit_heading": "3. Editar una coordenada: cambia cada aparición de ese token, nada más",
         "edit_explain": (
