@@ -366,7 +366,8 @@ def _build_part(part: Part, components: dict, start: LabState, lang: str) -> Non
 
 # The page's script (in <head>, before Gradio's own): Gradio's words in the page's language
 # (it reads navigator.language), <html lang>, the aria-labels Gradio writes in English, one name
-# per radio group, live messages, and a mark on each table wrapper that scrolls sideways.
+# per radio group and its label as its name, live messages, a mark and a Tab stop on each table
+# wrapper that scrolls sideways (only those), and the slider's value as aria-valuetext.
 _PAGE_JS = """<script>
 (() => {
   const LANG = "__LANG__";
@@ -386,6 +387,14 @@ _PAGE_JS = """<script>
       group.querySelectorAll("input[type=radio]").forEach((radio) => {
         if (radio.name !== name) radio.name = name;
       });
+      const info = group.querySelector("[data-testid=block-info]");
+      if (info) {
+        if (!info.id) info.id = name + "-label";
+        if (group.getAttribute("aria-labelledby") !== info.id) {
+          group.setAttribute("aria-labelledby", info.id);
+          group.setAttribute("role", "radiogroup");
+        }
+      }
     });
     document.querySelectorAll("[aria-label]").forEach((element) => {
       const label = element.getAttribute("aria-label");
@@ -400,9 +409,23 @@ _PAGE_JS = """<script>
       if (!element.hasAttribute("aria-live")) element.setAttribute("aria-live", "polite");
     });
     document.querySelectorAll(".lab-scroll").forEach((wrap) => {
-      wrap.classList.toggle("lab-overflows", wrap.scrollWidth > wrap.clientWidth + 1);
+      const overflows = wrap.scrollWidth > wrap.clientWidth + 1;
+      wrap.classList.toggle("lab-overflows", overflows);
+      if (overflows && wrap.getAttribute("tabindex") !== "0") wrap.setAttribute("tabindex", "0");
+      if (!overflows && wrap.hasAttribute("tabindex")) wrap.removeAttribute("tabindex");
     });
+    sayValue();
   };
+  const sayValue = () => {  // the slider's value as the page prints it: "+0.810", "+0,810"
+    const range = document.querySelector("#edit-slider input[type=range]");
+    if (!range) return;
+    const value = Number(range.value);
+    let text = (value < 0 ? "-" : "+") + Math.abs(value).toFixed(3);
+    if (LANG === "es") text = text.replace(".", ",");
+    if (range.getAttribute("aria-valuetext") !== text) range.setAttribute("aria-valuetext", text);
+  };
+  document.addEventListener("input", sayValue, true);
+  setInterval(sayValue, 250);  // values the server sets change no attribute the observer sees
   let queued = false;
   const later = () => {
     if (queued) return;

@@ -188,6 +188,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_grad": "The gradient dloss/dW_E at the current table (only the row read is non-zero)",
         "step_rows": "Rows changed by the step: {rows}; the other rows are bit-identical.",
         "step_outputs": "Frozen output vectors",
+        "step_figures_label": "The step's figures, one column per table",
         "reset_done": "The table is the article's again (ids, rows and steps reset).",
         # ---- 5. token map
         "map_heading": "5. The token map: the six vectors, moving as the table changes",
@@ -442,6 +443,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_grad": "El gradiente dpérdida/dW_E en la tabla actual (solo la fila leída es distinta de cero)",
         "step_rows": "Filas que cambió el paso: {rows}; las demás filas son idénticas bit a bit.",
         "step_outputs": "Vectores de salida congelados",
+        "step_figures_label": "Las cifras del paso, una columna por tabla",
         "reset_done": "La tabla vuelve a ser la del artículo (ids, filas y pasos restablecidos).",
         # ---- 5. mapa de tokens
         "map_heading": "5. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
