@@ -16,6 +16,7 @@ from minigpt_apps.lab.views import edit_cell, number, rename_inputs, stats
 
 RUN_FRAMES = 20  # chunks of one run of N steps: where it may stop, and the most frames it shows
 FRAME_SECONDS = 0.25  # the least time between two frames of a run (the page renders each one)
+MAX_PACE = 1000.0  # steps a second a learner may ask for (0: as fast as the machine goes)
 
 # action(state, fields, lang) -> (new state or None if unchanged, note HTML, {widget key: value})
 # or an iterator of such triples (a run of steps, shown as it goes). A FRAME key in the widget
@@ -126,10 +127,13 @@ def _learning_rate(fields: dict, lang: str) -> float:
     return number(fields, "step_lr", lang, low=-limit, high=limit)
 
 
-def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) -> Iterator:
-    """n steps in up to RUN_FRAMES chunks, yielding the state after a chunk when FRAME_SECONDS
-    have passed since the last frame (and after the last chunk); `stop()` true ends the run
-    after the chunk in progress."""
+def _run(
+    state: LabState, n: int, learning_rate: float, lang: str, stop=None, pace: float = 0.0
+) -> Iterator:
+    """n steps in up to RUN_FRAMES chunks, or at a `pace` of steps a second in chunks of at
+    least FRAME_SECONDS' steps, each lasting its steps' time; a chunk's state is yielded when
+    FRAME_SECONDS have passed since the last frame (and after the last chunk). `stop()` true
+    ends the run after the chunk in progress (a paced run's also while it waits)."""
     words = TEXT[lang]
     input_id = state.vocab.index(compute.STEP_INPUT)
     before = stats(state)
@@ -145,10 +149,10 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
         before=state.table_VxD.tolist(),
     )
     start_VxD, history, done = state.table_VxD, list(state.history), 0
-    chunk = max(1, math.ceil(n / RUN_FRAMES))
+    chunk = max(1, math.ceil(pace * FRAME_SECONDS) if pace else math.ceil(n / RUN_FRAMES))
     shown_at = -math.inf
     while done < n:
-        size = min(chunk, n - done)
+        size, started_at = min(chunk, n - done), time.monotonic()
         run = compute.train_steps(
             state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate, size
         )
@@ -169,6 +173,9 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
             tuple(history[-10 * compute.MAX_STEPS :]),
             {**last_run, "n": done, "rows": rows},
         )
+        due = started_at + size / pace if pace else 0.0  # the chunk's steps at the pace
+        while done < n and time.monotonic() < due and not (stop is not None and stop()):
+            time.sleep(min(0.05, max(0.0, due - time.monotonic())))
         stopped = stop is not None and stop() and done < n
         last = done == n or stopped
         if not last and time.monotonic() - shown_at < FRAME_SECONDS:
@@ -191,7 +198,9 @@ def step_action(state: LabState, fields: dict, lang: str, stop=None):
 
 def steps_action(state: LabState, fields: dict, lang: str, stop=None):
     n = compute.parse_int(fields["step_n"], field="steps", low=1, high=compute.MAX_STEPS)
-    return _run(state, n, _learning_rate(fields, lang), lang, stop)
+    learning_rate = _learning_rate(fields, lang)
+    pace = number(fields, "step_pace", lang, low=0.0, high=MAX_PACE)
+    return _run(state, n, learning_rate, lang, stop, pace)
 
 
 def reset_action(state: LabState, fields: dict, lang: str):

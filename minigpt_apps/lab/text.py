@@ -160,6 +160,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_lr": "Learning rate (|lr| ≤ 10)",
         "step_button": "Take a training step",
         "step_n": "N steps (1–500)",
+        "step_pace": "Pace: steps a second (0 = as fast as it can, ≤ 1000)",
         "steps_button": "Take N steps",
         "reset_button": "Reset the table",
         "step_p": "p({target})",
@@ -314,6 +315,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_sentence": "sentence",
         "field_edit_value": "value",
         "field_step_lr": "learning rate",
+        "field_step_pace": "pace",
     },
     "es": {
         # ---- página
@@ -415,6 +417,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_lr": "Tasa de aprendizaje (|tasa| ≤ 10; 0,4 vale)",
         "step_button": "Dar un paso de entrenamiento",
         "step_n": "N pasos (1–500)",
+        "step_pace": "Ritmo: pasos por segundo (0 = lo más rápido posible, ≤ 1000)",
         "steps_button": "Dar N pasos",
         "reset_button": "Restablecer la tabla",
         "step_p": "p({target})",
@@ -571,6 +574,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_sentence": "frase",
         "field_edit_value": "valor",
         "field_step_lr": "tasa de aprendizaje",
+        "field_step_pace": "ritmo",
     },
 }
 
