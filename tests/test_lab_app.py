@@ -1075,4 +1075,10 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
         page.agree()
     except Exception as error:  # noqa: BLE001 - listed with the others
         problems.append(f"Stop was not seen stopping a run: {str(error)[:300]}")
+
+    # 2. Reset after the rename: the ids go back with the table's, still the same words.
+    page.click("reset-button")
+    page.wait_for("lookup-result", "t=0: 0 oto", "t=1: 1 kamienny", "t=2: 0 oto")
+    page.wait_for("edit-slider", "W_E[1, 3] (kamienny)")
+    assert page.field("lookup-ids").get_attribute("value") == "[0, 1, 0]"
     assert problems == [], "\n".join(problems)

@@ -53,14 +53,16 @@ def rename_action(state: LabState, fields: dict, lang: str):
         "rename_perm": compute.format_ids(inverse_V),
         **_renamed_fields(fields, perm_V),
     }
-    if {"lookup_ids", "edit_ids", "edit_row"} <= extra.keys():
-        note += " " + words.f(
-            "rename_fields_mapped",
-            lookup=extra["lookup_ids"],
-            edit=extra["edit_ids"],
-            row=extra["edit_row"],
-        )
+    note += _mapped_note(extra, "rename_fields_mapped", lang)
     return new_state, paragraph(note, "lab-ok"), extra
+
+
+def _mapped_note(renamed: dict, key: str, lang: str) -> str:
+    """The sentence that says what parts 1 and 3's ids became (empty if a field was left)."""
+    if not {"lookup_ids", "edit_ids", "edit_row"} <= renamed.keys():
+        return ""
+    lookup, edit, row = renamed["lookup_ids"], renamed["edit_ids"], renamed["edit_row"]
+    return " " + TEXT[lang].f(key, lookup=lookup, edit=edit, row=row)
 
 
 def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
@@ -204,7 +206,14 @@ def steps_action(state: LabState, fields: dict, lang: str, stop=None):
 
 
 def reset_action(state: LabState, fields: dict, lang: str):
-    return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}
+    """The article's table; after renames, parts 1 and 3's ids go back with the table's, so
+    they read the same words as before."""
+    back_V = np.array([compute.VOCAB.index(word) for word in state.vocab])
+    if np.array_equal(back_V, np.arange(len(back_V))):
+        return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}
+    extra = _renamed_fields(fields, back_V)
+    note = TEXT[lang]["reset_done"] + _mapped_note(extra, "reset_fields_mapped", lang)
+    return initial_state(), paragraph(note, "lab-ok"), extra
 
 
 def equal_action(state: LabState, fields: dict, lang: str):

@@ -191,6 +191,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_outputs": "Frozen output vectors",
         "step_figures_label": "The step's figures, one column per table",
         "reset_done": "The table is the article's again (ids, rows and steps reset).",
+        "reset_fields_mapped": "Parts 1 and 3 keep their words: their ids went back with the table's (lookup {lookup}, edit {edit}, row {row}).",
         # ---- 5. token map
         "map_heading": "5. The token map: the six vectors, moving as the table changes",
         "map_explain": (
@@ -448,6 +449,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_outputs": "Vectores de salida congelados",
         "step_figures_label": "Las cifras del paso, una columna por tabla",
         "reset_done": "La tabla vuelve a ser la del artículo (ids, filas y pasos restablecidos).",
+        "reset_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids volvieron con los de la tabla (búsqueda {lookup}, edición {edit}, fila {row}).",
         # ---- 5. mapa de tokens
         "map_heading": "5. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
         "map_explain": (
