@@ -574,9 +574,11 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
         "document.getElementById('step-button').click();"
     )
     page.wait_for("step-result", words["step_count"].format(n=61))
-    page.wait_for("edit-message", f"→ {words.num(0.25, '+.3f')}")
     table = page.agree()
     assert table[2, 5] == np.float32(0.25)
+    # The step came second: it cleared the edit's note (issue 39: no message outlives the table).
+    page.wait_for("step-message", words.f("steps_done", n=1))
+    assert page.text("edit-message") == ""
 
     # A reload keeps the table and says so.
     page.driver.refresh()
