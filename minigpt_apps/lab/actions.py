@@ -16,6 +16,7 @@ from minigpt_apps.lab.views import edit_cell, number, rename_inputs, stats
 
 RUN_FRAMES = 20  # chunks of one run of N steps: where it may stop, and the most frames it shows
 FRAME_SECONDS = 0.25  # the least time between two frames of a run (the page renders each one)
+MAX_PACE = 1000.0  # steps a second a learner may ask for (0: as fast as the machine goes)
 
 # action(state, fields, lang) -> (new state or None if unchanged, note HTML, {widget key: value})
 # or an iterator of such triples (a run of steps, shown as it goes). A FRAME key in the widget
@@ -31,7 +32,8 @@ def show_action(state, fields, lang):
 
 def rename_action(state: LabState, fields: dict, lang: str):
     """Renaming ids and rows together is applied to the shared table; then π's inverse and the
-    renamed ids fill the fields, so pressing Rename again undoes it."""
+    renamed ids fill the fields, so pressing Rename again undoes it; parts 1 and 3's ids (and
+    the edited row) are renamed too, so they read the same words as before."""
     words = TEXT[lang]
     ids_T, perm_V, mode = rename_inputs(state, fields)
     if mode != "both":
@@ -49,8 +51,35 @@ def rename_action(state: LabState, fields: dict, lang: str):
     extra = {
         "rename_ids": compute.format_ids(result.renamed_ids_T),
         "rename_perm": compute.format_ids(inverse_V),
+        **_renamed_fields(fields, perm_V),
     }
+    note += _mapped_note(extra, "rename_fields_mapped", lang)
     return new_state, paragraph(note, "lab-ok"), extra
+
+
+def _mapped_note(renamed: dict, key: str, lang: str) -> str:
+    """The sentence that says what parts 1 and 3's ids became (empty if a field was left)."""
+    if not {"lookup_ids", "edit_ids", "edit_row"} <= renamed.keys():
+        return ""
+    lookup, edit, row = renamed["lookup_ids"], renamed["edit_ids"], renamed["edit_row"]
+    return " " + TEXT[lang].f(key, lookup=lookup, edit=edit, row=row)
+
+
+def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
+    """Parts 1 and 3's ids (and the edited row) renamed by π, so that after a rename they read
+    the same words as before; a field that does not hold valid ids is left as it is."""
+    renamed = {}
+    for key in ("lookup_ids", "edit_ids"):
+        try:
+            renamed[key] = compute.format_ids(perm_V[compute.parse_ids(fields[key], len(perm_V))])
+        except (compute.LabInputError, KeyError):
+            pass
+    try:
+        row = compute.parse_int(fields["edit_row"], field="row", low=0, high=len(perm_V) - 1)
+        renamed["edit_row"] = str(int(perm_V[row]))
+    except (compute.LabInputError, KeyError):
+        pass
+    return renamed
 
 
 def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_same=False):
@@ -100,10 +129,13 @@ def _learning_rate(fields: dict, lang: str) -> float:
     return number(fields, "step_lr", lang, low=-limit, high=limit)
 
 
-def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) -> Iterator:
-    """n steps in up to RUN_FRAMES chunks, yielding the state after a chunk when FRAME_SECONDS
-    have passed since the last frame (and after the last chunk); `stop()` true ends the run
-    after the chunk in progress."""
+def _run(
+    state: LabState, n: int, learning_rate: float, lang: str, stop=None, pace: float = 0.0
+) -> Iterator:
+    """n steps in up to RUN_FRAMES chunks, or at a `pace` of steps a second in chunks of at
+    least FRAME_SECONDS' steps, each lasting its steps' time; a chunk's state is yielded when
+    FRAME_SECONDS have passed since the last frame (and after the last chunk). `stop()` true
+    ends the run after the chunk in progress (a paced run's also while it waits)."""
     words = TEXT[lang]
     input_id = state.vocab.index(compute.STEP_INPUT)
     before = stats(state)
@@ -119,10 +151,10 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
         before=state.table_VxD.tolist(),
     )
     start_VxD, history, done = state.table_VxD, list(state.history), 0
-    chunk = max(1, math.ceil(n / RUN_FRAMES))
+    chunk = max(1, math.ceil(pace * FRAME_SECONDS) if pace else math.ceil(n / RUN_FRAMES))
     shown_at = -math.inf
     while done < n:
-        size = min(chunk, n - done)
+        size, started_at = min(chunk, n - done), time.monotonic()
         run = compute.train_steps(
             state.table_VxD, compute.OUTPUT_WEIGHTS_2xD, input_id, learning_rate, size
         )
@@ -143,6 +175,9 @@ def _run(state: LabState, n: int, learning_rate: float, lang: str, stop=None) ->
             tuple(history[-10 * compute.MAX_STEPS :]),
             {**last_run, "n": done, "rows": rows},
         )
+        due = started_at + size / pace if pace else 0.0  # the chunk's steps at the pace
+        while done < n and time.monotonic() < due and not (stop is not None and stop()):
+            time.sleep(min(0.05, max(0.0, due - time.monotonic())))
         stopped = stop is not None and stop() and done < n
         last = done == n or stopped
         if not last and time.monotonic() - shown_at < FRAME_SECONDS:
@@ -165,11 +200,20 @@ def step_action(state: LabState, fields: dict, lang: str, stop=None):
 
 def steps_action(state: LabState, fields: dict, lang: str, stop=None):
     n = compute.parse_int(fields["step_n"], field="steps", low=1, high=compute.MAX_STEPS)
-    return _run(state, n, _learning_rate(fields, lang), lang, stop)
+    learning_rate = _learning_rate(fields, lang)
+    pace = number(fields, "step_pace", lang, low=0.0, high=MAX_PACE)
+    return _run(state, n, learning_rate, lang, stop, pace)
 
 
 def reset_action(state: LabState, fields: dict, lang: str):
-    return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}
+    """The article's table; after renames, parts 1 and 3's ids go back with the table's, so
+    they read the same words as before."""
+    back_V = np.array([compute.VOCAB.index(word) for word in state.vocab])
+    if np.array_equal(back_V, np.arange(len(back_V))):
+        return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}
+    extra = _renamed_fields(fields, back_V)
+    note = TEXT[lang]["reset_done"] + _mapped_note(extra, "reset_fields_mapped", lang)
+    return initial_state(), paragraph(note, "lab-ok"), extra
 
 
 def equal_action(state: LabState, fields: dict, lang: str):

@@ -107,6 +107,9 @@ def _render(part: Part, state: LabState, fields: dict, lang: str, *, own: bool) 
         return {f"{part.name}_result": view(state, error_html(error, lang)), **cleared}
 
 
+_PART_NAMES = tuple(part.name for part in PARTS)
+
+
 class Tab:
     """One browser tab's table on the server, its events' turns, the flag that stops its run,
     and what its outputs show now (sent again only when they change).
@@ -241,7 +244,7 @@ class Page(NamedTuple):
                     )
                     if new_state is not None:
                         tab.state = state = new_state
-                    yield self.changed(tab, out, self.components[f"{part.name}_message"])
+                    yield self.changed(tab, out)
             except LabInputError as error:
                 yield {self.components[f"{part.name}_message"]: error_html(error, self.lang)}
             except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
@@ -254,13 +257,15 @@ class Page(NamedTuple):
 
         return handle
 
-    def changed(self, tab: Tab, out: dict, message) -> dict:
+    def changed(self, tab: Tab, out: dict) -> dict:
         """The outputs whose HTML differs from what the tab shows (the rest are not sent); the
-        part's message always goes (Gradio takes an empty dict for a missing value)."""
+        messages always go (errors are written beside this record, and Gradio takes an empty
+        dict for a missing value)."""
+        messages = {self.components[f"{name}_message"] for name in ("table", *_PART_NAMES)}
         sent = {}
         for component, value in out.items():
             key = component._id
-            if isinstance(value, str) and component is not message:
+            if isinstance(value, str) and component not in messages:
                 if tab.shown.get(key) == value:
                     continue
                 tab.shown[key] = value
@@ -284,19 +289,29 @@ class Page(NamedTuple):
             out["table"] = shared_table_html(new_state, TEXT[self.lang])
             for other in PARTS:
                 if other.reads_table and other is not part and not frame:
-                    shown = {**fields, **used.get(other.name, {})}
-                    out.update(_render(other, new_state, shown, self.lang, own=False))
+                    keys = {w.key for w in _widgets(other.layout)}
+                    shown = {
+                        **used.get(other.name, {}),
+                        **{k: extra[k] for k in keys & extra.keys()},
+                    }
+                    used[other.name] = shown  # the fields the action set (a rename's ids) shown
+                    out.update(_render(other, new_state, {**fields, **shown}, self.lang, own=False))
         out.update(_render(part, new_state or state, fields, self.lang, own=True))
         used[part.name] = {w.key: fields[w.key] for w in _widgets(part.layout) if w.key in fields}
-        out.update(extra)
+        for key, value in extra.items():  # a value set beside a view's update (choices) joins it
+            shown = out.get(key)
+            out[key] = gr.update(**{**shown, "value": value}) if isinstance(shown, dict) else value
         out = {key: value for key, value in out.items() if key not in event.keep}
+        if new_state is not None:  # no other part's message outlives the table it spoke of
+            out.update({f"{name}_message": "" for name in ("table", *_PART_NAMES)})
         if note is not None:  # None: the message shown stays (a slider event that changed nothing)
             out[f"{part.name}_message"] = note
         return {self.components[key]: value for key, value in out.items() if key in self.components}
 
     def output_components(self, part: Part, event: Event | None = None) -> list:
         """Everything an event of `part` may write: for one that may change the table, the
-        table, every view and widget and its message; for one that only shows (it never
+        table, every view and widget and every part's message (a change of the table clears the
+        others', which spoke of the table before); for one that only shows (it never
         changes the table), its own part's outputs and widgets alone, so that the other parts
         stay usable while it runs."""
         if event is not None and event.action is None:
@@ -305,8 +320,7 @@ class Page(NamedTuple):
             own = {f"{part.name}_result", f"{part.name}_message", *part.plots}
             own.update(w.key for w in _widgets(part.layout) if w.default is not None)
             return [c for key, c in self.components.items() if key in own]
-        skip = {f"{other.name}_message" for other in PARTS if other is not part}
-        return [c for key, c in self.components.items() if key not in skip]
+        return list(self.components.values())
 
 
 def _heading(part: Part, words: Words) -> str:
@@ -352,7 +366,8 @@ def _build_part(part: Part, components: dict, start: LabState, lang: str) -> Non
 
 # The page's script (in <head>, before Gradio's own): Gradio's words in the page's language
 # (it reads navigator.language), <html lang>, the aria-labels Gradio writes in English, one name
-# per radio group, live messages, and a mark on each table wrapper that scrolls sideways.
+# per radio group and its label as its name, live messages, a mark and a Tab stop on each table
+# wrapper that scrolls sideways (only those), and the slider's value as aria-valuetext.
 _PAGE_JS = """<script>
 (() => {
   const LANG = "__LANG__";
@@ -372,6 +387,14 @@ _PAGE_JS = """<script>
       group.querySelectorAll("input[type=radio]").forEach((radio) => {
         if (radio.name !== name) radio.name = name;
       });
+      const info = group.querySelector("[data-testid=block-info]");
+      if (info) {
+        if (!info.id) info.id = name + "-label";
+        if (group.getAttribute("aria-labelledby") !== info.id) {
+          group.setAttribute("aria-labelledby", info.id);
+          group.setAttribute("role", "radiogroup");
+        }
+      }
     });
     document.querySelectorAll("[aria-label]").forEach((element) => {
       const label = element.getAttribute("aria-label");
@@ -386,9 +409,23 @@ _PAGE_JS = """<script>
       if (!element.hasAttribute("aria-live")) element.setAttribute("aria-live", "polite");
     });
     document.querySelectorAll(".lab-scroll").forEach((wrap) => {
-      wrap.classList.toggle("lab-overflows", wrap.scrollWidth > wrap.clientWidth + 1);
+      const overflows = wrap.scrollWidth > wrap.clientWidth + 1;
+      wrap.classList.toggle("lab-overflows", overflows);
+      if (overflows && wrap.getAttribute("tabindex") !== "0") wrap.setAttribute("tabindex", "0");
+      if (!overflows && wrap.hasAttribute("tabindex")) wrap.removeAttribute("tabindex");
     });
+    sayValue();
   };
+  const sayValue = () => {  // the slider's value as the page prints it: "+0.810", "+0,810"
+    const range = document.querySelector("#edit-slider input[type=range]");
+    if (!range) return;
+    const value = Number(range.value);
+    let text = (value < 0 ? "-" : "+") + Math.abs(value).toFixed(3);
+    if (LANG === "es") text = text.replace(".", ",");
+    if (range.getAttribute("aria-valuetext") !== text) range.setAttribute("aria-valuetext", text);
+  };
+  document.addEventListener("input", sayValue, true);
+  setInterval(sayValue, 250);  // values the server sets change no attribute the observer sees
   let queued = false;
   const later = () => {
     if (queued) return;

@@ -17,15 +17,18 @@ def escape(text) -> str:
     return html.escape(str(text))
 
 
-def boxed(table: str, caption: str, words: Words) -> str:
+def boxed(table: str, caption: str, words: Words, name: str = "") -> str:
     """A table under its caption (which wraps at the screen's width), in a wrapper that scrolls
     sideways when the table is wider than the screen; the page's script marks such a wrapper
-    (class lab-overflows), which then shows `scroll_hint` above the table."""
+    (class lab-overflows, which then shows `scroll_hint` above the table) and makes it a Tab
+    stop. The wrapper (a region) and the table are named by the caption, or by `name`."""
     cap = f'<div class="lab-caption">{escape(caption)}</div>' if caption else ""
     hint = escape(words["scroll_hint"])
+    label = escape(caption or name)
+    table = table.replace("<table ", f'<table aria-label="{label}" ', 1)
     return (
-        f'<div class="lab-box">{cap}<div class="lab-scroll" tabindex="0" data-hint="{hint}">'
-        f"{table}</div></div>"
+        f'<div class="lab-box">{cap}<div class="lab-scroll" role="region" aria-label="{label}"'
+        f' data-hint="{hint}">{table}</div></div>'
     )
 
 
@@ -41,9 +44,10 @@ def matrix_html(
     spec: str = "+.3f",
     cls: str = "",
     table_id: str = "",
+    name: str = "",
 ) -> str:
     """An HTML table of numbers in `words`' language, highlighted rows and cells, its caption
-    above it."""
+    above it (`name`: what it is called without a caption)."""
     head = "".join(f"<th>{escape(c)}</th>" for c in ["", *col_labels])
     body = []
     for i, (label, row) in enumerate(zip(row_labels, np.asarray(matrix), strict=True)):
@@ -55,7 +59,7 @@ def matrix_html(
         body.append(f'<tr{row_cls}><th scope="row">{escape(label)}</th>{cells}</tr>')
     ident = f' id="{table_id}"' if table_id else ""
     table = f'<table class="lab-table {cls}"{ident}><tr>{head}</tr>{"".join(body)}</table>'
-    return boxed(table, caption, words)
+    return boxed(table, caption, words, name)
 
 
 def one_hot_html(one_hot_TxV, vocab, caption: str, words: Words) -> str:
@@ -91,7 +95,7 @@ def shared_table_html(state: LabState, words: Words) -> str:
     exact = html.escape(str(to_storage(state)["table"]), quote=True)
     return (
         f'<div class="lab-view" data-w="{table_key(state)}" data-table="{exact}">'
-        f"{table_html(state, words, table_id='shared-table')}</div>"
+        f"{table_html(state, words, table_id='shared-table', name=words['table_heading'])}</div>"
     )
 
 

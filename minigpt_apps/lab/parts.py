@@ -220,6 +220,7 @@ PARTS = (
             ),
             (
                 Field("step_n", "50"),
+                Field("step_pace", "0", decimal=True),
                 Button("steps_button"),
                 Button("stop_button", primary=False),
                 Button("reset_button", primary=False),

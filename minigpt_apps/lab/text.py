@@ -128,6 +128,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_after − x_before| = {diff:g}: the result changed, because only one side was renamed.",
         "rename_applied": "Applied (max |x_after − x_before| = {diff:g}): the shared table and its vocabulary now use the new ids, “{word}” is id {id}. The fields now hold π's inverse and the renamed ids: press Rename again to undo.",
         "rename_not_applied": "This was a what-if: the shared table is unchanged.",
+        "rename_fields_mapped": "Parts 1 and 3 keep their words: their ids were renamed by π too (lookup {lookup}, edit {edit}, row {row}).",
         # ---- 3. edit
         "edit_heading": "3. Edit a coordinate: every occurrence of that token changes, nothing else",
         "edit_explain": (
@@ -163,6 +164,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_lr": "Learning rate (|lr| ≤ 10)",
         "step_button": "Take a training step",
         "step_n": "N steps (1–500)",
+        "step_pace": "Pace: steps a second (0 = as fast as it can, ≤ 1000)",
         "steps_button": "Take N steps",
         "reset_button": "Reset the table",
         "step_p": "p({target})",
@@ -194,7 +196,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_grad": "The gradient dloss/dW_E at the current table (only the row read is non-zero)",
         "step_rows": "Rows changed by the step: {rows}; the other rows are bit-identical.",
         "step_outputs": "Frozen output vectors",
+        "step_figures_label": "The step's figures, one column per table",
         "reset_done": "The table is the article's again (ids, rows and steps reset).",
+        "reset_fields_mapped": "Parts 1 and 3 keep their words: their ids went back with the table's (lookup {lookup}, edit {edit}, row {row}).",
         # ---- 5. token map
         "map_heading": "5. The token map: the six vectors, moving as the table changes",
         "map_explain": (
@@ -327,6 +331,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_sentence": "sentence",
         "field_edit_value": "value",
         "field_step_lr": "learning rate",
+        "field_step_pace": "pace",
     },
     "es": {
         # ---- página
@@ -392,6 +397,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_después − x_antes| = {diff:g}: el resultado cambia, porque solo se renombró un lado.",
         "rename_applied": "Aplicado (max |x_después − x_antes| = {diff:g}): la tabla compartida y su vocabulario usan ahora los ids nuevos, «{word}» es el id {id}. Los campos tienen ahora la inversa de π y los ids renombrados: pulsa Renombrar otra vez para deshacerlo.",
         "rename_not_applied": "Esto era un supuesto: la tabla compartida no cambia.",
+        "rename_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids también se renombraron con π (búsqueda {lookup}, edición {edit}, fila {row}).",
         # ---- 3. editar
         "edit_heading": "3. Editar una coordenada: cambia cada aparición de ese token, nada más",
         "edit_explain": (
@@ -427,6 +433,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_lr": "Tasa de aprendizaje (|tasa| ≤ 10; 0,4 vale)",
         "step_button": "Dar un paso de entrenamiento",
         "step_n": "N pasos (1–500)",
+        "step_pace": "Ritmo: pasos por segundo (0 = lo más rápido posible, ≤ 1000)",
         "steps_button": "Dar N pasos",
         "reset_button": "Restablecer la tabla",
         "step_p": "p({target})",
@@ -458,7 +465,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_grad": "El gradiente dpérdida/dW_E en la tabla actual (solo la fila leída es distinta de cero)",
         "step_rows": "Filas que cambió el paso: {rows}; las demás filas son idénticas bit a bit.",
         "step_outputs": "Vectores de salida congelados",
+        "step_figures_label": "Las cifras del paso, una columna por tabla",
         "reset_done": "La tabla vuelve a ser la del artículo (ids, filas y pasos restablecidos).",
+        "reset_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids volvieron con los de la tabla (búsqueda {lookup}, edición {edit}, fila {row}).",
         # ---- 5. mapa de tokens
         "map_heading": "5. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
         "map_explain": (
@@ -592,6 +601,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "field_sentence": "frase",
         "field_edit_value": "valor",
         "field_step_lr": "tasa de aprendizaje",
+        "field_step_pace": "ritmo",
     },
 }
 

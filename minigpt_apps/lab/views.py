@@ -218,7 +218,7 @@ def _figures_html(columns: list[tuple[str, compute.Stats]], words: Words) -> str
         for label, show in rows
     )
     table = f'<table class="lab-table lab-big lab-figures" id="step-figures">{head}{body}</table>'
-    return boxed(table, "", words)
+    return boxed(table, "", words, name=words["step_figures_label"])
 
 
 def _chart_points(state: LabState, now: compute.Stats) -> list:
