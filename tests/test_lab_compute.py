@@ -333,7 +333,7 @@ class SliderTest(chex.TestCase):
 
 
 class SizesTest(chex.TestCase):
-    """Part 8's sequence length (issue 39: its field borrowed part 7's name, "positions shown",
+    """Part 2's sequence length (issue 39: its field borrowed part 8's name, "positions shown",
     its limit 164 had no reason, and a Spanish page quoted the model's English ValueError)."""
 
     def _view(self, length: str, lang: str) -> str:
@@ -412,7 +412,7 @@ def _table_cells(page: str, table_id: str) -> list[list[str]]:
 
 
 class ArticleAndLessonTest(chex.TestCase):
-    """Issue 39, defects 3 and 4: part 8's sizes and the article's [6, 9, 6] as the documents
+    """Issue 39, defects 3 and 4: part 2's sizes and the article's [6, 9, 6] as the documents
     write them."""
 
     def _view(self, lang: str) -> str:
@@ -465,7 +465,7 @@ class ArticleAndLessonTest(chex.TestCase):
         from minigpt_apps.lab.state import initial_state
         from minigpt_apps.lab.views import lookup_view
 
-        for lang, where in (("en", "shown in part 8"), ("es", "en la parte 8")):
+        for lang, where in (("en", "shown in part 2"), ("es", "en la parte 2")):
             with self.assertRaises(LabInputError) as raised:
                 lookup_view(initial_state(), {"lookup_ids": "[6, 9, 6]"}, lang)
             self.assertIn(where, raised.exception.localized(lang))
@@ -509,7 +509,7 @@ class StepFiguresTest(chex.TestCase):
 class NumberFormatTest(chex.TestCase):
     """Issue 39's loose number formats: "−0.0000" under a note saying Δw = 0, "5.441e+04
     positions", `{lr:g}` beside four-decimal tables, lr 1e-46 shown as "0" unexplained, and
-    part 7's fields refusing each other's values."""
+    part 8's fields refusing each other's values."""
 
     def test_a_value_that_rounds_to_zero_prints_without_a_minus(self):
         from minigpt_apps.lab.text import number
@@ -572,3 +572,43 @@ class NumberFormatTest(chex.TestCase):
         self.assertIn(f"PE(63, 7) = cos(63·ω) = {cos:+.4f}", page)
         spanish = positions_view(None, fields, "es")["positions_result"]
         self.assertIn("se usa la posición 63", spanish)
+
+
+class PageOrderTest(chex.TestCase):
+    """Issue 39, against the two documents: the page goes as they do, and every heading and
+    message that names a part by number names its place on the page."""
+
+    def _places(self) -> dict[str, int]:
+        from minigpt_apps.lab.parts import PARTS
+
+        return {part.name: n for n, part in enumerate(PARTS, 1)}
+
+    def test_the_documents_first_examples_come_before_the_ideas_built_on_them(self):
+        """Part 1's lookup, then the article's [6, 9, 6] and the lesson's tok_emb(ids) (the
+        sizes part), then renaming, editing, steps and the rest (sizes came last, as part 8)."""
+        places = self._places()
+        later = ("rename", "edit", "step", "map", "context", "positions")
+        self.assertEqual((places["lookup"], places["sizes"]), (1, 2))
+        self.assertEqual(sorted(places[name] for name in later), list(range(3, 9)))
+
+    def test_each_heading_and_message_names_a_part_by_its_place(self):
+        places = self._places()
+        part_word = {"en": "part", "es": "parte"}
+        for lang in ("en", "es"):
+            words = TEXT[lang]
+            for name, place in places.items():
+                self.assertTrue(words[f"{name}_heading"].startswith(f"{place}. "), (lang, name))
+            mentions = {
+                "article_ids_elsewhere": [places["sizes"]],
+                "edit_no_effect": [places["step"]],
+                "rename_fields_mapped": [places["lookup"], places["edit"]],
+                "reset_fields_mapped": [places["lookup"], places["edit"]],
+            }
+            for key, numbers in mentions.items():
+                said = re.findall(
+                    rf"{part_word[lang]}s? (\d)(?: (?:and|y) (\d))?", words[key], re.I
+                )
+                self.assertEqual([int(n) for n in said[0] if n], numbers, (lang, key, words[key]))
+            for key, text in words.items():  # no other message names a part by its number
+                if key not in mentions and isinstance(text, str):
+                    self.assertNotRegex(text, rf"(?i)\b{part_word[lang]}s? \d", (lang, key))

@@ -50,8 +50,8 @@ def number(fields: dict, key: str, lang: str, **limits) -> float:
 
 
 def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
-    """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (part 8's
-    fragment), not only as out of range."""
+    """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (the sizes
+    part's fragment), not only as out of range."""
     try:
         return compute.parse_ids(text, vocab_size)
     except LabInputError as error:
