@@ -421,7 +421,7 @@ class ArticleAndLessonTest(chex.TestCase):
         fields = {"sizes_ids": "[76, 299, 412]", "sizes_length": "100"}
         return sizes_view(None, fields, lang)["sizes_result"]
 
-    def test_part_8_says_and_computes_the_lessons_sizes(self):
+    def test_part_2_says_and_computes_the_lessons_sizes(self):
         """The lesson: V, d = 512, 128 and x = tok_emb(ids) -> (1, 3, 128), no positions;
         V = 50,257 only with d = 768 in the tying count."""
         for lang, vocab in (("en", "50,257"), ("es", "50\u202f257")):
@@ -555,7 +555,7 @@ class NumberFormatTest(chex.TestCase):
         self.assertIn("1,4e-45", raised.exception.localized("es"))
         self.assertEqual(compute.parse_number("-0", field="step_lr"), 0.0)  # 0 is 0, not refused
 
-    def test_part_7_moves_a_position_or_pair_past_the_others_and_says_so(self):
+    def test_part_8_moves_a_position_or_pair_past_the_others_and_says_so(self):
         from minigpt_apps.lab.views import positions_view
 
         fields = {
