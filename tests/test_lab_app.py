@@ -466,6 +466,16 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     page.click("positions-button")
     page.wait_for("positions-message", "width D: 15 is odd", "even width such as 16")
     page.wait_for("positions-result", "PE(10, 0)")
+    # A position past the 64 shown is moved to the last, and the field shows the one used.
+    page.type("positions-dim", "16")
+    page.type("positions-pos", "100")
+    page.click("positions-button")
+    page.wait_for("positions-result", "Position 100 is past", "so position 63 is used")
+    pos_field = page.field("positions-pos")
+    try:
+        page.wait.until(lambda _: pos_field.get_attribute("value") == "63")
+    except Exception:
+        pytest.fail(f"the position field shows {pos_field.get_attribute('value')!r}, not 63")
 
 
 @pytest.mark.slow

@@ -573,6 +573,25 @@ class NumberFormatTest(chex.TestCase):
         spanish = positions_view(None, fields, "es")["positions_result"]
         self.assertIn("se usa la posición 63", spanish)
 
+    def test_part_8_writes_the_moved_position_and_pair_into_their_fields(self):
+        """Issue 39: the page said position 63 was used, but the field still showed 70."""
+        from minigpt_apps.lab.views import positions_view
+
+        fields = {
+            "positions_dim": "8",
+            "positions_pos": "70",
+            "positions_pair": "9",
+            "positions_length": "64",
+        }
+        shown = positions_view(None, fields, "en")
+        self.assertEqual(shown["positions_pos"]["value"], "63")
+        self.assertEqual(shown["positions_pair"]["value"], "3")
+        in_range = positions_view(
+            None, {**fields, "positions_pos": "5", "positions_pair": "1"}, "en"
+        )
+        self.assertNotIn("positions_pos", in_range)  # a value in range is left as typed
+        self.assertNotIn("positions_pair", in_range)
+
 
 class PageOrderTest(chex.TestCase):
     """Issue 39, against the two documents: the page goes as they do, and every heading and

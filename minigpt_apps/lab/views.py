@@ -475,11 +475,13 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
         fields["positions_pair"], field="pair", low=0, high=MAX_POSITIONS // 2 - 1
     )
     pos, pair = min(typed_pos, length - 1), min(typed_pair, dim // 2 - 1)
-    notes = []
+    notes, used = [], {}  # a moved value is also written into its field (an update: always sent)
     if pos != typed_pos:
         notes.append(words.f("positions_pos_clamped", typed=typed_pos, length=length, pos=pos))
+        used["positions_pos"] = gr.update(value=str(pos))
     if pair != typed_pair:
         notes.append(words.f("positions_pair_clamped", typed=typed_pair, dim=dim, pair=pair))
+        used["positions_pair"] = gr.update(value=str(pair))
     values = compute.position_pair(pos, pair, dim)
     text = words.f(
         "positions_values",
@@ -513,6 +515,7 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
             lang,
             "positions-clock",
         ),
+        **used,
     }
 
 
