@@ -408,7 +408,7 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     page.click("lookup-button")
     page.wait_for("lookup-message")
 
-    # 2. rename: only the ids changes the result; ids and rows together is applied, then undone
+    # 3. rename: only the ids changes the result; ids and rows together is applied, then undone
     page.choose("rename-mode", "only the ids")
     page.wait_for("rename-result", "the result changed", "what-if")
     page.click("rename-button")
@@ -420,7 +420,7 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     renamed = page.agree()
     np.testing.assert_array_equal(renamed[3], compute.TABLE_VxD[1])
 
-    # 4. one training step on the renamed table: the article's figures
+    # 5. one training step on the renamed table: the article's figures
     page.click("step-button")
     result = page.wait_for("step-result", "47.0%", "61.0%", "0.755", "0.495")
     assert "Rows changed by the step: 3 kamienny;" in result, result
@@ -436,7 +436,7 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     page.wait_for("step-result", "Steps taken on this table: 0.")
     np.testing.assert_array_equal(page.agree(), compute.TABLE_VxD)
 
-    # 3. edit a coordinate: only the occurrences of that id change; the same value twice
+    # 4. edit a coordinate: only the occurrences of that id change; the same value twice
     page.type("edit-value", "0.9")
     page.click("edit-button")
     page.wait_for("edit-message", "+0.500 → +0.900", "changed: 1, 3", "max change 0")
@@ -446,7 +446,7 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     page.click("reset-button")
     page.wait_for("table", "+0.500")
 
-    # 6. context: same input at zamek, different outputs; then equal sentences
+    # 7. context: same input at zamek, different outputs; then equal sentences
     page.click("equal-button")
     page.wait_for("context-result", "identical outputs")
     page.type("context-b", "oto metalowy drzwi")
@@ -455,7 +455,7 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     assert "At the last word" not in result and "mixed in the context" not in result
     assert "the inputs already differ" in result
 
-    # 7. positions
+    # 8. positions
     page.type("positions-pos", "10")
     page.type("positions-pair", "0")
     page.click("positions-button")
@@ -466,6 +466,16 @@ def test_the_article_in_a_real_browser(servers, browser, tmp_path):
     page.click("positions-button")
     page.wait_for("positions-message", "width D: 15 is odd", "even width such as 16")
     page.wait_for("positions-result", "PE(10, 0)")
+    # A position past the 64 shown is moved to the last, and the field shows the one used.
+    page.type("positions-dim", "16")
+    page.type("positions-pos", "100")
+    page.click("positions-button")
+    page.wait_for("positions-result", "Position 100 is past", "so position 63 is used")
+    pos_field = page.field("positions-pos")
+    try:
+        page.wait.until(lambda _: pos_field.get_attribute("value") == "63")
+    except Exception:
+        pytest.fail(f"the position field shows {pos_field.get_attribute('value')!r}, not 63")
 
 
 @pytest.mark.slow
@@ -689,7 +699,7 @@ KAMIENNY = compute.VOCAB.index("kamienny")
 
 
 def _np_step(table_VxD: np.ndarray, lr: float):
-    """One SGD step of part 4 in NumPy: (gradient, table after, p before, p after)."""
+    """One SGD step of part 5 in NumPy: (gradient, table after, p before, p after)."""
     w_2xD = compute.OUTPUT_WEIGHTS_2xD.astype(np.float64)
 
     def p_of(x_D):
@@ -864,6 +874,19 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     words = page.words
     thousands = words["thousands"]
 
+    # Issue 39, against the two documents: their first examples (part 1's lookup, then the
+    # article's [6, 9, 6] and the lesson's tok_emb(ids)) come before the ideas built on them.
+    documents_order = ["lookup", "sizes", "rename", "edit", "step", "map", "context", "positions"]
+    headings = page.js(
+        "return [...document.querySelectorAll('[id^=part-] h2')].map(h => h.textContent);"
+    )
+    expected = [
+        f"{n}. {words[f'{name}_heading'].split('. ', 1)[1].split('{')[0]}"
+        for n, name in enumerate(documents_order, 1)
+    ]
+    assert len(headings) == len(expected), headings
+    assert [h[: len(e)] for h, e in zip(headings, expected, strict=True)] == expected, headings
+
     # Issue 39, defects 3 and 4: the lesson's V, d = 512, 128 and x = tok_emb(ids) without
     # positions (h0 adds W_P later); the article's fragment of three coordinates, semicolons.
     page.wait_for("sizes-result", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
@@ -882,7 +905,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     np.testing.assert_allclose(_cells(page, "sizes-h0"), h0_TxD, atol=5e-5)
     page.type("lookup-ids", "[6, 9, 6]")
     page.field("lookup-ids").send_keys("\n")
-    page.wait_for("lookup-message", "parte 8" if lang == "es" else "part 8")
+    page.wait_for("lookup-message", "parte 2" if lang == "es" else "part 2")
     tying = f"{50_257:,} × 768 = {50_257 * 768:,}".replace(",", thousands)
     assert tying in shown and "64" in shown, shown
     counts = re.findall(rf"(\d[\d{thousands}]+\d)", shown.split(tying, 1)[1])[:2]
@@ -1028,7 +1051,7 @@ return [...document.querySelectorAll('a[href], button, input, textarea, select, 
 @pytest.mark.slow
 @pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
 def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path, lang, size):
-    """Issue 39: no part's message outlives a change of the table; a rename keeps parts 1 and 3
+    """Issue 39: no part's message outlives a change of the table; a rename keeps parts 1 and 4
     on the same words; every table, radio group and Tab stop has a name, the slider says its
     value; Stop is seen stopping a paced run. Every problem is listed before failing."""
     from selenium.webdriver.common.keys import Keys
@@ -1094,7 +1117,7 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
     page.wait_for("rename-message", words["rename_applied"][:12])
     stale("rename-message", "an applied rename")
 
-    # 2. After the rename, parts 1 and 3 read the same words through the renamed ids (π maps
+    # 2. After the rename, parts 1 and 4 read the same words through the renamed ids (π maps
     # 0→5, 1→3, 2→0): the lookup [0, 1, 0] is [5, 3, 5], the edited cell W_E[1, 3] is W_E[3, 3].
     try:
         page.wait_for("lookup-result", "t=0: 5 oto", "t=1: 3 kamienny", "t=2: 5 oto")
@@ -1102,7 +1125,7 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
         assert page.field("lookup-ids").get_attribute("value") == "[5, 3, 5]"
         assert page.field("edit-ids").get_attribute("value") == "[5, 3, 0, 3]"
     except (AssertionError, pytest.fail.Exception) as error:
-        problems.append(f"after the rename parts 1 and 3 read other words: {str(error)[:300]}")
+        problems.append(f"after the rename parts 1 and 4 read other words: {str(error)[:300]}")
     page.agree()
 
     # 4. A paced run of 50 steps at 10 a second (5 s): Stop is seen stopping it.

@@ -333,7 +333,7 @@ class SliderTest(chex.TestCase):
 
 
 class SizesTest(chex.TestCase):
-    """Part 8's sequence length (issue 39: its field borrowed part 7's name, "positions shown",
+    """Part 2's sequence length (issue 39: its field borrowed part 8's name, "positions shown",
     its limit 164 had no reason, and a Spanish page quoted the model's English ValueError)."""
 
     def _view(self, length: str, lang: str) -> str:
@@ -412,7 +412,7 @@ def _table_cells(page: str, table_id: str) -> list[list[str]]:
 
 
 class ArticleAndLessonTest(chex.TestCase):
-    """Issue 39, defects 3 and 4: part 8's sizes and the article's [6, 9, 6] as the documents
+    """Issue 39, defects 3 and 4: part 2's sizes and the article's [6, 9, 6] as the documents
     write them."""
 
     def _view(self, lang: str) -> str:
@@ -421,7 +421,7 @@ class ArticleAndLessonTest(chex.TestCase):
         fields = {"sizes_ids": "[76, 299, 412]", "sizes_length": "100"}
         return sizes_view(None, fields, lang)["sizes_result"]
 
-    def test_part_8_says_and_computes_the_lessons_sizes(self):
+    def test_part_2_says_and_computes_the_lessons_sizes(self):
         """The lesson: V, d = 512, 128 and x = tok_emb(ids) -> (1, 3, 128), no positions;
         V = 50,257 only with d = 768 in the tying count."""
         for lang, vocab in (("en", "50,257"), ("es", "50\u202f257")):
@@ -465,7 +465,7 @@ class ArticleAndLessonTest(chex.TestCase):
         from minigpt_apps.lab.state import initial_state
         from minigpt_apps.lab.views import lookup_view
 
-        for lang, where in (("en", "shown in part 8"), ("es", "en la parte 8")):
+        for lang, where in (("en", "shown in part 2"), ("es", "en la parte 2")):
             with self.assertRaises(LabInputError) as raised:
                 lookup_view(initial_state(), {"lookup_ids": "[6, 9, 6]"}, lang)
             self.assertIn(where, raised.exception.localized(lang))
@@ -509,7 +509,7 @@ class StepFiguresTest(chex.TestCase):
 class NumberFormatTest(chex.TestCase):
     """Issue 39's loose number formats: "−0.0000" under a note saying Δw = 0, "5.441e+04
     positions", `{lr:g}` beside four-decimal tables, lr 1e-46 shown as "0" unexplained, and
-    part 7's fields refusing each other's values."""
+    part 8's fields refusing each other's values."""
 
     def test_a_value_that_rounds_to_zero_prints_without_a_minus(self):
         from minigpt_apps.lab.text import number
@@ -555,7 +555,7 @@ class NumberFormatTest(chex.TestCase):
         self.assertIn("1,4e-45", raised.exception.localized("es"))
         self.assertEqual(compute.parse_number("-0", field="step_lr"), 0.0)  # 0 is 0, not refused
 
-    def test_part_7_moves_a_position_or_pair_past_the_others_and_says_so(self):
+    def test_part_8_moves_a_position_or_pair_past_the_others_and_says_so(self):
         from minigpt_apps.lab.views import positions_view
 
         fields = {
@@ -572,3 +572,62 @@ class NumberFormatTest(chex.TestCase):
         self.assertIn(f"PE(63, 7) = cos(63·ω) = {cos:+.4f}", page)
         spanish = positions_view(None, fields, "es")["positions_result"]
         self.assertIn("se usa la posición 63", spanish)
+
+    def test_part_8_writes_the_moved_position_and_pair_into_their_fields(self):
+        """Issue 39: the page said position 63 was used, but the field still showed 70."""
+        from minigpt_apps.lab.views import positions_view
+
+        fields = {
+            "positions_dim": "8",
+            "positions_pos": "70",
+            "positions_pair": "9",
+            "positions_length": "64",
+        }
+        shown = positions_view(None, fields, "en")
+        self.assertEqual(shown["positions_pos"]["value"], "63")
+        self.assertEqual(shown["positions_pair"]["value"], "3")
+        in_range = positions_view(
+            None, {**fields, "positions_pos": "5", "positions_pair": "1"}, "en"
+        )
+        self.assertNotIn("positions_pos", in_range)  # a value in range is left as typed
+        self.assertNotIn("positions_pair", in_range)
+
+
+class PageOrderTest(chex.TestCase):
+    """Issue 39, against the two documents: the page goes as they do, and every heading and
+    message that names a part by number names its place on the page."""
+
+    def _places(self) -> dict[str, int]:
+        from minigpt_apps.lab.parts import PARTS
+
+        return {part.name: n for n, part in enumerate(PARTS, 1)}
+
+    def test_the_documents_first_examples_come_before_the_ideas_built_on_them(self):
+        """Part 1's lookup, then the article's [6, 9, 6] and the lesson's tok_emb(ids) (the
+        sizes part), then renaming, editing, steps and the rest (sizes came last, as part 8)."""
+        places = self._places()
+        later = ("rename", "edit", "step", "map", "context", "positions")
+        self.assertEqual((places["lookup"], places["sizes"]), (1, 2))
+        self.assertEqual(sorted(places[name] for name in later), list(range(3, 9)))
+
+    def test_each_heading_and_message_names_a_part_by_its_place(self):
+        places = self._places()
+        part_word = {"en": "part", "es": "parte"}
+        for lang in ("en", "es"):
+            words = TEXT[lang]
+            for name, place in places.items():
+                self.assertTrue(words[f"{name}_heading"].startswith(f"{place}. "), (lang, name))
+            mentions = {
+                "article_ids_elsewhere": [places["sizes"]],
+                "edit_no_effect": [places["step"]],
+                "rename_fields_mapped": [places["lookup"], places["edit"]],
+                "reset_fields_mapped": [places["lookup"], places["edit"]],
+            }
+            for key, numbers in mentions.items():
+                said = re.findall(
+                    rf"{part_word[lang]}s? (\d)(?: (?:and|y) (\d))?", words[key], re.I
+                )
+                self.assertEqual([int(n) for n in said[0] if n], numbers, (lang, key, words[key]))
+            for key, text in words.items():  # no other message names a part by its number
+                if key not in mentions and isinstance(text, str):
+                    self.assertNotRegex(text, rf"(?i)\b{part_word[lang]}s? \d", (lang, key))

@@ -32,8 +32,8 @@ def show_action(state, fields, lang):
 
 def rename_action(state: LabState, fields: dict, lang: str):
     """Renaming ids and rows together is applied to the shared table; then π's inverse and the
-    renamed ids fill the fields, so pressing Rename again undoes it; parts 1 and 3's ids (and
-    the edited row) are renamed too, so they read the same words as before."""
+    renamed ids fill the fields, so pressing Rename again undoes it; the lookup's and the edit's ids
+    (and the edited row) are renamed too, so they read the same words as before."""
     words = TEXT[lang]
     ids_T, perm_V, mode = rename_inputs(state, fields)
     if mode != "both":
@@ -58,7 +58,8 @@ def rename_action(state: LabState, fields: dict, lang: str):
 
 
 def _mapped_note(renamed: dict, key: str, lang: str) -> str:
-    """The sentence that says what parts 1 and 3's ids became (empty if a field was left)."""
+    """The sentence that says what the lookup's and the edit's ids became (empty if a field was
+    left)."""
     if not {"lookup_ids", "edit_ids", "edit_row"} <= renamed.keys():
         return ""
     lookup, edit, row = renamed["lookup_ids"], renamed["edit_ids"], renamed["edit_row"]
@@ -66,8 +67,8 @@ def _mapped_note(renamed: dict, key: str, lang: str) -> str:
 
 
 def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
-    """Parts 1 and 3's ids (and the edited row) renamed by π, so that after a rename they read
-    the same words as before; a field that does not hold valid ids is left as it is."""
+    """The lookup's and the edit's ids (and the edited row) renamed by π, so that after a rename
+    they read the same words as before; a field that does not hold valid ids is left as it is."""
     renamed = {}
     for key in ("lookup_ids", "edit_ids"):
         try:
@@ -206,8 +207,8 @@ def steps_action(state: LabState, fields: dict, lang: str, stop=None):
 
 
 def reset_action(state: LabState, fields: dict, lang: str):
-    """The article's table; after renames, parts 1 and 3's ids go back with the table's, so
-    they read the same words as before."""
+    """The article's table; after renames, the lookup's and the edit's ids go back with the
+    table's, so they read the same words as before."""
     back_V = np.array([compute.VOCAB.index(word) for word in state.vocab])
     if np.array_equal(back_V, np.arange(len(back_V))):
         return initial_state(), paragraph(TEXT[lang]["reset_done"], "lab-ok"), {}

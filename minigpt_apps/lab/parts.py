@@ -160,13 +160,32 @@ def _output_weights_html(words: Words) -> str:
 
 _LIVE = "always_last"  # a slider or a field sends its latest value once the last event is done
 
-# The page's parts in order. A new part is one row here, its words under its name in text.py.
+# The page's parts in order, as the documents go: the lookup, then their first examples (the
+# article's [6, 9, 6], the lesson's tok_emb(ids)), then the ideas built on them. A new part is one
+# row here, its words under its name in text.py (its heading's number is its place here).
 PARTS = (
     Part(
         "lookup",
         ((Field("lookup_ids", "[0, 1, 0]"), Button("lookup_button")),),
         lookup_view,
         (Event("lookup_button"), Event("lookup_ids", kind="submit")),
+    ),
+    Part(
+        "sizes",
+        (
+            (
+                Field("sizes_ids", compute.format_ids(compute.LESSON_IDS)),
+                Field("sizes_length", "100"),
+            ),
+            Button("sizes_button"),
+        ),
+        sizes_view,
+        (
+            Event("sizes_button"),
+            Event("sizes_ids", kind="submit"),
+            Event("sizes_length", kind="submit"),
+        ),
+        reads_table=False,
     ),
     Part(
         "rename",
@@ -272,23 +291,6 @@ PARTS = (
             *(Event(f"positions_{key}", kind="submit") for key in ("dim", "pos", "pair", "length")),
         ),
         plots=("positions_heatmap", "positions_similarity", "positions_clock"),
-        reads_table=False,
-    ),
-    Part(
-        "sizes",
-        (
-            (
-                Field("sizes_ids", compute.format_ids(compute.LESSON_IDS)),
-                Field("sizes_length", "100"),
-            ),
-            Button("sizes_button"),
-        ),
-        sizes_view,
-        (
-            Event("sizes_button"),
-            Event("sizes_ids", kind="submit"),
-            Event("sizes_length", kind="submit"),
-        ),
         reads_table=False,
     ),
 )

@@ -103,8 +103,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "lookup_one_hot": "max |x − one_hot(ids) · W_E| = {diff:g}: the lookup equals the one-hot product.",
         "lookup_repeat": "Id {id} ({word}) repeats at positions {positions}: identical vectors (max difference {diff:g}).",
         "lookup_no_repeat": "No id repeats; type one twice, e.g. [0, 1, 0], to see identical vectors.",
-        # ---- 2. rename
-        "rename_heading": "2. Rename the ids: ids are only names for rows",
+        # ---- 3. rename
+        "rename_heading": "3. Rename the ids: ids are only names for rows",
         "rename_ids": "Token ids to look up",
         "rename_perm": "Permutation π (id i becomes π[i]), e.g. [5, 3, 0, 1, 2, 4]",
         "rename_mode": "Rename",
@@ -128,9 +128,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_after − x_before| = {diff:g}: the result changed, because only one side was renamed.",
         "rename_applied": "Applied (max |x_after − x_before| = {diff:g}): the shared table and its vocabulary now use the new ids, “{word}” is id {id}. The fields now hold π's inverse and the renamed ids: press Rename again to undo.",
         "rename_not_applied": "This was a what-if: the shared table is unchanged.",
-        "rename_fields_mapped": "Parts 1 and 3 keep their words: their ids were renamed by π too (lookup {lookup}, edit {edit}, row {row}).",
-        # ---- 3. edit
-        "edit_heading": "3. Edit a coordinate: every occurrence of that token changes, nothing else",
+        "rename_fields_mapped": "Parts 1 and 4 keep their words: their ids were renamed by π too (lookup {lookup}, edit {edit}, row {row}).",
+        # ---- 4. edit
+        "edit_heading": "4. Edit a coordinate: every occurrence of that token changes, nothing else",
         "edit_explain": (
             "**What it shows:** one number of the table and a lookup that reads it. **Try:** pick a "
             "row and a coordinate, then drag the slider (or type a value and press Set): the "
@@ -151,9 +151,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Positions whose vector changed: {positions} (the occurrences of id {row}); every other position: max change {other:g}.",
         "edit_nothing": "Id {row} does not occur in the ids, so no looked-up vector changed.",
-        "edit_no_effect": "Note: coordinate {dim} of kamienny does not move p({target}) in part 4, because w_zamek and w_klucz agree there (Δw[{dim}] = 0); try coordinate 0, 1 or 2.",
-        # ---- 4. step
-        "step_heading": "4. One training step: input “{input}”, target “{target}” (not “{rival}”)",
+        "edit_no_effect": "Note: coordinate {dim} of kamienny does not move p({target}) in part 5, because w_zamek and w_klucz agree there (Δw[{dim}] = 0); try coordinate 0, 1 or 2.",
+        # ---- 5. step
+        "step_heading": "5. One training step: input “{input}”, target “{target}” (not “{rival}”)",
         "step_explain": (
             "**What it shows:** two frozen output vectors turn the input row into two logits; a "
             "plain SGD step subtracts lr × the gradient (from jax.grad). **Try:** one step (47.0% "
@@ -198,9 +198,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_outputs": "Frozen output vectors",
         "step_figures_label": "The step's figures, one column per table",
         "reset_done": "The table is the article's again (ids, rows and steps reset).",
-        "reset_fields_mapped": "Parts 1 and 3 keep their words: their ids went back with the table's (lookup {lookup}, edit {edit}, row {row}).",
-        # ---- 5. token map
-        "map_heading": "5. The token map: the six vectors, moving as the table changes",
+        "reset_fields_mapped": "Parts 1 and 4 keep their words: their ids went back with the table's (lookup {lookup}, edit {edit}, row {row}).",
+        # ---- 6. token map
+        "map_heading": "6. The token map: the six vectors, moving as the table changes",
         "map_explain": (
             "**What it shows:** each row as a point on the two main directions of the article's "
             "table (PCA; fixed axes, so points move rather than the axes), and the cosine of every "
@@ -211,8 +211,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "map_points": "Each row on the article table's two principal axes",
         "map_cosine": "Cosine similarity of the rows",
         "map_cosine_alt": "Heatmap of the cosine similarity of every pair of the {n} rows (the table beside it lists the values).",
-        # ---- 5. context
-        "context_heading": "6. Context: the same token at the same position, different after attention",
+        # ---- 7. context
+        "context_heading": "7. Context: the same token at the same position, different after attention",
         "context_explain": (
             "**What it shows:** input x = embedding + sinusoidal position, through one causal "
             "attention head with identity Q, K and V. **Try:** change the middle word, make the "
@@ -240,8 +240,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "context_vectors": "At each sentence's last word (A: “{a}”, B: “{b}”)",
         "context_input_row": "input x, {side}",
         "context_output_row": "output, {side}",
-        # ---- 6. positions
-        "positions_heading": "7. Positions: each pair of dimensions oscillates at its own rate, like the hands of a clock",
+        # ---- 8. positions
+        "positions_heading": "8. Positions: each pair of dimensions oscillates at its own rate, like the hands of a clock",
         "positions_dim": "Width D (even)",
         "positions_pos": "Position",
         "positions_pair": "Pair i",
@@ -268,8 +268,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "positions_offset": "offset k",
         "positions_dot": "dot product",
         "positions_clock": "Position {pos} as clock hands: pair i points at angle {pos}·ω_i",
-        # ---- 8. realistic sizes
-        "sizes_heading": "8. The article's own ids and the lesson's real sizes",
+        # ---- 2. realistic sizes
+        "sizes_heading": "2. The article's own ids and the lesson's real sizes",
         "sizes_explain": (
             "**What it shows:** the article's lookup [6, 9, 6] on its fragment of a table of "
             "three coordinates; then the lesson's example, V, d = 512, 128 and x = tok_emb(ids) "
@@ -298,7 +298,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "empty_list": "{field}: the list is empty; type at least one id, e.g. {example}.",
         "not_an_id": "{field}: “{item}” is not a whole number; ids are 0 to {high}, e.g. {example}.",
         "id_out_of_range": "{field}: id {id} is out of range; the table has rows 0 to {high}.",
-        "article_ids_elsewhere": "ids: {ids} is the article's example: it reads rows 6 and 9 of the article's fragment, shown in part 8; this table has rows 0 to {high}.",
+        "article_ids_elsewhere": "ids: {ids} is the article's example: it reads rows 6 and 9 of the article's fragment, shown in part 2; this table has rows 0 to {high}.",
         "permutation_length": "permutation: it must list each id 0 to {high} once ({size} numbers), got {got}.",
         "permutation_repeat": "permutation: id {id} appears twice and {missing} is missing; list each id once.",
         "not_a_number": "{field}: “{text}” is not a number; write e.g. 0.4.",
@@ -372,8 +372,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "lookup_one_hot": "max |x − one_hot(ids) · W_E| = {diff:g}: la búsqueda es igual al producto one-hot.",
         "lookup_repeat": "El id {id} ({word}) se repite en las posiciones {positions}: vectores idénticos (diferencia máxima {diff:g}).",
         "lookup_no_repeat": "Ningún id se repite; escribe uno dos veces, p. ej. [0, 1, 0], para ver vectores idénticos.",
-        # ---- 2. renombrar
-        "rename_heading": "2. Renombrar los ids: los ids solo son nombres de filas",
+        # ---- 3. renombrar
+        "rename_heading": "3. Renombrar los ids: los ids solo son nombres de filas",
         "rename_ids": "Ids de token que buscar",
         "rename_perm": "Permutación π (el id i pasa a ser π[i]), p. ej. [5, 3, 0, 1, 2, 4]",
         "rename_mode": "Renombrar",
@@ -397,9 +397,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "rename_changed": "max |x_después − x_antes| = {diff:g}: el resultado cambia, porque solo se renombró un lado.",
         "rename_applied": "Aplicado (max |x_después − x_antes| = {diff:g}): la tabla compartida y su vocabulario usan ahora los ids nuevos, «{word}» es el id {id}. Los campos tienen ahora la inversa de π y los ids renombrados: pulsa Renombrar otra vez para deshacerlo.",
         "rename_not_applied": "Esto era un supuesto: la tabla compartida no cambia.",
-        "rename_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids también se renombraron con π (búsqueda {lookup}, edición {edit}, fila {row}).",
-        # ---- 3. editar
-        "edit_heading": "3. Editar una coordenada: cambia cada aparición de ese token, nada más",
+        "rename_fields_mapped": "Las partes 1 y 4 conservan sus palabras: sus ids también se renombraron con π (búsqueda {lookup}, edición {edit}, fila {row}).",
+        # ---- 4. editar
+        "edit_heading": "4. Editar una coordenada: cambia cada aparición de ese token, nada más",
         "edit_explain": (
             "**Qué muestra:** un número de la tabla y una búsqueda que lo lee. **Prueba:** elige "
             "una fila y una coordenada y arrastra el deslizador (o escribe un valor y pulsa "
@@ -420,9 +420,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "edit_summary": "W_E[{row}, {dim}] ({word}): {old:+.3f} → {new:+.3f}.",
         "edit_changed": "Posiciones cuyo vector cambió: {positions} (las apariciones del id {row}); el resto de posiciones: cambio máximo {other:g}.",
         "edit_nothing": "El id {row} no aparece en los ids, así que ningún vector buscado cambió.",
-        "edit_no_effect": "Nota: la coordenada {dim} de kamienny no mueve p({target}) en la parte 4, porque w_zamek y w_klucz coinciden ahí (Δw[{dim}] = 0); prueba la coordenada 0, 1 o 2.",
-        # ---- 4. paso
-        "step_heading": "4. Un paso de entrenamiento: entrada «{input}», objetivo «{target}» (no «{rival}»)",
+        "edit_no_effect": "Nota: la coordenada {dim} de kamienny no mueve p({target}) en la parte 5, porque w_zamek y w_klucz coinciden ahí (Δw[{dim}] = 0); prueba la coordenada 0, 1 o 2.",
+        # ---- 5. paso
+        "step_heading": "5. Un paso de entrenamiento: entrada «{input}», objetivo «{target}» (no «{rival}»)",
         "step_explain": (
             "**Qué muestra:** dos vectores de salida congelados convierten la fila de entrada en "
             "dos logits; un paso de SGD simple resta tasa × gradiente (de jax.grad). **Prueba:** un "
@@ -467,9 +467,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_outputs": "Vectores de salida congelados",
         "step_figures_label": "Las cifras del paso, una columna por tabla",
         "reset_done": "La tabla vuelve a ser la del artículo (ids, filas y pasos restablecidos).",
-        "reset_fields_mapped": "Las partes 1 y 3 conservan sus palabras: sus ids volvieron con los de la tabla (búsqueda {lookup}, edición {edit}, fila {row}).",
-        # ---- 5. mapa de tokens
-        "map_heading": "5. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
+        "reset_fields_mapped": "Las partes 1 y 4 conservan sus palabras: sus ids volvieron con los de la tabla (búsqueda {lookup}, edición {edit}, fila {row}).",
+        # ---- 6. mapa de tokens
+        "map_heading": "6. El mapa de tokens: los seis vectores, que se mueven cuando cambia la tabla",
         "map_explain": (
             "**Qué muestra:** cada fila como un punto sobre las dos direcciones principales de la "
             "tabla del artículo (PCA; ejes fijos, así que se mueven los puntos y no los ejes), y el "
@@ -481,8 +481,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "map_points": "Cada fila sobre los dos ejes principales de la tabla del artículo",
         "map_cosine": "Similitud coseno de las filas",
         "map_cosine_alt": "Mapa de calor de la similitud coseno de cada par de las {n} filas (la tabla de al lado da los valores).",
-        # ---- 5. contexto
-        "context_heading": "6. Contexto: el mismo token en la misma posición, distinto tras la atención",
+        # ---- 7. contexto
+        "context_heading": "7. Contexto: el mismo token en la misma posición, distinto tras la atención",
         "context_explain": (
             "**Qué muestra:** entrada x = embedding + posición sinusoidal, por una cabeza de "
             "atención causal con Q, K y V identidad. **Prueba:** cambia la palabra del medio, "
@@ -510,8 +510,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "context_vectors": "En la última palabra de cada frase (A: «{a}», B: «{b}»)",
         "context_input_row": "entrada x, {side}",
         "context_output_row": "salida, {side}",
-        # ---- 6. posiciones
-        "positions_heading": "7. Posiciones: cada par de dimensiones oscila a su propio ritmo, como las agujas de un reloj",
+        # ---- 8. posiciones
+        "positions_heading": "8. Posiciones: cada par de dimensiones oscila a su propio ritmo, como las agujas de un reloj",
         "positions_dim": "Anchura D (par)",
         "positions_pos": "Posición",
         "positions_pair": "Par i",
@@ -538,8 +538,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "positions_offset": "desplazamiento k",
         "positions_dot": "producto escalar",
         "positions_clock": "La posición {pos} como agujas de reloj: el par i apunta al ángulo {pos}·ω_i",
-        # ---- 8. tamaños reales
-        "sizes_heading": "8. Los ids del propio artículo y los tamaños reales de la lección",
+        # ---- 2. tamaños reales
+        "sizes_heading": "2. Los ids del propio artículo y los tamaños reales de la lección",
         "sizes_explain": (
             "**Qué muestra:** la búsqueda del artículo [6, 9, 6] en su fragmento de una tabla de "
             "tres coordenadas; luego el ejemplo de la lección, V, d = 512, 128 y x = tok_emb(ids) "
@@ -568,7 +568,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "empty_list": "{field}: la lista está vacía; escribe al menos un id, p. ej. {example}.",
         "not_an_id": "{field}: «{item}» no es un número entero; los ids van de 0 a {high}, p. ej. {example}.",
         "id_out_of_range": "{field}: el id {id} está fuera de rango; la tabla tiene las filas 0 a {high}.",
-        "article_ids_elsewhere": "ids: {ids} es el ejemplo del artículo: lee las filas 6 y 9 del fragmento del artículo, en la parte 8; esta tabla tiene las filas 0 a {high}.",
+        "article_ids_elsewhere": "ids: {ids} es el ejemplo del artículo: lee las filas 6 y 9 del fragmento del artículo, en la parte 2; esta tabla tiene las filas 0 a {high}.",
         "permutation_length": "permutación: debe listar cada id de 0 a {high} una vez ({size} números), y tiene {got}.",
         "permutation_repeat": "permutación: el id {id} aparece dos veces y falta el {missing}; lista cada id una vez.",
         "not_a_number": "{field}: «{text}» no es un número; escribe p. ej. 0,4.",

@@ -50,8 +50,8 @@ def number(fields: dict, key: str, lang: str, **limits) -> float:
 
 
 def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
-    """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (part 8's
-    fragment), not only as out of range."""
+    """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (the sizes
+    part's fragment), not only as out of range."""
     try:
         return compute.parse_ids(text, vocab_size)
     except LabInputError as error:
@@ -475,11 +475,13 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
         fields["positions_pair"], field="pair", low=0, high=MAX_POSITIONS // 2 - 1
     )
     pos, pair = min(typed_pos, length - 1), min(typed_pair, dim // 2 - 1)
-    notes = []
+    notes, used = [], {}  # a moved value is also written into its field (an update: always sent)
     if pos != typed_pos:
         notes.append(words.f("positions_pos_clamped", typed=typed_pos, length=length, pos=pos))
+        used["positions_pos"] = gr.update(value=str(pos))
     if pair != typed_pair:
         notes.append(words.f("positions_pair_clamped", typed=typed_pair, dim=dim, pair=pair))
+        used["positions_pair"] = gr.update(value=str(pair))
     values = compute.position_pair(pos, pair, dim)
     text = words.f(
         "positions_values",
@@ -513,6 +515,7 @@ def positions_view(state: LabState | None, fields: dict, lang: str) -> dict:
             lang,
             "positions-clock",
         ),
+        **used,
     }
 
 
