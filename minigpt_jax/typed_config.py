@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from minigpt_jax.config_dict import MODEL_KEYS, checked_config
+from minigpt_jax.config_dict import checked_config
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings import groups as settings
 
@@ -45,9 +45,8 @@ class Experiment(settings.Loop):
         """The run config's values as nested dicts, as its ConfigDict's to_dict() gives them
         (the model group without vocab_size: the tokenizer decides it)."""
         values = super().to_dict()
-        model = dataclasses.asdict(self.model)
-        values["model"] = {name: model[name] for name in MODEL_KEYS}
-        values["model"].update(self.model.entry_settings)
+        values["model"] = self.model.to_dict()
+        del values["model"]["vocab_size"]
         for group in settings.GROUPS:
             values[group] = getattr(self, group).to_dict()
         return values

@@ -175,16 +175,32 @@ class Group:
         return cls(**own, entry_settings=tuple(others))
 
     def __getattr__(self, name: str) -> Any:
-        """An entry-owned setting by name (only called when no field has that name)."""
+        """An entry-owned setting by name (only called when no field has that name): its
+        value, else the default its entry declares (`declared_entry_settings`)."""
         if name.startswith("__") or name == "entry_settings":
             raise AttributeError(name)
         for key, value in self.__dict__.get("entry_settings", ()):
             if key == name:
                 return value
+        declared = self.declared_entry_settings().get(name)
+        if declared is not None:
+            return declared.default
         raise AttributeError(
             f"{type(self).__name__} has no setting {name!r}: an entry that reads it declares it "
             f"(registry.declares({name}=setting(...))), and the config must pick that entry."
         )
+
+    def declared_entry_settings(self) -> dict[str, Any]:
+        """{name: dataclasses.Field of `setting`} that the entries this group picks declare."""
+        found: dict[str, Any] = {}
+        for field_name, spec in declarations(type(self)).items():
+            settings_of = getattr(spec.choices, "settings_of", None)
+            if settings_of is not None and field_name in self.__dict__:
+                try:
+                    found = {**settings_of(self.__dict__[field_name]), **found}
+                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
+                    continue
+        return found
 
     def __getitem__(self, name: str) -> Any:
         """`group[name]`, as an entry written against the group's ConfigDict reads it."""
