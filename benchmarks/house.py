@@ -278,14 +278,16 @@ def step_path(repo: Path) -> tuple[set[tuple], dict[tuple, int]]:
     def counted(trace):
         return {(tuple(k), tuple(map(tuple, chain))): n for k, chain, n in trace["calls"]}
 
-    runs = [_trace(repo, steps) for steps in (3, 4, 5)]
-    three, four, five = (counted(run) for run in runs)
+    runs = [_trace(repo, steps) for steps in (3, 4, 5, 6)]
+    counts = [counted(run) for run in runs]
     path = {tuple(k) for k in runs[-1]["traced"]}
-    for (key, chain), n in five.items():
-        more = n - four.get((key, chain), 0)
-        # Called more often by the same amount for each step more: the step's own work (a
-        # count that changes for another reason, such as the size of a file hashed, is not).
-        if more >= 1 and four.get((key, chain), 0) - three.get((key, chain), 0) == more:
+    for (key, chain), n in counts[-1].items():
+        seen = [count.get((key, chain), 0) for count in counts]
+        more = n - seen[-2]
+        # Called more often by the same amount for each step more, over three steps more: the
+        # step's own work (a count that changes for another reason, such as the number of
+        # files an orbax save happens to write, 16 to 18, is not).
+        if more >= 1 and all(b - a == more for a, b in zip(seen, seen[1:])):
             path.add(key)
             path.update(chain)
     sizes = {}

@@ -154,12 +154,12 @@ def _train() -> None:
 
 
 def _prepare() -> None:
-    from minigpt_jax.config_dict import check_experiment_config
     from minigpt_jax.data.shards.read import sharded_dataset
+    from minigpt_jax.typed_config import build_experiment
 
     if _CONFIG.value is None:
         raise app.UsageError("prepare needs --config, e.g. --config configs/gpt2_small.py.")
-    config = check_experiment_config(_CONFIG.value)
+    config = build_experiment(_CONFIG.value)
     if config.data.format != "shards":
         # Shards that `train` would not read (it encodes a memory corpus itself) are only cost.
         raise ValueError(

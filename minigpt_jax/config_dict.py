@@ -5,6 +5,7 @@ A run config is an ml_collections ConfigDict with the loop settings at the top a
 `model`, `optim`, `data`, `mesh` and `loss`, every key declared once in `settings` (the model
 group in `GPTConfig`); `default_config` holds every default, `complete` fills in what a config
 file leaves out, and `gpt_config_from` turns the model group into the frozen `GPTConfig`.
+A run reads the typed experiment built from it once (typed_config.build_experiment).
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ def declaration(dotted: str, config: Any = None) -> settings.Setting | None:
 
 def _as_dict(config: Any) -> dict:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def micro_batch_size(config: Any) -> int:
-    """Rows of one micro-batch: batch_size split into grad_accum_steps (checked to divide it)."""
-    return config.batch_size // config.grad_accum_steps
 
 
 def picked_entries(values: dict) -> list[tuple[Any, str]]:
@@ -288,6 +284,12 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
     checkpoint_every must be multiples of steps_per_call), a registry key that picks no entry
     (optimizer, schedule, loss terms) or a model the model group cannot build; all before a run
     writes anything."""
+    return checked_config(config)[0]
+
+
+def checked_config(config: Any) -> tuple[ml_collections.ConfigDict, GPTConfig]:
+    """(the complete, checked config, its model group typed with vocab_size 1: the tokenizer
+    sets it later); the checks of `check_experiment_config`."""
     config = complete(config)
     _check_values(config)
     _check_schedule(config)
@@ -296,24 +298,29 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
         if choices is None or key not in choices:  # e.g. model.attention's "auto"
             registry.check(key)  # every key that picks an entry, checked by its registry
     parse_terms(config.loss.terms)
-    _gpt_config(config, vocab_size=1)  # the tokenizer sets vocab_size later
-    check_entries(config)
-    return config
+    model = _gpt_config(config, vocab_size=1)
+    check_entries(config, model)
+    return config, model
 
 
-def check_entries(config: ml_collections.ConfigDict) -> None:
+def check_entries(config: ml_collections.ConfigDict, model: GPTConfig) -> None:
     """Runs each picked user entry (`module:attr`) on its registry's contract's small probe
-    input (registry.Registry.check_contract), before any work: a model entry sees a GPTConfig
-    of this config's model group, the others their group's ConfigDict."""
-    model = None
+    input (registry.Registry.check_contract), before any work: a model entry sees `model` (the
+    config's model group) with a vocabulary of 16, the others their typed group, as a run
+    hands it to them (the top level's see the config)."""
     for registry, key in picked_entries(config.to_dict()):
         if not is_user_key(key) or registry.contract is None:
             continue
         if registry.group == "model":
-            model = model or _gpt_config(config, vocab_size=16)
-            registry.check_contract(key, model)
+            registry.check_contract(key, model.replace(vocab_size=16))
         else:
-            registry.check_contract(key, config[registry.group] if registry.group else config)
+            registry.check_contract(key, _typed_group(config, registry.group))
+
+
+def _typed_group(config: ml_collections.ConfigDict, group: str) -> Any:
+    if not group:
+        return config
+    return GROUP_SETTINGS[group].from_values(config[group].to_dict())
 
 
 def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:

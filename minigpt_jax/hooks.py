@@ -21,14 +21,19 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from minigpt_jax.model.gpt import forward
 from minigpt_jax.settings.groups import BOOKKEEPING, setting
+from minigpt_jax.settings.groups import Hooks as HooksGroup
 from minigpt_jax.settings.registry import Registry, declares, plugin_error
+
+if TYPE_CHECKING:  # typed_config imports this module (its registry): a type-only import
+    from minigpt_jax.model.config import GPTConfig
+    from minigpt_jax.typed_config import Experiment
 
 _log = logging.getLogger(__name__)
 
@@ -38,8 +43,8 @@ class HookContext:
     """What a hook sees: read it, do not change the state (the loop owns it)."""
 
     step: int
-    config: Any  # the complete, checked experiment config
-    cfg: Any  # the GPTConfig
+    config: Experiment
+    cfg: GPTConfig  # the run's model, vocab_size set
     state: Any  # the TrainState after `step` steps
     params: Any  # the params evaluation, sampling and best/ use (optim.eval_params)
     tokenizer: Any
@@ -57,7 +62,7 @@ class Samples:
     Each token is one jit-compiled forward over the last block_size tokens, right-padded to
     block_size (causal attention: the padding is invisible), so it compiles once."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: HooksGroup):
         self.every = config.sample_every
         self.prompt, self.tokens = config.sample_prompt, config.sample_tokens
         self._forward = None
@@ -102,7 +107,7 @@ HOOKS: Registry[Any] = Registry(
 class Hooks:
     """The picked hooks of a run, made once; each call returns True when a hook asks to stop."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Experiment):
         keys = [item.strip() for item in config.hooks.names.split(",") if item.strip()]
         self.hooks = [(key, HOOKS[key](config.hooks)) for key in keys]
 

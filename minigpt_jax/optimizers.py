@@ -102,7 +102,7 @@ def decay_mask(params: Params) -> Params:
     )
 
 
-def adamw(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+def adamw(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransformation:
     """AdamW (Loshchilov & Hutter 2019) with decoupled decay on `decay_mask`'s leaves."""
     return optax.adamw(
         learning_rate,
@@ -135,7 +135,7 @@ _PROBE_META = {
 }
 
 
-def _optimizer_contract(entry: Any, optim: Any) -> None:
+def _optimizer_contract(entry: Any, optim: Optim) -> None:
     """The entry's transformation (`transformation`: a wrapper called, a factory filled) is an
     optax.GradientTransformation whose updates have the parameters' tree and shapes."""
     tx = transformation(optimizer_entry(entry).make, optim, optax.constant_schedule(optim.lr))
@@ -152,7 +152,7 @@ def _optimizer_contract(entry: Any, optim: Any) -> None:
         expect_shape(update, param.shape, "each update")
 
 
-def _schedule_contract(make: ScheduleFn, optim: Any) -> None:
+def _schedule_contract(make: ScheduleFn, optim: Optim) -> None:
     """make(optim, num_steps) is a function of the step returning a scalar learning rate."""
     schedule = make(optim, 100)
     if not callable(schedule):
@@ -177,7 +177,7 @@ def muon_dimension_numbers(params: Params) -> Params:
     return jax.tree_util.tree_map_with_path(rule, params)
 
 
-def muon(optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+def muon(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransformation:
     """Muon (Jordan et al. 2024) on the blocks' matrices, AdamW on the rest: optax.contrib.muon.
 
     The matrices' learning rate is optim.muon_lr on the same schedule shape as optim.lr's (the
@@ -207,7 +207,7 @@ class Optimizer:
     make: Callable[..., optax.GradientTransformation]
     eval_params: EvalParamsFn | None = None
 
-    def __call__(self, optim: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+    def __call__(self, optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransformation:
         return transformation(self.make, optim, learning_rate)
 
 
@@ -250,7 +250,7 @@ NOT_FACTORY_ARGUMENTS = (
 MASK_ARGUMENTS = ("mask", "weight_decay_mask")
 
 
-def factory_kwargs(fn: Callable, optim: Any, learning_rate: optax.Schedule) -> dict:
+def factory_kwargs(fn: Callable, optim: Optim, learning_rate: optax.Schedule) -> dict:
     """The keyword arguments of optax factory `fn` for this run: learning_rate <- the schedule,
     mask / weight_decay_mask <- `decay_mask`, any other parameter <- the optim setting of its
     name (an entry-owned one too); the rest keep their defaults. Raises ContractError naming
@@ -290,7 +290,7 @@ def optimizer_entry(value: Any) -> Optimizer:
 
 
 def transformation(
-    make: Callable[..., Any], optim: Any, learning_rate: optax.Schedule
+    make: Callable[..., Any], optim: Optim, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:
     """`make`'s transformation for this run: a factory called with `factory_kwargs`, a wrapper
     as make(optim, learning_rate). Raises ContractError when a factory's required argument
@@ -310,7 +310,7 @@ def transformation(
 
 
 def call_optimizer(
-    entry: Optimizer, optim: Any, learning_rate: optax.Schedule, key: str
+    entry: Optimizer, optim: Optim, learning_rate: optax.Schedule, key: str
 ) -> optax.GradientTransformation:
     """`transformation` of the entry `key` picks, its ContractError a RegistryError naming the
     key and the contract."""
@@ -349,7 +349,7 @@ class EmaState(NamedTuple):
     ema: Params
 
 
-def track_ema(tx: optax.GradientTransformation, optim: Any) -> optax.GradientTransformation:
+def track_ema(tx: optax.GradientTransformation, optim: Optim) -> optax.GradientTransformation:
     """`tx`, also keeping an exponential moving average of the params it produces: after
     update t, ema <- d ema + (1 - d) params with d = min(optim.ema_decay, (1 + t) / (10 + t))
     (the warmup of TensorFlow's ExponentialMovingAverage, so early averages are not mostly the
@@ -405,7 +405,7 @@ EVAL_PARAMS: Registry[EvalParams] = Registry(
 )
 
 
-def warmup_cosine(optim: Any, num_steps: int) -> optax.Schedule:
+def warmup_cosine(optim: Optim, num_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to optim.lr, then cosine decay to optim.min_lr at num_steps."""
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
@@ -416,13 +416,13 @@ def warmup_cosine(optim: Any, num_steps: int) -> optax.Schedule:
     )
 
 
-def warmup_constant(optim: Any, num_steps: int) -> optax.Schedule:
+def warmup_constant(optim: Optim, num_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to optim.lr, then constant (min_lr unused)."""
     del num_steps
     return optax.linear_schedule(0.0, optim.lr, max(optim.warmup_steps, 1))
 
 
-def warmup_stable_decay(optim: Any, num_steps: int) -> optax.Schedule:
+def warmup_stable_decay(optim: Optim, num_steps: int) -> optax.Schedule:
     """Warmup-stable-decay ("trapezoidal"; Hägele et al. 2024, the NanoGPT speedrun): linear
     warmup to optim.lr, constant, then linear decay to optim.min_lr over the last
     optim.decay_fraction of num_steps."""
@@ -460,7 +460,7 @@ class OptimizerParts(NamedTuple):
     eval_params: Callable[[optax.OptState], tuple[str, EvalParamsFn | None]]
 
 
-def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
+def build_optimizer(optim: Optim, num_steps: int) -> OptimizerParts:
     """Global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s learning rate
     (defaults: AdamW on linear warmup + cosine decay), wrapped as `optim.eval_params` needs.
     Raises RegistryError for an entry that breaks its contract (before any work)."""
@@ -494,13 +494,13 @@ def build_optimizer(optim: Any, num_steps: int) -> OptimizerParts:
     return OptimizerParts(tx, schedule, auto)
 
 
-def _setting(optim: Any, name: str) -> Any:
+def _setting(optim: Optim, name: str) -> Any:
     """optim's `name`, or its declared default where a partial optim group leaves it out."""
     return optim.get(name, defaults(Optim)[name])
 
 
 def make_optimizer(
-    optim: Any, num_steps: int
+    optim: Optim, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(tx, schedule) of `build_optimizer`."""
     parts = build_optimizer(optim, num_steps)

@@ -20,12 +20,15 @@ import math
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+if TYPE_CHECKING:  # the group's type only
+    from minigpt_jax.settings.groups import Mesh as MeshSettings
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -86,14 +89,14 @@ def exit_when_a_process_is_lost(workdir: str) -> Iterator[None]:
         os._exit(1)  # skip the shutdown barrier, which would wait for the dead process
 
 
-def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
+def make_mesh(mesh_config: MeshSettings, devices: list | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh; one size may be -1, meaning all remaining devices.
 
     In a single process, sizes that multiply to fewer than the devices present use the first
     ones (e.g. data=1 on an 8-device machine: one device); multi-host meshes use every device.
     """
     devices = jax.devices() if devices is None else devices
-    sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
+    sizes = [int(getattr(mesh_config, axis)) for axis in MESH_AXES]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ValueError(
             f"mesh sizes {_named(sizes)} are invalid: use positive sizes, "

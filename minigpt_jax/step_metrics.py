@@ -52,7 +52,7 @@ def update_ratio(grads: Params, updates: Params, params: Params) -> dict[str, An
     return {"update_ratio": optax.tree.norm(updates) / optax.tree.norm(params)}
 
 
-def _metric_contract(fn: StepMetricFn, config: Any) -> None:
+def _metric_contract(fn: StepMetricFn, config: object) -> None:
     """fn(grads, updates, params) returns a dict of scalars, on a two-parameter tree."""
     del config
     tree = {

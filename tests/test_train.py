@@ -215,15 +215,22 @@ def test_bfloat16_compute_trains_with_float32_params(corpus_file, tmp_path):
 
 def test_a_resumed_run_builds_its_model_config_once(corpus_file, full_run, tmp_path, monkeypatch):
     """Issue 35: GPTConfig was rebuilt from the ConfigDict (complete() and all) 6 times on a
-    resume. Now: once when the config is checked at the edge, once for the run's model group
-    (vocab_size then set by replace as each phase learns it)."""
+    resume. Now the config is completed, checked and typed once at the edge
+    (typed_config.build_experiment), its model group with it; the run sets vocab_size by
+    `replace` as each phase learns it."""
     from minigpt_jax import config_dict
 
     workdir = tmp_path / "run"
     shutil.copytree(full_run[0], workdir)
-    completions = []
-    complete = config_dict.complete
+    completions, model_builds = [], []
+    complete, gpt_config = config_dict.complete, config_dict._gpt_config
     monkeypatch.setattr(config_dict, "complete", lambda c: completions.append(1) or complete(c))
+    monkeypatch.setattr(
+        config_dict,
+        "_gpt_config",
+        lambda c, vocab_size: model_builds.append(vocab_size) or gpt_config(c, vocab_size),
+    )
     summary = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False)
     assert summary.resumed_from == 40
-    assert len(completions) == 2
+    assert len(completions) == 1
+    assert model_builds == [1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 from jax.experimental import multihost_utils
@@ -18,9 +18,12 @@ from minigpt_jax.data.shards.read import sharded_dataset
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.settings.registry import Registry
 
+if TYPE_CHECKING:  # typed_config imports this module (its registry): a type-only import
+    from minigpt_jax.typed_config import Experiment
+
 
 def dataset_from(
-    config: Any,
+    config: Experiment,
     workdir: str | Path | None,
     tokenizer: Tokenizer | None = None,
     *,

@@ -21,7 +21,7 @@ from minigpt_jax.model.attention_fns import (
 from minigpt_jax.model.blocks import BLOCKS, MLPS
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.settings.groups import MODEL, SPEED, check_values, declarations, setting
+from minigpt_jax.settings.groups import MODEL, SPEED, Group, check_values, setting
 from minigpt_jax.settings.registry import Registry
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
@@ -61,7 +61,7 @@ def _divides_n_head(n_kv_head: int, values: dict[str, Any]) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(Group):
     """Hyperparameters of the mini-GPT, the run config's `model` group; the defaults are the
     course's model. Each field is declared once (`settings.setting`: default, doc, rules, kind).
 
@@ -257,13 +257,9 @@ class GPTConfig:
     param_dtype: str = setting(
         "float32", "parameters", MODEL, choices=_PARAM_DTYPES, finetune_free=True
     )
-    # The values of the settings the picked entries declare (registry.declares), as sorted
-    # (name, value) pairs, hashable for jit; an entry reads them as `cfg.<name>`.
-    entry_settings: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
-        pairs = tuple(sorted((str(k), v) for k, v in self.entry_settings))
-        object.__setattr__(self, "entry_settings", pairs)  # a checkpoint's JSON holds lists
+        super().__post_init__()  # entry_settings: sorted pairs, hashable for jit
         check_values(GPTConfig, dataclasses.asdict(self), "GPTConfig")
         if self.n_embd % self.n_head:
             raise ValueError(
@@ -279,33 +275,6 @@ class GPTConfig:
                 f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
                 f"use attention='auto', which falls back to XLA."
             )
-
-    def __getattr__(self, name: str) -> Any:
-        """An entry-owned setting (`entry_settings`) by name, as `cfg.window`."""
-        if name.startswith("__") or name == "entry_settings":
-            raise AttributeError(name)
-        for key, value in self.__dict__.get("entry_settings", ()):
-            if key == name:
-                return value
-        declared = self.declared_entry_settings().get(name)
-        if declared is not None:  # a picked entry's default
-            return declared.default
-        raise AttributeError(
-            f"GPTConfig has no setting {name!r}: a model entry that reads cfg.{name} declares "
-            f"it (registry.declares({name}=setting(...))), and the config must pick that entry."
-        )
-
-    def declared_entry_settings(self) -> dict[str, Any]:
-        """{name: dataclasses.Field of settings.setting} that the picked model entries declare."""
-        found: dict[str, Any] = {}
-        for field_name, spec in declarations(GPTConfig).items():
-            settings_of = getattr(spec.choices, "settings_of", None)
-            if settings_of is not None and field_name in self.__dict__:
-                try:
-                    found = {**settings_of(self.__dict__[field_name]), **found}
-                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
-                    continue
-        return found
 
     @property
     def head_dim(self) -> int:

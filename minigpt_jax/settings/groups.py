@@ -150,11 +150,85 @@ def check_values(group: type, values: dict[str, Any], where: str) -> None:
             raise ValueError(f"{where}.{name}={value!r} {message}.")
 
 
+# ----------------------------------------------------------------------------- typed groups
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A typed group of settings: its declared fields, and the settings its picked entries
+    declare (registry.declares) as sorted (name, value) pairs, read by name (`optim.beta3`).
+    The groups below, built once at the edge (minigpt_jax.typed_config), are what a run reads."""
+
+    entry_settings: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        pairs = tuple(sorted((str(k), v) for k, v in self.entry_settings))
+        object.__setattr__(self, "entry_settings", pairs)  # a checkpoint's JSON holds lists
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], skip: Container = ()) -> Group:
+        """The group of `values` (complete and checked): its declared settings as fields, the
+        others (those its picked entries declare), but the names in `skip`, as entry_settings."""
+        declared = declarations(cls)
+        own = {name: value for name, value in values.items() if name in declared}
+        others = [(k, v) for k, v in values.items() if k not in declared and k not in skip]
+        return cls(**own, entry_settings=tuple(others))
+
+    def __getattr__(self, name: str) -> Any:
+        """An entry-owned setting by name (only called when no field has that name): its
+        value, else the default its entry declares (`declared_entry_settings`)."""
+        if name.startswith("__") or name == "entry_settings":
+            raise AttributeError(name)
+        for key, value in self.__dict__.get("entry_settings", ()):
+            if key == name:
+                return value
+        declared = self.declared_entry_settings().get(name)
+        if declared is not None:
+            return declared.default
+        raise AttributeError(
+            f"{type(self).__name__} has no setting {name!r}: an entry that reads it declares it "
+            f"(registry.declares({name}=setting(...))), and the config must pick that entry."
+        )
+
+    def declared_entry_settings(self) -> dict[str, Any]:
+        """{name: dataclasses.Field of `setting`} that the entries this group picks declare."""
+        found: dict[str, Any] = {}
+        for field_name, spec in declarations(type(self)).items():
+            settings_of = getattr(spec.choices, "settings_of", None)
+            if settings_of is not None and field_name in self.__dict__:
+                try:
+                    found = {**settings_of(self.__dict__[field_name]), **found}
+                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
+                    continue
+        return found
+
+    def __getitem__(self, name: str) -> Any:
+        """`group[name]`, as an entry written against the group's ConfigDict reads it."""
+        try:
+            return getattr(self, name)
+        except AttributeError as error:
+            raise KeyError(name) from error
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """`group.get(name, default)`, as on the group's ConfigDict."""
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            return default
+
+    def to_dict(self) -> dict[str, Any]:
+        """{name: value} of the declared settings, then the entries' own: the group as a run
+        config (and a checkpoint's record of it) holds it."""
+        values = {name: getattr(self, name) for name in declarations(type(self))}
+        values.update(self.entry_settings)
+        return values
+
+
 # ----------------------------------------------------------------------------- loop settings
 
 
 @dataclasses.dataclass(frozen=True)
-class Loop:
+class Loop(Group):
     """The top level of a run config: batch, step budget and cadences."""
 
     seed: int = setting(
@@ -284,7 +358,7 @@ class TagFactors:
 
 
 @dataclasses.dataclass(frozen=True)
-class Optim:
+class Optim(Group):
     """config.optim: the optimizer, its learning-rate schedule and gradient clipping."""
 
     lr: float = setting(
@@ -359,7 +433,7 @@ class Optim:
 
 
 @dataclasses.dataclass(frozen=True)
-class Data:
+class Data(Group):
     """config.data: the corpus, its tokenizer and split, and how a run holds it. The keys that
     pick a part (corpus, file_format, tokenizer, format) name an entry of their registry
     (data.sources.CORPORA, data.corpus.FILE_FORMATS, data.tokenizers.TOKENIZERS,
@@ -419,7 +493,7 @@ class Data:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mesh:
+class Mesh(Group):
     """config.mesh: the device mesh; -1 is all remaining devices (minigpt_jax/sharding.py)."""
 
     data: int = setting(-1, "devices the batch splits over", SPEED, low=-1)
@@ -428,7 +502,7 @@ class Mesh:
 
 
 @dataclasses.dataclass(frozen=True)
-class Loss:
+class Loss(Group):
     """config.loss: terms added to the next-token cross-entropy (minigpt_jax/model/losses.py)."""
 
     terms: str = setting(
@@ -440,7 +514,7 @@ class Loss:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eval:
+class Eval(Group):
     """config.eval: what every evaluation computes besides the losses."""
 
     metrics: str = setting(
@@ -453,7 +527,7 @@ class Eval:
 
 # The groups of a run config besides `model` (GPTConfig, minigpt_jax.model.config), by key.
 @dataclasses.dataclass(frozen=True)
-class Hooks:
+class Hooks(Group):
     """config.hooks: code the training loop calls at steps, evaluations and checkpoints
     (minigpt_jax.hooks.py); the picked hooks' own settings join this group."""
 

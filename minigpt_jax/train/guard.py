@@ -24,6 +24,7 @@ from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.run_dir import RunDir, entries_of
 from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
 from minigpt_jax.train.setup import Run
+from minigpt_jax.typed_config import Experiment
 
 Array = chex.Array
 _log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def fresh_workdir_entries(workdir: Path) -> set[str] | None:
     return entries_of(workdir)
 
 
-def warn_if_all_warmup(config: Any) -> None:
+def warn_if_all_warmup(config: Experiment) -> None:
     """Warns of a learning rate that never leaves its warmup within num_steps."""
     warmup, steps = config.optim.warmup_steps, config.num_steps
     if warmup > steps:
@@ -196,7 +197,7 @@ def warn_if_all_warmup(config: Any) -> None:
         )
 
 
-def user_keys_in_play(config: Any) -> str:
+def user_keys_in_play(config: Experiment) -> str:
     """The config keys that name user code (`module:attr`), e.g. "config.eval.metrics='m:f'",
     joined with "and"; "" when there are none."""
     keys = [key for keys in user_modules(config).values() for key in keys]

@@ -11,12 +11,11 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
 
-from minigpt_jax.config_dict import check_experiment_config
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import remove_created
@@ -28,6 +27,10 @@ from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.setup import Run, set_up, train_batches
+from minigpt_jax.typed_config import Experiment, build_experiment
+
+if TYPE_CHECKING:
+    from ml_collections import ConfigDict
 
 Array = chex.Array
 
@@ -50,14 +53,15 @@ class RunSummary:
 
 
 def train_and_evaluate(
-    config: Any,
+    config: Experiment | ConfigDict,
     workdir: str | Path,
     *,
     progress: bool = True,
     stop_at: int | None = None,
     allow_resume_changes: bool = False,
 ) -> RunSummary:
-    """Trains `config` (an experiment ConfigDict) in `workdir`, resuming from its latest checkpoint.
+    """Trains `config` in `workdir`, resuming from its latest checkpoint. `config` is the typed
+    experiment (typed_config.build_experiment), or a run config (ConfigDict) it is built from.
 
     A fresh run starts from config.init_from when set: a Hugging Face GPT-2 directory or another
     run's workdir, whose tokenizer it takes; config.model must match that model's shape.
@@ -84,7 +88,7 @@ def train_and_evaluate(
         try:
             # The config's plug-ins are imported here (a slow import is a phase of its own).
             stop.setup_phase("importing the config's plug-ins and checking it", None)
-            config = check_experiment_config(config)  # complete: every setting, defaults in
+            config = build_experiment(config)  # complete, checked and typed, once
             last_step = _last_step(config, stop_at)
             guard.warn_if_all_warmup(config)
             run = set_up(
@@ -143,8 +147,8 @@ def train_and_evaluate(
     )
 
 
-def _last_step(config: Any, stop_at: int | None) -> int:
-    """The step a run of `config` (complete) stops at: num_steps, or stop_at if earlier."""
+def _last_step(config: Experiment, stop_at: int | None) -> int:
+    """The step a run of `config` stops at: num_steps, or stop_at if earlier."""
     if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
         raise ValueError(
             f"stop_at={stop_at} must be a positive multiple of "

@@ -17,13 +17,16 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
+
+if TYPE_CHECKING:  # a low layer: the type only
+    from minigpt_jax.typed_config import Experiment
 
 _log = logging.getLogger(__name__)
 
@@ -97,7 +100,7 @@ class RunLogger:
 
     def __init__(
         self,
-        config: Any,
+        config: Experiment,
         workdir: Path,
         step: int,
         on_non_finite: Callable[[int, dict[str, float]], None],

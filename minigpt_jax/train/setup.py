@@ -24,7 +24,6 @@ import numpy as np
 
 from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
-from minigpt_jax.config_dict import gpt_config_from, micro_batch_size
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS, choose_kernel
@@ -45,6 +44,7 @@ from minigpt_jax.train.step import (
     make_train_chunk,
     state_shardings,
 )
+from minigpt_jax.typed_config import Experiment
 
 _log = logging.getLogger(__name__)
 OnPhase = Callable[[str, "int | None"], None]  # (setup step starting, step the run stands at)
@@ -54,7 +54,7 @@ OnPhase = Callable[[str, "int | None"], None]  # (setup step starting, step the 
 class Run:
     """What a run needs from its first step on (made by `set_up`)."""
 
-    config: Any  # the complete, checked experiment config
+    config: Experiment
     cfg: GPTConfig
     dataset: data.Dataset
     mesh: Any
@@ -79,11 +79,11 @@ class Run:
     @property
     def micro_batch_size(self) -> int:
         # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
-        return micro_batch_size(self.config)
+        return self.config.micro_batch_size
 
 
 def set_up(
-    config: Any,
+    config: Experiment,
     workdir: Path,
     *,
     progress: bool = False,
@@ -92,10 +92,10 @@ def set_up(
     on_phase: OnPhase = lambda phase, step: None,
     last_step: int | None = None,
 ) -> Run:
-    """The run of `config` (complete and checked: config_dict.check_experiment_config) in
-    `workdir`. on_phase(what, step) names each setup step as it starts ("reading the data",
-    ...) and the step the run stands at (None until the checkpoints are checked). A run already
-    at last_step compiles no train step (it has nothing to train)."""
+    """The run of the experiment `config` in `workdir`. on_phase(what, step) names each setup
+    step as it starts ("reading the data", ...) and the step the run stands at (None until the
+    checkpoints are checked). A run already at last_step compiles no train step (it has
+    nothing to train)."""
     checkpointer = Checkpointer(
         workdir, config.keep_checkpoints, write_digests=jax.process_index() == 0
     )
@@ -109,11 +109,11 @@ def set_up(
         pretrained = load_model(config.init_from) if config.init_from else None
         optimizer = build_optimizer(config.optim, config.num_steps)
         terms = parse_terms(config.loss.terms)
-        # The model group, typed once; only its vocab_size is set as each phase learns it.
-        model = gpt_config_from(config, vocab_size=1)
+        # The model group, typed at the edge; its vocab_size is set as each phase learns it.
+        model = config.model
         metrics = _checked_metrics(config, terms, model, pretrained)
         mesh = sharding.make_mesh(config.mesh)
-        sharding.check_batch_size(micro_batch_size(config), mesh)
+        sharding.check_batch_size(config.micro_batch_size, mesh)
         # A char vocabulary is known once the corpus is read: counted as 1 until then.
         early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
         _check_memory(
@@ -249,14 +249,14 @@ def _check_documents(cfg: GPTConfig, tokenizer: Any) -> None:
 
 
 def _checked_metrics(
-    config: Any,
+    config: Experiment,
     terms: tuple[tuple[str, float], ...],
     model: GPTConfig,
     pretrained: LoadedModel | None,
 ) -> tuple[str, ...]:
     """config.eval.metrics resolved and probed against their contract (shapes only), before
     anything is written; a name clashing with a loss term's is refused."""
-    metrics = parse_metrics(config.eval.get("metrics", ""))
+    metrics = parse_metrics(config.eval.metrics)
     taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in terms)}
     for key in metrics:
         if metric_name(key) in taken:
@@ -270,7 +270,7 @@ def _checked_metrics(
     return metrics
 
 
-def _check_memory(config: Any, tx: Any, mesh: Any, cfg: GPTConfig) -> None:
+def _check_memory(config: Experiment, tx: Any, mesh: Any, cfg: GPTConfig) -> None:
     """Refuses, before any array is allocated, a run of model `cfg` whose state, batches,
     logits and residual stream alone (budget.train_bytes_lower_bound, from shapes) exceed the
     devices' memory."""
@@ -278,13 +278,13 @@ def _check_memory(config: Any, tx: Any, mesh: Any, cfg: GPTConfig) -> None:
     fused = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False) == "cudnn"
     batches = (config.steps_per_call, config.batch_size, config.model.block_size + 1)
     needed = budget.train_bytes_lower_bound(
-        cfg, state_shapes, micro_batch_size(config), batches, fused_attention=fused
+        cfg, state_shapes, config.micro_batch_size, batches, fused_attention=fused
     )
     budget.check_train_fits(needed, mesh)
 
 
 def _check_resume(
-    config: Any, cfg: GPTConfig, checkpointer: Checkpointer, latest: int, allow_changes: bool
+    config: Experiment, cfg: GPTConfig, checkpointer: Checkpointer, latest: int, allow_changes: bool
 ) -> list[str]:
     """The accepted changes of resuming checkpoint `latest` with `config` and its model `cfg`;
     raises ValueError for changed model or (unless allowed) trajectory settings or plug-in
@@ -314,7 +314,9 @@ class _DataCheck:
     check_resume_data); with allow_changes notes the change (`change`), after which the best val
     loss starts afresh."""
 
-    def __init__(self, config: Any, checkpointer: Checkpointer, latest: int | None, allow: bool):
+    def __init__(
+        self, config: Experiment, checkpointer: Checkpointer, latest: int | None, allow: bool
+    ):
         self.config, self.checkpointer, self.latest, self.allow = (
             config,
             checkpointer,

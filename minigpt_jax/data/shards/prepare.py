@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -58,6 +58,9 @@ from minigpt_jax.data.tokenizers import (
 from minigpt_jax.runtime.digests import sha256_file
 from minigpt_jax.runtime.locks import lock_file, write_holder
 from minigpt_jax.runtime.run_dir import TOKENIZER_FILENAME
+
+if TYPE_CHECKING:  # the group's type only
+    from minigpt_jax.settings.groups import Data
 
 _log = logging.getLogger(__name__)
 
@@ -102,8 +105,8 @@ class ShardSettings:
     tokenizer_sample_bytes: int
 
     @classmethod
-    def from_config(cls, data_config: Any) -> ShardSettings:
-        settings = cls(**{field.name: data_config[field.name] for field in fields(cls)})
+    def from_config(cls, data_config: Data) -> ShardSettings:
+        settings = cls(**{field.name: getattr(data_config, field.name) for field in fields(cls)})
         object.__setattr__(settings, "reading", data_config)  # what file formats read
         TOKENIZERS.check(settings.tokenizer)
         for name in ("shard_tokens", "tokenizer_sample_bytes"):
@@ -152,7 +155,7 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
 
 def prepare_shards(
     directory: str | os.PathLike,
-    data_config: Any,
+    data_config: Data,
     *,
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
@@ -227,7 +230,9 @@ def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
         recorded["file_format"] = key
         declared = FILE_FORMATS.settings_of(key)
         if declared:
-            recorded["file_format_settings"] = {name: data_config[name] for name in declared}
+            recorded["file_format_settings"] = {
+                name: getattr(data_config, name) for name in declared
+            }
     return {
         "format": FORMAT,
         "inputs_fingerprint": inputs_fingerprint(sources),

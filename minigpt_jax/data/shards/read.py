@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from minigpt_jax.data.shards.prepare import ShardSettings, save_tokenizer, updat
 from minigpt_jax.data.sources import describe_sources, find_sources
 from minigpt_jax.data.tokenizers import Tokenizer, check_saved_tokenizer, load_tokenizer
 from minigpt_jax.runtime.run_dir import RunDir
+
+if TYPE_CHECKING:  # the group's type only
+    from minigpt_jax.settings.groups import Data
 
 
 class TokenStream:
@@ -86,7 +89,7 @@ def load_shards(directory: str | os.PathLike) -> tuple[dict, Tokenizer, TokenStr
 
 
 def sharded_dataset(
-    data_config: Any,
+    data_config: Data,
     block_size: int,
     workdir: str | os.PathLike,
     *,

@@ -1,0 +1,73 @@
+"""The typed experiment: what a run reads its settings from, built once at the edge.
+
+A config file is an ml_collections ConfigDict (config_dict); `build_experiment` completes and
+checks it once and turns it into a frozen `Experiment`: the loop settings at the top and one
+typed group each for `model` (GPTConfig), `optim`, `data`, `mesh`, `loss`, `eval` and `hooks`
+(settings.groups), each built once. Nothing below the edge takes a ConfigDict:
+`train_and_evaluate` and everything it calls read this object. `to_dict()` gives the
+ConfigDict's own values back (what a checkpoint records, so runs written before resume as
+they did).
+
+The model group's vocab_size is the tokenizer's, unknown until the data is read: it stands at
+1 here, and the run's setup sets it (`GPTConfig.replace`) as each phase learns it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from minigpt_jax.config_dict import checked_config
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.settings import groups as settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment(settings.Loop):
+    """A complete, checked run config: the loop settings (settings.Loop) and its typed groups."""
+
+    model: GPTConfig = None  # type: ignore[assignment]  (always set by build_experiment)
+    optim: settings.Optim = settings.Optim()
+    data: settings.Data = settings.Data()
+    mesh: settings.Mesh = settings.Mesh()
+    loss: settings.Loss = settings.Loss()
+    eval: settings.Eval = settings.Eval()
+    hooks: settings.Hooks = settings.Hooks()
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Rows of one micro-batch: batch_size split into grad_accum_steps (checked to divide)."""
+        return self.batch_size // self.grad_accum_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run config's values as nested dicts, as its ConfigDict's to_dict() gives them
+        (the model group without vocab_size: the tokenizer decides it)."""
+        values = super().to_dict()
+        values["model"] = self.model.to_dict()
+        del values["model"]["vocab_size"]
+        for group in settings.GROUPS:
+            values[group] = getattr(self, group).to_dict()
+        return values
+
+    def to_config_dict(self) -> ml_collections.ConfigDict:
+        """The same values as a ConfigDict (for code that edits a config and builds it again)."""
+        return ml_collections.ConfigDict(self.to_dict())
+
+
+def build_experiment(config: Any) -> Experiment:
+    """The typed, checked experiment of `config` (a run config: ConfigDict or dict, completed
+    and checked by config_dict.check_experiment_config, which raises ValueError naming any
+    problem); an Experiment is returned as it is."""
+    if isinstance(config, Experiment):
+        return config
+    complete, model = checked_config(config)
+    values = complete.to_dict()
+    groups = {group: cls.from_values(values[group]) for group, cls in settings.GROUPS.items()}
+    loop = settings.Loop.from_values(values, skip=("model", *settings.GROUPS))
+    return Experiment(**_fields(loop), model=model, **groups)
+
+
+def _fields(group: settings.Group) -> dict[str, Any]:
+    return {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
