@@ -98,7 +98,7 @@ class ConfigFileTest(chex.TestCase):
 
 
 class RunConfigTest(chex.TestCase):
-    """The experiment-config checks, all in run_config, each naming the key and the fix."""
+    """The experiment-config checks, all in config_dict, each naming the key and the fix."""
 
     def test_default_config_passes(self):
         check_experiment_config(default.get_config())
