@@ -1,5 +1,6 @@
-"""Shared test setup: strict numerics, and the fixtures many files use (the 40 kB corpus, one
-uninterrupted reference run); compile time dominates, so they are made once a session."""
+"""Shared test setup: strict numerics, the persistent compilation cache, and the fixtures many
+files use (the 40 kB corpus, one uninterrupted reference run); compile time dominates, so they
+are made once a session."""
 
 import shutil
 
@@ -7,9 +8,15 @@ import jax
 import pytest
 from helpers import crash_train_args, pydoc_text, run
 
+from minigpt_jax.runtime import compile_cache
+
 # Implicit rank promotion hides shape bugs; full-precision matmuls keep GPU (TF32) runs honest.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "float32")
+# The in-process runs load a program another test compiled, as every `minigpt-jax` command of
+# the suite does (the same folder: MINIGPT_JAX_COMPILATION_CACHE, else ~/.cache); the numbers
+# do not change (tests/test_compile_cache.py).
+compile_cache.enable()
 
 
 @pytest.fixture(scope="session")
