@@ -3,6 +3,7 @@ CLI in a subprocess, and the crash tests' run settings and run-directory readers
 built from these live in conftest.py."""
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,19 @@ def snapshot(directory: Path) -> dict | None:
 
 def largest_file(directory: Path) -> Path:
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def tensorboard_scalars(workdir: Path) -> dict[str, dict[int, float]]:
+    """{tag: {step: value}} of every event file (TFRecord frames of Event protos)."""
+    from tensorboardX.proto import event_pb2  # tensorboardX imports torch where it is installed
+
+    scalars = {}
+    for path in (workdir / "tensorboard").glob("events.out.tfevents.*"):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+            offset += 12 + length + 4
+    return scalars

@@ -4,7 +4,6 @@ outside the package, trained through the command line, and checked against indep
 computations of what each says."""
 
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import pydoc_text, train_args
-from tensorboardX.proto import event_pb2
+from helpers import pydoc_text, tensorboard_scalars, train_args
 
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.checkpoint import load_params
@@ -126,20 +124,6 @@ def _loss(params, cfg, batches) -> float:
             optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, batch_BxT1[:, 1:])
         )
     return float(jnp.concatenate([x.reshape(-1) for x in losses]).mean())
-
-
-def _tensorboard_scalars(workdir: Path) -> dict[str, dict[int, float]]:
-    """{tag: {step: value}} of every event file (TFRecord frames of Event protos)."""
-    scalars = {}
-    for path in (workdir / "tensorboard").glob("events.out.tfevents.*"):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset : offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
-            offset += 12 + length + 4
-    return scalars
 
 
 def test_the_docs_hold_these_examples():
@@ -331,7 +315,7 @@ def test_metrics_from_intermediates_are_logged_in_jsonl_and_tensorboard(user_dir
     assert [r["step"] for r in logged] == [10, 20]
     for name in names:
         assert {f"val_{name}", f"eval_train_{name}"} <= set(logged[-1])
-    scalars = _tensorboard_scalars(workdir)
+    scalars = tensorboard_scalars(workdir)
     for name in names:
         for prefix in ("val_", "eval_train_"):
             np.testing.assert_allclose(

@@ -2,10 +2,14 @@
 runs still resume), and the modules that write a run directory take their paths from RunDir."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tensorboard_scalars
 
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data.in_memory import prepare_dataset
@@ -90,3 +94,27 @@ def test_no_module_but_run_dir_spells_a_run_directory_name():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert not found, found
+
+
+def test_the_metrics_writer_writes_tensorboard_without_importing_torch(tmp_path):
+    """tensorboardX's writer imports torch (1-2 s of every `train`'s start-up where torch is
+    installed) only to accept torch tensors; the metrics writer imports it without, writes the
+    same scalars, and torch still imports afterwards."""
+    pytest.importorskip("torch")  # the claim is about a machine where torch is installed
+    code = (
+        "import sys\n"
+        "from minigpt_jax.train.metrics import MetricsWriter\n"
+        f"writer = MetricsWriter({str(tmp_path)!r})\n"
+        "writer.write(3, {'loss': 1.5, 'lr': 0.25})\n"
+        "writer.close()\n"
+        "print('torch' in sys.modules)\n"
+        "import torch\n"
+        "print(torch.ones(2).sum().item())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "2.0"]
+    assert tensorboard_scalars(tmp_path) == {"loss": {3: 1.5}, "lr": {3: 0.25}}

@@ -14,13 +14,13 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
-from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
@@ -29,6 +29,22 @@ if TYPE_CHECKING:  # a low layer: the type only
     from minigpt_jax.typed_config import Experiment
 
 _log = logging.getLogger(__name__)
+
+
+def _summary_writer_class() -> type:
+    """tensorboardX's SummaryWriter, imported without torch: its writer module imports torch
+    only to accept torch tensors (this writes Python floats), and where torch is installed that
+    import alone costs a `train` 1-2 s of start-up. Where torch is already imported, as it is."""
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX allows
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]  # a later `import torch` imports it as usual
+    return SummaryWriter
 
 
 class MetricsWriter:
@@ -52,7 +68,7 @@ class MetricsWriter:
         elif self.path.exists():
             self.path.unlink()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._tensorboard = SummaryWriter(
+        self._tensorboard = _summary_writer_class()(
             str(run_dir.tensorboard),
             purge_step=resume_step + 1 if resume_step else None,
         )
