@@ -21,6 +21,7 @@ import argparse
 import ast
 import collections
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -287,7 +288,7 @@ def step_path(repo: Path) -> tuple[set[tuple], dict[tuple, int]]:
         # Called more often by the same amount for each step more, over three steps more: the
         # step's own work (a count that changes for another reason, such as the number of
         # files an orbax save happens to write, 16 to 18, is not).
-        if more >= 1 and all(b - a == more for a, b in zip(seen, seen[1:])):
+        if more >= 1 and all(b - a == more for a, b in itertools.pairwise(seen)):
             path.add(key)
             path.update(chain)
     sizes = {}
