@@ -45,6 +45,9 @@ def test_entry_owned_settings_join_their_group_and_are_read_by_name():
         ("sample_tokens", 64),
     )
     assert experiment.model.rope_theta == 10000.0
+    # `name in group` as on a ConfigDict group (an optax factory's arguments are looked up so)
+    assert "sample_every" in experiment.hooks and "names" in experiment.hooks
+    assert "beta3" not in experiment.optim and 0 not in experiment.optim
     assert experiment.to_dict()["hooks"] == {
         "names": "samples",
         "sample_every": 7,

@@ -202,6 +202,10 @@ class Group:
                     continue
         return found
 
+    def __contains__(self, name: object) -> bool:
+        """Whether the group holds a setting `name` (declared, or an entry's own)."""
+        return isinstance(name, str) and name in self.to_dict()
+
     def __getitem__(self, name: str) -> Any:
         """`group[name]`, as an entry written against the group's ConfigDict reads it."""
         try:
