@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ml_collections
-
 from minigpt_jax.config_dict import checked_config
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings import groups as settings
@@ -50,10 +48,6 @@ class Experiment(settings.Loop):
         for group in settings.GROUPS:
             values[group] = getattr(self, group).to_dict()
         return values
-
-    def to_config_dict(self) -> ml_collections.ConfigDict:
-        """The same values as a ConfigDict (for code that edits a config and builds it again)."""
-        return ml_collections.ConfigDict(self.to_dict())
 
 
 def build_experiment(config: Any) -> Experiment:
