@@ -59,9 +59,5 @@ def build_experiment(config: Any) -> Experiment:
     complete, model = checked_config(config)
     values = complete.to_dict()
     groups = {group: cls.from_values(values[group]) for group, cls in settings.GROUPS.items()}
-    loop = settings.Loop.from_values(values, skip=("model", *settings.GROUPS))
-    return Experiment(**_fields(loop), model=model, **groups)
-
-
-def _fields(group: settings.Group) -> dict[str, Any]:
-    return {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
+    loop = Experiment.from_values(values, skip=("model", *settings.GROUPS))
+    return dataclasses.replace(loop, model=model, **groups)

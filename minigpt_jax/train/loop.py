@@ -238,7 +238,7 @@ class Trainer:
                 params,
                 tokens,
                 num_batches=run.config.eval_batches,
-                batch_size=run.micro_batch_size,  # what fits in memory
+                batch_size=run.config.micro_batch_size,  # what fits in memory
                 block_size=run.config.model.block_size,
                 seed=run.config.seed,
                 split=split,

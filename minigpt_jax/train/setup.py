@@ -76,11 +76,6 @@ class Run:
     def step(self) -> int:
         return int(self.state.step)
 
-    @property
-    def micro_batch_size(self) -> int:
-        # batch_size is per optimizer step; each micro-batch splits over the devices on its own.
-        return self.config.micro_batch_size
-
 
 def set_up(
     config: Experiment,
