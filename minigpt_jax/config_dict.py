@@ -314,10 +314,12 @@ def check_entries(config: ml_collections.ConfigDict, model: GPTConfig) -> None:
         if registry.group == "model":
             registry.check_contract(key, model.replace(vocab_size=16))
         else:
-            registry.check_contract(key, _typed_group(config, registry.group))
+            registry.check_contract(key, typed_group(config, registry.group))
 
 
-def _typed_group(config: ml_collections.ConfigDict, group: str) -> Any:
+def typed_group(config: ml_collections.ConfigDict, group: str) -> Any:
+    """Group `group` of the complete config as its typed settings.Group (the config itself for
+    the top level, "")."""
     if not group:
         return config
     return GROUP_SETTINGS[group].from_values(config[group].to_dict())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from minigpt_jax.config_dict import checked_config
+from minigpt_jax.config_dict import checked_config, typed_group
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings import groups as settings
 
@@ -57,7 +57,6 @@ def build_experiment(config: Any) -> Experiment:
     if isinstance(config, Experiment):
         return config
     complete, model = checked_config(config)
-    values = complete.to_dict()
-    groups = {group: cls.from_values(values[group]) for group, cls in settings.GROUPS.items()}
-    loop = Experiment.from_values(values, skip=("model", *settings.GROUPS))
+    groups = {group: typed_group(complete, group) for group in settings.GROUPS}
+    loop = Experiment.from_values(complete.to_dict(), skip=("model", *settings.GROUPS))
     return dataclasses.replace(loop, model=model, **groups)
