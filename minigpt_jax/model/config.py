@@ -66,7 +66,8 @@ class GPTConfig(Group):
     course's model. Each field is declared once (`settings.setting`: default, doc, rules, kind).
 
     Names follow nanoGPT. Validated on construction: a wrong field raises a `ValueError` that
-    names the field and what is allowed.
+    names the field and what is allowed. Derived once then, as plain attributes: head_dim (K),
+    kv_heads (G), mlp_dim (F), padded_vocab_size (Y), compute_dtype and weight_dtype.
     """
 
     vocab_size: int = setting(512, "V: rows of the token table W_E (the tokenizer's)", MODEL, low=1)
@@ -267,6 +268,20 @@ class GPTConfig(Group):
                 f"choose n_head among the divisors of n_embd, "
                 f"e.g. {[h for h in range(1, 17) if self.n_embd % h == 0]}."
             )
+        # Derived once, when the config is built (not fields: never saved, never set).
+        width = max(round(self.mlp_ratio * self.n_embd), 1)
+        derived = {
+            "head_dim": self.n_embd // self.n_head,  # K: width of one attention head
+            "kv_heads": self.n_kv_head or self.n_head,  # G: key/value heads
+            # F: round(mlp_ratio · D) up to a multiple of mlp_multiple (4·D by default)
+            "mlp_dim": -(-width // self.mlp_multiple) * self.mlp_multiple,
+            # Y: rows of the token table, V up to a multiple of vocab_multiple
+            "padded_vocab_size": -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple,
+            "compute_dtype": jnp.dtype(self.dtype),
+            "weight_dtype": jnp.dtype(self.param_dtype),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
         POSITION_ENCODINGS[self.pos_encoding].validate(self)
         check_kernel(self)
         if self.attention == "cudnn" and (self.dtype == "float32" or self.head_dim % 8):
@@ -275,36 +290,6 @@ class GPTConfig(Group):
                 f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
                 f"use attention='auto', which falls back to XLA."
             )
-
-    @property
-    def head_dim(self) -> int:
-        """K: width of one attention head."""
-        return self.n_embd // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        """G: key/value heads (n_kv_head, or n_head when it is 0)."""
-        return self.n_kv_head or self.n_head
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """Rows of the token table: vocab_size rounded up to a multiple of vocab_multiple."""
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-    @property
-    def mlp_dim(self) -> int:
-        """F: hidden width of the MLP, round(mlp_ratio · D) rounded up to a multiple of
-        mlp_multiple (exactly 4·D by default)."""
-        width = max(round(self.mlp_ratio * self.n_embd), 1)
-        return -(-width // self.mlp_multiple) * self.mlp_multiple
-
-    @property
-    def compute_dtype(self) -> Any:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def weight_dtype(self) -> Any:
-        return jnp.dtype(self.param_dtype)
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare
