@@ -140,132 +140,87 @@ class MultiHeadAttention(nn.Module):
         segments_BxT: Array | None = None,
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
-        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _positioned_qkv(cfg, x_BxTxD, positions_BxT)
-        if cache is None:
-            keys = _Keys(k_BxTxGxK, v_BxTxGxK, positions_BxT)
-            mask = _mask(cfg, positions_BxT, positions_BxT, segments_BxT)
-        else:
-            cache = cache.write(k_BxTxGxK, v_BxTxGxK, positions_BxT)
-            keys = _Keys(cache.k_BxSxGxK, cache.v_BxSxGxK, cache.positions_BxS)
-            mask = _cached_mask(cfg, positions_BxT, cache.positions_BxS)
-        out_BxTxHxK = self._attend(
-            q_BxTxHxK, keys, mask, positions_BxT, deterministic, cached=cache is not None
-        )
-        return _out_proj(cfg, out_BxTxHxK), cache
+        # qkv: projected, QK-normed (cfg.qk_norm), rotated by a rotary encoding (RoPE's).
+        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _project_qkv(cfg, x_BxTxD)
+        if cfg.qk_norm:
+            q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
+        rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
+        if rotary is not None:
+            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, cfg)
+            k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
 
-    def _attend(
-        self,
-        q_BxTxHxK: Array,
-        keys: _Keys,
-        mask: Array | None,
-        positions_BxT: Array,
-        deterministic: bool,
-        cached: bool,
-    ) -> Array:
-        """softmax(score(q·kᵀ/√K) + mask)·v through the kernel `choose_kernel` picks: the
-        explicit path here (its weights sown as `attention_weights`), a fused one otherwise."""
-        cfg = self.cfg
+        # The keys: this call's, or (written into it first) every slot of the cache.
+        k_BxSxGxK, v_BxSxGxK, k_positions_BxS = k_BxTxGxK, v_BxTxGxK, positions_BxT
+        if cache is not None:
+            cache = cache.write(k_BxTxGxK, v_BxTxGxK, positions_BxT)
+            k_BxSxGxK, v_BxSxGxK, k_positions_BxS = cache[:3]
+        k_BxSxHxK = expand_kv_heads(k_BxSxGxK, cfg.n_head)
+        v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
+
+        # The mask (broadcasting to B, H, T, S; None: every key): cfg.attention_mask's entry, and
+        # with a cache only its filled slots; a sample continues one document (document 0).
+        mask_entry = ATTENTION_MASKS[cfg.attention_mask]
+        documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
+        if cache is not None and mask_entry.documents:
+            documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
+        mask = mask_entry.fn(positions_BxT, k_positions_BxS, cfg, *documents)
+        if cache is not None:
+            filled_Bx1x1xS = (k_positions_BxS >= 0)[:, None, None, :]
+            mask = filled_Bx1x1xS if mask is None else filled_Bx1x1xS & mask
         # Without a cache, positions are 0..T-1, and a triangle mask is the one is_causal builds
         # (cuDNN skips its masked blocks instead of reading a mask).
-        triangle = (
-            not cached and mask is not None and ATTENTION_MASKS[cfg.attention_mask].causal_triangle
-        )
-        path = choose_kernel(
-            cfg,
-            weight_dropout=not deterministic and cfg.dropout > 0,
-            cached=cached,
-            plain_mask=mask is None or triangle,
-        )
-        entry_score = score_fn(cfg)
-        score = None
+        triangle = cache is None and mask is not None and mask_entry.causal_triangle
+
+        # scores -> softmax -> mix, through the kernel choose_kernel picks; the explicit path
+        # sows its weights (B, H, T, S) as `attention_weights` and drops them out.
+        kernel = ATTENTION_KERNELS[
+            choose_kernel(
+                cfg,
+                weight_dropout=not deterministic and cfg.dropout > 0,
+                cached=cache is not None,
+                plain_mask=mask is None or triangle,
+            )
+        ]
+        entry_score, score = score_fn(cfg), None
         if entry_score is not None:
 
             def score(scores_BxHxTxS):
-                return entry_score(scores_BxHxTxS, positions_BxT, keys.positions_BxS, cfg)
+                return entry_score(scores_BxHxTxS, positions_BxT, k_positions_BxS, cfg)
 
-        keys_BxSxHxK = expand_kv_heads(keys.k_BxSxGxK, cfg.n_head)
-        v_BxSxHxK = expand_kv_heads(keys.v_BxSxGxK, cfg.n_head)
-        kernel = ATTENTION_KERNELS[path]
-        if not kernel.explicit:
-            # choose_kernel never hands a score to a kernel that does not take one.
-            return kernel.fn(
+        if kernel.explicit:
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask, score)
+            self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+            weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
+            out_BxTxHxK = mix_values(weights_BxHxTxS, v_BxSxHxK)
+        else:  # choose_kernel never hands a score to a kernel that does not take one
+            out_BxTxHxK = kernel.fn(
                 q_BxTxHxK,
-                keys_BxSxHxK,
+                k_BxSxHxK,
                 v_BxSxHxK,
                 None if triangle else mask,
                 causal=triangle,
                 score=score,
             )
-        weights_BxHxTxS = attention_weights(q_BxTxHxK, keys_BxSxHxK, mask, score)
-        self.sow("intermediates", "attention_weights", weights_BxHxTxS)
-        weights_BxHxTxS = nn.Dropout(cfg.dropout)(weights_BxHxTxS, deterministic=deterministic)
-        return mix_values(weights_BxHxTxS, v_BxSxHxK)
 
-
-class _Keys(NamedTuple):
-    """What the queries attend to: this call's keys and values, or every slot of the cache."""
-
-    k_BxSxGxK: Array
-    v_BxSxGxK: Array
-    positions_BxS: Array
-
-
-def _positioned_qkv(
-    cfg: GPTConfig, x_BxTxD: Array, positions_BxT: Array
-) -> tuple[Array, Array, Array]:
-    """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK) projected, QK-normed (cfg.qk_norm) and rotated by a
-    rotary position encoding (RoPE's)."""
-    q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _project_qkv(cfg, x_BxTxD)
-    if cfg.qk_norm:
-        q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
-    rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
-    if rotary is not None:
-        q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, cfg)
-        k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
-    return q_BxTxHxK, k_BxTxGxK, v_BxTxGxK
-
-
-def _mask(
-    cfg: GPTConfig, positions_BxT: Array, k_positions_BxS: Array, segments_BxT: Array | None
-) -> Array | None:
-    """cfg.attention_mask's mask (broadcastable to B, H, T, S; None: attend everywhere)."""
-    documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
-    return ATTENTION_MASKS[cfg.attention_mask].fn(positions_BxT, k_positions_BxS, cfg, *documents)
-
-
-def _cached_mask(cfg: GPTConfig, positions_BxT: Array, k_positions_BxS: Array) -> Array:
-    """The filled slots of a cache (position >= 0), and cfg.attention_mask's mask over them.
-    A sample continues one document: every slot is in document 0."""
-    mask_entry = ATTENTION_MASKS[cfg.attention_mask]
-    documents = (
-        (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
-        if mask_entry.documents
-        else ()
-    )
-    entry_mask = mask_entry.fn(positions_BxT, k_positions_BxS, cfg, *documents)
-    filled = (k_positions_BxS >= 0)[:, None, None, :]
-    return filled if entry_mask is None else filled & entry_mask
-
-
-def _out_proj(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
-    """out_BxTxD: the heads joined and projected back to D (GPT-2's c_proj)."""
-    return nn.DenseGeneral(
-        cfg.n_embd,
-        axis=(-2, -1),
-        kernel_init=declare(
-            residual_init(cfg),
-            ("tensor", None, None),
-            muon=((0, 1), 2),
-            decay=True,
-            gpt2="h.{i}.attn.c_proj.weight",
-            tags=ATTENTION,
-        ),
-        bias_init=declare(
-            nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias", tags=ATTENTION
-        ),
-        name="proj",
-        **dense_options(cfg),
-    )(out_BxTxHxK)
+        # The heads joined and projected back to D (GPT-2's c_proj).
+        out_BxTxD = nn.DenseGeneral(
+            cfg.n_embd,
+            axis=(-2, -1),
+            kernel_init=declare(
+                residual_init(cfg),
+                ("tensor", None, None),
+                muon=((0, 1), 2),
+                decay=True,
+                gpt2="h.{i}.attn.c_proj.weight",
+                tags=ATTENTION,
+            ),
+            bias_init=declare(
+                nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias", tags=ATTENTION
+            ),
+            name="proj",
+            **dense_options(cfg),
+        )(out_BxTxHxK)
+        return out_BxTxD, cache
 
 
 def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
@@ -295,8 +250,7 @@ def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
             name="qkv",
             **dense_options(cfg),
         )(x_BxTxD)
-        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
-        return q_BxTxHxK, k_BxTxHxK, v_BxTxHxK
+        return qkv_BxTx3xHxK[:, :, 0], qkv_BxTx3xHxK[:, :, 1], qkv_BxTx3xHxK[:, :, 2]
     q_BxTxHxK = nn.DenseGeneral(
         (cfg.n_head, cfg.head_dim),
         kernel_init=declare(
