@@ -45,9 +45,8 @@ def norm(cfg: GPTConfig, name: str) -> nn.Module:
     return NORMS[cfg.norm](cfg, name)
 
 
-def hidden_init():
-    """The init of a D -> F kernel, whose F the mesh's tensor axis splits."""
-    return nn.initializers.normal(INIT_STDDEV)
+# The init of a D -> F kernel, whose F the mesh's tensor axis splits.
+HIDDEN_INIT = nn.initializers.normal(INIT_STDDEV)
 
 
 def out_proj(cfg: GPTConfig, gpt2: bool) -> nn.Dense:
@@ -84,7 +83,7 @@ class MLP(nn.Module):
         h_BxTxF = nn.Dense(
             cfg.mlp_dim,
             kernel_init=declare(
-                hidden_init(),
+                HIDDEN_INIT,
                 (None, "tensor"),
                 muon=MATRIX,
                 decay=True,
@@ -120,7 +119,7 @@ class GatedMLP(nn.Module):
 
         def dense(name):
             kernel_init = declare(
-                hidden_init(), (None, "tensor"), muon=MATRIX, decay=True, tags=MLP_TAGS
+                HIDDEN_INIT, (None, "tensor"), muon=MATRIX, decay=True, tags=MLP_TAGS
             )
             bias_init = declare(nn.initializers.zeros_init(), ("tensor",), tags=MLP_TAGS)
             return nn.Dense(

@@ -157,7 +157,8 @@ def train_step(
     )
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
     metrics.update(aux)
-    metrics.update(step_metric_values(step_metrics, grads, updates, state.params, set(metrics)))
+    if step_metrics:
+        metrics.update(step_metric_values(step_metrics, grads, updates, state.params, set(metrics)))
     return new_state, metrics
 
 
