@@ -21,7 +21,7 @@ import numpy as np
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.model.losses import term_name
-from minigpt_jax.runtime.run_dir import RunDir, entries_of
+from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
 from minigpt_jax.train.setup import Run
 from minigpt_jax.typed_config import Experiment
@@ -174,12 +174,27 @@ def disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
     )
 
 
-def fresh_workdir_entries(workdir: Path) -> set[str] | None:
-    """The names in a workdir that holds no run yet (no checkpoints; an empty set if it does
-    not exist), for `remove_created`; None for a workdir with a run in it (never cleaned)."""
-    if workdir.exists() and RunDir(workdir).has_checkpoints():
-        return None
-    return entries_of(workdir)
+class FreshRunCleanup:
+    """`with FreshRunCleanup(workdir, lock):` a fresh run (its workdir holds no checkpoint yet)
+    that fails with an exception leaves its workdir as it was: what it created goes, run.lock
+    (released) too, unless a checkpoint holds trained steps by then (`kept`, set once the run
+    stops training). A workdir with a run in it is never cleaned; Ctrl-C and SystemExit clean
+    nothing (they checkpoint or stop before writing)."""
+
+    def __init__(self, workdir: Path, lock: Any):
+        self.workdir, self.lock = workdir, lock
+        self.kept = False  # a checkpoint holds trained steps: what it created stays
+        has_run = workdir.exists() and RunDir(workdir).has_checkpoints()
+        self.before = None if has_run else entries_of(workdir)
+
+    def __enter__(self) -> FreshRunCleanup:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        failed = kind is not None and issubclass(kind, Exception)
+        if failed and not self.kept and self.before is not None and jax.process_index() == 0:
+            self.lock.__exit__(None, None, None)
+            remove_created(self.workdir, self.before)
 
 
 def warn_if_all_warmup(config: Experiment) -> None:

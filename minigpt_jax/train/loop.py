@@ -18,7 +18,6 @@ import jax
 
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
 from minigpt_jax.runtime.locks import RunLock
-from minigpt_jax.runtime.run_dir import remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import (
     host_callback_errors,
@@ -83,8 +82,7 @@ def train_and_evaluate(
     stop = TrainingStop()
     # Nothing is created until every check has passed (RunLock.create, called by set_up).
     lock = RunLock(workdir, jax.process_index(), create=False)
-    before = guard.fresh_workdir_entries(workdir)
-    with stop, lock:
+    with stop, lock, guard.FreshRunCleanup(workdir, lock) as cleanup:
         try:
             # The config's plug-ins are imported here (a slow import is a phase of its own).
             stop.setup_phase("importing the config's plug-ins and checking it", None)
@@ -107,32 +105,17 @@ def train_and_evaluate(
                 raise
         except StopBeforeTraining as stopped:
             return _stopped_before_training(stopped, stop.step, wall_start)
-        except Exception:
-            # A fresh run whose setup failed (e.g. a plug-in failing when the step is traced)
-            # leaves its workdir as it was: what it created goes, run.lock (released) too.
-            if before is not None and jax.process_index() == 0:
-                lock.__exit__(None, None, None)
-                remove_created(workdir, before)
-            raise
-        trainer, log, failed = Trainer(run), None, False
+        trainer, log = Trainer(run), None
         try:
             log = RunLogger(config, workdir, run.step, trainer.non_finite_step, progress=progress)
             _train(trainer, log, stop, last_step)
         except OSError as error:
-            failed = True
             raise guard.disk_full_error(error, run.checkpointer) from error
-        except Exception:
-            failed = True
-            raise
         finally:
             if log is not None:
                 log.close()
-            kept = run.checkpointer.latest_step()
+            cleanup.kept = run.checkpointer.latest_step() is not None
             run.checkpointer.close()
-            # A fresh run that failed before its first checkpoint leaves its workdir as it was.
-            if failed and kept is None and before is not None and jax.process_index() == 0:
-                lock.__exit__(None, None, None)
-                remove_created(workdir, before)
     return RunSummary(
         step=run.step,
         train_loss=log.train_loss,
