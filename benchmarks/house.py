@@ -336,8 +336,12 @@ def main() -> None:
     )
     path, path_sizes = step_path(repo)
     path_files = sorted({file for file, _, _ in path})
+    comprehensions = sum(
+        1 for _, name, _ in path if re.search(r"<(genexpr|listcomp|dictcomp|setcomp)>$", name)
+    )
     print(
-        f"one training step: {len(path_files)} files, {len(path)} functions, "
+        f"one training step: {len(path_files)} files, {len(path)} functions "
+        f"({len(path) - comprehensions} without comprehensions), "
         f"{sum(path_sizes.values()):,} lines of them"
     )
     by_file = collections.defaultdict(list)

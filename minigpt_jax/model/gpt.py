@@ -216,19 +216,17 @@ def forward(
     [0, V): under jit an out-of-range id is not an error but a garbage row, so validate
     untrusted ids with `checked_forward` or `embeddings.check_token_ids`.
     """
-    _check_dropout_rng(cfg, train, rng)
     logits_BxTxV, _ = GPT(cfg).apply(
-        {"params": params}, tokens_BxT, deterministic=not train, rngs=_dropout_rngs(train, rng)
+        {"params": params}, tokens_BxT, deterministic=not train, rngs=_dropout_rngs(cfg, train, rng)
     )
     return logits_BxTxV
 
 
-def _check_dropout_rng(cfg: GPTConfig, train: bool, rng: Array | None) -> None:
+def _dropout_rngs(cfg: GPTConfig, train: bool, rng: Array | None) -> dict:
+    """The `rngs` of an apply: {"dropout": rng} when training with one; refuses training with
+    dropout > 0 and no rng."""
     if train and cfg.dropout > 0 and rng is None:
         raise ValueError("forward(train=True) with dropout > 0 needs an `rng` for dropout.")
-
-
-def _dropout_rngs(train: bool, rng: Array | None) -> dict:
     return {"dropout": rng} if train and rng is not None else {}
 
 
@@ -308,13 +306,12 @@ def next_token_loss_terms(
     ((key, weight), ...); the weights are the caller's): a per-token term's from the same
     read-out of the features, a term of the model's internals (one scalar, from the forward's
     sown 'intermediates') broadcast to every token, so means and sums treat both alike."""
-    _check_dropout_rng(cfg, train, rng)
     internal = len(per_token_terms(terms)) < len(terms)
     outputs = GPT(cfg).apply(
         {"params": params},
         tokens_BxT1[:, :-1],
         deterministic=not train,
-        rngs=_dropout_rngs(train, rng),
+        rngs=_dropout_rngs(cfg, train, rng),
         method=GPT.hidden,
         mutable=["intermediates"] if internal else False,
     )
