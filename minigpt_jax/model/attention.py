@@ -202,25 +202,28 @@ class MultiHeadAttention(nn.Module):
                 score=score,
             )
 
-        # The heads joined and projected back to D (GPT-2's c_proj).
-        out_BxTxD = nn.DenseGeneral(
-            cfg.n_embd,
-            axis=(-2, -1),
-            kernel_init=declare(
-                residual_init(cfg),
-                ("tensor", None, None),
-                muon=((0, 1), 2),
-                decay=True,
-                gpt2="h.{i}.attn.c_proj.weight",
-                tags=ATTENTION,
-            ),
-            bias_init=declare(
-                nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias", tags=ATTENTION
-            ),
-            name="proj",
-            **dense_options(cfg),
-        )(out_BxTxHxK)
-        return out_BxTxD, cache
+        return _out_proj(cfg, out_BxTxHxK), cache
+
+
+def _out_proj(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
+    """out_BxTxD: the heads joined and projected back to D (GPT-2's c_proj)."""
+    return nn.DenseGeneral(
+        cfg.n_embd,
+        axis=(-2, -1),
+        kernel_init=declare(
+            residual_init(cfg),
+            ("tensor", None, None),
+            muon=((0, 1), 2),
+            decay=True,
+            gpt2="h.{i}.attn.c_proj.weight",
+            tags=ATTENTION,
+        ),
+        bias_init=declare(
+            nn.initializers.zeros_init(), gpt2="h.{i}.attn.c_proj.bias", tags=ATTENTION
+        ),
+        name="proj",
+        **dense_options(cfg),
+    )(out_BxTxHxK)
 
 
 def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
