@@ -17,9 +17,11 @@ Prints:   the CPU, its extensions and peaks first (benchmarks/machine.py); then 
           p10, p90 over all rounds), tokens/s, achieved GFLOP/s (nanoGPT's 6N + 12·L·H·K·T FLOP
           per token), MFU against the peak of those cores for the column's matmul dtype and
           against a float32 matmul timed in the same run, the ratios to PyTorch eager and to the
-          JAX default, and the JAX compile time. `--variants` adds a row for each JAX setting
-          tried (VARIANTS: config overrides and XLA options), so the output documents what won
-          and what did not.
+          JAX default, and the JAX compile time. Every run times the default beside its other
+          matmul dtype (GPTConfig.matmul_dtype: bf16 operands with float32 sums where "auto"
+          multiplies in float32, float32 where it picks bf16). `--variants` adds a row for each
+          JAX setting tried (VARIANTS: config overrides and XLA options), so the output
+          documents what won and what did not.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default, erf GELU": {"model.gelu_approximate": False},
     "default, K=25": {"steps_per_call": 25},
     "default, bf16 activations": {"model.dtype": "bfloat16"},
+    # Printed in every run, beside the default: bf16 operands, float32 sums and weights.
+    "default, bf16 matmuls": {"model.matmul_dtype": "bfloat16"},
+    "default, float32 matmuls": {"model.matmul_dtype": "float32"},
     "default, YNNPACK off (Eigen dots)": {_YNN: ""},
     "default, YNNPACK dot fusion": {_YNN: "LIBRARY_FUSION_TYPE_DOT"},
     "default, fusion emitters off": {"xla_cpu_use_fusion_emitters": False},
@@ -65,6 +70,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default, loss in chunks of 128 tokens": {"model.loss_chunk": 128},
 }
 PLAIN, BF16 = "fp32 erf-GELU K=1 (plain)", "default, bf16 activations"
+BF16_MATMULS, FP32_MATMULS = "default, bf16 matmuls", "default, float32 matmuls"
 
 # Tried during development with throwaway A/B scripts whose code was not kept, so this script
 # cannot re-time them: the change and what became of it (benchmarks/README.md).
@@ -189,7 +195,7 @@ def jax_column(
     options = [f"{key}={value!r}" for key, value in compiler_options.items()]
     note = " ".join([_model_note(cfg), f"copies={copies}", *options])
     column = chunk_column(name, train_chunk, state, chunks, compile_s=compile_s, note=note)
-    column.dtype = cfg.dtype
+    column.dtype = _matmul_operand_dtype(cfg)
     return column
 
 
@@ -233,6 +239,23 @@ def torch_column(
     return column
 
 
+def _matmul_operand_dtype(cfg) -> str:
+    """The dtype the Dense matmuls multiply in: what the column's MFU is read against."""
+    from minigpt_jax.model import backend
+
+    return "bfloat16" if backend.matmul_dtype(cfg) == "bfloat16" else cfg.dtype
+
+
+def matmul_counterpart(config) -> str:
+    """The VARIANTS name timed beside the default in every run: the matmul dtype that "auto"
+    does not pick here (bf16 matmuls where the default multiplies in float32, and the other
+    way)."""
+    from minigpt_jax.config_dict import gpt_config_from
+
+    cfg = gpt_config_from(config, config.data.vocab_size)  # any V: the dtype ignores it
+    return BF16_MATMULS if _matmul_operand_dtype(cfg) == "float32" else FP32_MATMULS
+
+
 def _model_note(cfg) -> str:
     """The model's speed settings, "auto" ones as this backend resolves them."""
     from minigpt_jax.model import backend
@@ -241,9 +264,12 @@ def _model_note(cfg) -> str:
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
     chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
+    matmul = backend.matmul_dtype(cfg)
+    if matmul == "bfloat16" and not backend.bf16_matmuls_pay():
+        matmul += "(no bf16 dot unit: converted to float32)"
     return (
-        f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} attention={attention}"
-        + chunk
+        f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} attention={attention} "
+        f"matmul={matmul}" + chunk
     )
 
 
@@ -356,9 +382,13 @@ def main(argv: list[str] | None = None) -> None:
     from minigpt_jax.config_dict import gpt_config_from, load_config_file
 
     config = load_config_file(args.config)
-    overrides = VARIANTS if args.variants else {DEFAULT: {}}
+    counterpart = matmul_counterpart(config)  # the other matmul dtype, side by side
+    overrides = {DEFAULT: {}, counterpart: VARIANTS[counterpart]}
+    if args.variants:  # the matmul column that repeats the default is left out
+        overrides = {k: v for k, v in VARIANTS.items() if k not in (BF16_MATMULS, FP32_MATMULS)}
+        overrides[counterpart] = VARIANTS[counterpart]
     if args.only:
-        names = args.only
+        names = [counterpart, *(name for name in args.only if name != counterpart)]
         unknown = [name for name in names if name not in VARIANTS]
         if unknown:
             raise SystemExit(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}.")

@@ -1,9 +1,11 @@
 """The automatic speed settings equal the plain path: attention kernels, the Dense VJP, vocabulary
-padding, the chunked loss and the compute-dtype read-out (values and gradients, float tolerance).
+padding, the chunked loss and the compute-dtype read-out (values and gradients, float tolerance);
+bfloat16 matmul operands within their stated tolerance of float32.
 """
 
 import functools
 import unittest
+import unittest.mock
 
 import chex
 import jax
@@ -12,7 +14,7 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
-from minigpt_jax.model import backend
+from minigpt_jax.model import backend, dense
 from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
 from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.embeddings import read_out
@@ -148,6 +150,103 @@ class DenseGradTest(chex.TestCase):
             _loss_and_grads(params, tokens, CFG.replace(dense_grad="auto")),
             _loss_and_grads(params, tokens, CFG.replace(dense_grad="autodiff")),
             **TOL,
+        )
+
+
+# /proc/cpuinfo "flags" lines of real CPUs, cut to the flags that matter (tests/test_machine.py
+# has their whole blocks): Zen 4 EPYC (AVX512-BF16), Sapphire Rapids Xeon (AMX), a Cascade Lake
+# Xeon (AVX-512, no bf16 unit), an AVX2-only EPYC (Zen 2).
+ZEN4_FLAGS = "flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512_vnni avx512_bf16 vaes"
+AMX_FLAGS = "flags\t\t: fpu sse2 avx fma avx2 avx512f avx512_fp16 amx_bf16 amx_tile amx_int8"
+CASCADE_LAKE_FLAGS = "flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512_vnni"
+ZEN2_FLAGS = "flags\t\t: fpu sse2 avx fma avx2 sha_ni clzero"
+# bfloat16 operands (8 significant bits, rounding error 2^-9 each) with float32 sums, against
+# float32: the loss within BF16_LOSS_RTOL, each gradient within BF16_GRAD_TOL of its leaf's
+# largest entry and within BF16_GRAD_NORM_TOL in relative norm. Seen on CFG: 1e-5 (loss),
+# 6e-3 (largest entry), 2e-3 (norm).
+BF16_LOSS_RTOL, BF16_GRAD_TOL, BF16_GRAD_NORM_TOL = 1e-3, 2e-2, 1e-2
+
+
+def _old_direct_dot_general(lhs, rhs, dimension_numbers, precision=None, **kw):
+    """The Dense VJP as it was before matmul_dtype (commit 7095e3e), for the Dense layout
+    only: the reference that matmul_dtype="float32" must equal bit for bit."""
+
+    @jax.custom_vjp
+    def matmul(x_MxI, w_IxO):
+        return jax.lax.dot_general(x_MxI, w_IxO, (((1,), (0,)), ((), ())), precision=precision)
+
+    def matmul_bwd(residuals, dy_MxO):
+        x_MxI, w_IxO = residuals
+        dx = jax.lax.dot_general(dy_MxO, w_IxO, (((1,), (1,)), ((), ())), precision=precision)
+        dw = jax.lax.dot_general(x_MxI, dy_MxO, (((0,), (0,)), ((), ())), precision=precision)
+        return dx.astype(x_MxI.dtype), dw.astype(w_IxO.dtype)
+
+    matmul.defvjp(lambda x, w: (matmul(x, w), (x, w)), matmul_bwd)
+    n = len(dimension_numbers[0][0])
+    contracted = int(np.prod(rhs.shape[:n]))
+    out_MxO = matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1))
+    return out_MxO.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
+
+
+class MatmulDtypeTest(parameterized.TestCase):
+    """GPTConfig.matmul_dtype: what "auto" picks, float32 unchanged bit for bit, bfloat16 within
+    its tolerance of float32 on both differentiation paths."""
+
+    def test_bf16_dot_unit_is_read_from_real_flag_lines(self):
+        self.assertTrue(backend.has_bf16_dot(ZEN4_FLAGS))
+        self.assertTrue(backend.has_bf16_dot(AMX_FLAGS))
+        self.assertFalse(backend.has_bf16_dot(CASCADE_LAKE_FLAGS))
+        self.assertFalse(backend.has_bf16_dot(ZEN2_FLAGS))
+        self.assertFalse(backend.has_bf16_dot(""))  # no /proc/cpuinfo (macOS, some containers)
+        self.assertFalse(backend.has_bf16_dot("flags : avx512_bf16x amx_bf16_lite"))
+
+    def test_this_machines_flags_are_read_once(self):
+        self.assertIs(backend.cpu_flags(), backend.cpu_flags())  # cached
+        self.assertEqual(backend.has_bf16_dot(backend.cpu_flags()), backend.bf16_matmuls_pay())
+
+    def test_auto_keeps_float32_on_every_machine_and_explicit_choices_are_kept(self):
+        """The pinned figures are float32 ones on CI machines with and without a bf16 unit."""
+        self.assertEqual(backend.matmul_dtype(CFG), "float32")
+        for choice in ("float32", "bfloat16"):
+            self.assertEqual(backend.matmul_dtype(CFG.replace(matmul_dtype=choice)), choice)
+
+    @parameterized.parameters("auto", "float32")
+    def test_float32_is_bit_identical_to_the_dense_vjp_before_it(self, matmul_dtype):
+        cfg = CFG.replace(dense_grad="direct", matmul_dtype=matmul_dtype)
+        params, tokens = _params(CFG), _tokens_BxT1()
+        got = _loss_and_grads(params, tokens, cfg)
+        with unittest.mock.patch.object(dense, "direct_grad_dot_general", _old_direct_dot_general):
+            # A jit of its own: the cache of `_loss_and_grads` would hand back `got`'s program.
+            want = jax.jit(jax.value_and_grad(_mean_loss), static_argnums=2)(params, tokens, cfg)
+        chex.assert_trees_all_equal(got, want)
+
+    @parameterized.parameters("direct", "autodiff")
+    def test_bf16_operands_stay_within_tolerance_of_float32(self, dense_grad):
+        cfg = CFG.replace(dense_grad=dense_grad, matmul_dtype="float32")
+        params, tokens = _params(CFG), _tokens_BxT1()
+        loss, grads = _loss_and_grads(params, tokens, cfg)
+        bf16_loss, bf16_grads = _loss_and_grads(
+            params, tokens, cfg.replace(matmul_dtype="bfloat16")
+        )
+        self.assertNotEqual(float(bf16_loss), float(loss))  # the operands really were rounded
+        np.testing.assert_allclose(bf16_loss, loss, rtol=BF16_LOSS_RTOL)
+        chex.assert_trees_all_equal_dtypes(bf16_grads, params)  # float32 master weights' grads
+        for got, want in zip(jax.tree.leaves(bf16_grads), jax.tree.leaves(grads), strict=True):
+            scale = float(jnp.max(jnp.abs(want)))
+            np.testing.assert_allclose(got, want, rtol=0, atol=BF16_GRAD_TOL * scale)
+            relative = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+            self.assertLess(relative, BF16_GRAD_NORM_TOL)
+
+    def test_bf16_operands_with_bf16_activations(self):
+        """With dtype="bfloat16" the operands are bf16 already: the logits stay within bf16
+        activations' own tolerance of the plain bf16 model."""
+        cfg = CFG.replace(dtype="bfloat16")
+        params, tokens = _params(CFG), _tokens_BxT1()
+        chex.assert_trees_all_close(
+            forward(params, tokens, cfg.replace(matmul_dtype="bfloat16")),
+            forward(params, tokens, cfg),
+            atol=2e-2,
+            rtol=2e-2,
         )
 
 

@@ -22,9 +22,13 @@ def test_side_by_side_prints_the_table_and_the_loss_check(capsys):
         + ["--steps", "2", "--rounds", "2", "--warmup", "1"]
     )
     out = capsys.readouterr().out
-    assert re.search(r"^jax default +1 ", out, re.M), out
+    assert re.search(r"^jax default +1 .* matmul=float32 ", out, re.M), out
+    # Beside it in every run: the matmul dtype "auto" does not pick, within bf16 rounding.
+    assert re.search(r"^jax default, bf16 matmuls +1 .* matmul=bfloat16", out, re.M), out
     assert re.search(r"^torch eager +1 ", out, re.M), out
-    assert re.search(r"over all 5 steps: jax default \d\.\de-\d+, torch eager 0\.0e\+00", out), out
+    assert re.search(r"over all 5 steps: jax default \d\.\de-\d+, jax default, bf16 ", out), out
+    bf16_diff = re.search(r"jax default, bf16 matmuls (\S+), torch eager 0\.0e\+00", out)
+    assert bf16_diff and float(bf16_diff[1]) < 1e-2, out
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,12 @@ class GPTConfigTest(chex.TestCase):
         with self.assertRaisesRegex(ValueError, r"dense_grad='jvp'.*are auto, autodiff, direct"):
             GPTConfig(dense_grad="jvp")
 
+    def test_unknown_matmul_dtype_is_named(self):
+        with self.assertRaisesRegex(
+            ValueError, r"matmul_dtype='float16'.*are auto, float32, bfloat16"
+        ):
+            GPTConfig(matmul_dtype="float16")
+
 
 class ConfigFileTest(chex.TestCase):
     """configs/default.py's commented model group and GPTConfig's defaults describe one model."""

@@ -8,6 +8,7 @@ is the same math as the plain path (tests/test_backend.py checks values and grad
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
@@ -28,6 +29,41 @@ def dense_grad(cfg: GPTConfig) -> str:
     if cfg.dense_grad != "auto":
         return cfg.dense_grad
     return "direct" if jax.default_backend() == "cpu" else "autodiff"
+
+
+# /proc/cpuinfo flags of the CPUs whose bfloat16 dot products (float32 sums) beat float32 ones:
+# AVX512-BF16's vdpbf16ps (Zen 4, Cooper Lake on), AMX-BF16 tiles (Sapphire Rapids on).
+BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def has_bf16_dot(cpu_flags: str) -> bool:
+    """Whether a /proc/cpuinfo "flags" line (or just its value) names a bfloat16 dot unit."""
+    return not BF16_DOT_FLAGS.isdisjoint(cpu_flags.replace(":", " ").split())
+
+
+@functools.cache
+def cpu_flags() -> str:
+    """The first "flags" line of /proc/cpuinfo, read once; "" where there is none."""
+    path = Path("/proc/cpuinfo")
+    text = path.read_text() if path.exists() else ""
+    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+
+
+def bf16_matmuls_pay() -> bool:
+    """Whether bfloat16 matmul operands (float32 sums) run faster than float32 ones here: XLA:CPU
+    on a CPU with a bfloat16 dot unit (elsewhere XLA:CPU converts them to float32)."""
+    return jax.default_backend() == "cpu" and has_bf16_dot(cpu_flags())
+
+
+def matmul_dtype(cfg: GPTConfig) -> str:
+    """cfg.matmul_dtype resolved: "auto" is "float32" on every backend and CPU. Where
+    `bf16_matmuls_pay()` bfloat16 operands are faster (benchmarks/README.md) and the loss curve
+    stays within seed noise (README.md, Speed), but they move every figure the project pins
+    (GPT-2 interop, evaluation, the README's losses, golden tests) on some CI machines and not
+    others: "bfloat16" is asked for by name."""
+    if cfg.matmul_dtype != "auto":
+        return cfg.matmul_dtype
+    return "float32"
 
 
 @functools.cache

@@ -34,6 +34,16 @@ _DENSE_GRADS = Registry(
     {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
     user_entries=False,
 )
+_MATMUL_DTYPES = Registry(
+    "matmul dtype",
+    "model.matmul_dtype",
+    {
+        "auto": "float32 (backend.matmul_dtype)",
+        "float32": "float32 operands",
+        "bfloat16": "bfloat16 operands, float32 sums",
+    },
+    user_entries=False,
+)
 # What each block keeps for the backward pass (model.remat); the rest is recomputed. "full"
 # keeps only the block's input; "dots" also keeps the matmul outputs (the cheap elementwise work
 # is redone); "none" keeps everything (no remat).
@@ -211,6 +221,17 @@ class GPTConfig(Group):
         "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",
         SPEED,
         choices=_DENSE_GRADS,
+    )
+    # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
+    # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
+    # CPUs with AVX512-BF16 or AMX (benchmarks/README.md); the loss curve stays within seed noise
+    # of float32 (README's Speed section); "auto" keeps float32 (minigpt_jax.model.backend).
+    matmul_dtype: str = setting(
+        "auto",
+        "Dense matmul operands: auto (float32) | float32 | bfloat16 (float32 sums and master "
+        "weights)",
+        SPEED,
+        choices=_MATMUL_DTYPES,
     )
     # "explicit" is the einsum + softmax path that can return the weights and drop them out;
     # "xla" and "cudnn" are jax.nn.dot_product_attention's (cuDNN flash attention: NVIDIA GPUs,

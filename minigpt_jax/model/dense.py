@@ -4,6 +4,10 @@
 and `jax.grad`; "direct" hands them `direct_grad_dot_general`, whose backward pass writes
 dx = dy·Wᵀ and dW = xᵀ·dy as two plain 2-D dots (benchmarks/train_throughput.py times both);
 "auto" is direct on CPU, autodiff elsewhere (`backend.dense_grad`).
+
+`GPTConfig.matmul_dtype` = "bfloat16" rounds the operands of those contractions (forward and both
+backward dots) to bfloat16 and accumulates in float32; weights, activations and gradients stay in
+their own dtypes (`backend.matmul_dtype` resolves "auto").
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING
 import chex
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from minigpt_jax.model import backend
 
@@ -28,36 +33,53 @@ Array = chex.Array
 INIT_STDDEV = 0.02
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(x_MxI: Array, w_IxO: Array, precision) -> Array:
-    return jax.lax.dot_general(x_MxI, w_IxO, (((1,), (0,)), ((), ())), precision=precision)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul(x_MxI: Array, w_IxO: Array, precision, operand_dtype) -> Array:
+    return _matmul_fwd(x_MxI, w_IxO, precision, operand_dtype)[0]
 
 
-def _matmul_fwd(x_MxI, w_IxO, precision):
-    return _matmul(x_MxI, w_IxO, precision), (x_MxI, w_IxO)
+def _dot(a: Array, b: Array, dims, precision, operand_dtype) -> Array:
+    """One 2-D dot; with an operand dtype, of operands rounded to it and summed in float32."""
+    if operand_dtype is None:
+        return jax.lax.dot_general(a, b, (dims, ((), ())), precision=precision)
+    return jax.lax.dot_general(
+        a.astype(operand_dtype),
+        b.astype(operand_dtype),
+        (dims, ((), ())),
+        precision=precision,
+        preferred_element_type=jnp.float32,
+    )
 
 
-def _matmul_bwd(precision, residuals, dy_MxO):
+def _matmul_fwd(x_MxI, w_IxO, precision, operand_dtype):
+    out_MxO = _dot(x_MxI, w_IxO, ((1,), (0,)), precision, operand_dtype)
+    if operand_dtype is None:
+        return out_MxO, (x_MxI, w_IxO)
+    # The backward dots read the rounded operands (half the bytes kept); x and w share one
+    # dtype here (direct_grad_dot_general promotes them), the output's and the cotangents'.
+    rounded = (x_MxI.astype(operand_dtype), w_IxO.astype(operand_dtype))
+    return out_MxO.astype(x_MxI.dtype), rounded
+
+
+def _matmul_bwd(precision, operand_dtype, residuals, dy_MxO):
     # Written out, each gradient is one plain 2-D dot. jax.grad's transpose of the N-D
     # dot_general leaves XLA:CPU transposes and copies around the backward dots: twice as many
     # in the compiled train step, 0.89x the ms/step without them (benchmarks/README.md).
     x_MxI, w_IxO = residuals
-    dx_MxI = jax.lax.dot_general(dy_MxO, w_IxO, (((1,), (1,)), ((), ())), precision=precision)
-    dw_IxO = jax.lax.dot_general(x_MxI, dy_MxO, (((0,), (0,)), ((), ())), precision=precision)
+    dx_MxI = _dot(dy_MxO, w_IxO, ((1,), (1,)), precision, operand_dtype)
+    dw_IxO = _dot(x_MxI, dy_MxO, ((0,), (0,)), precision, operand_dtype)
+    if operand_dtype is not None:  # the residuals are rounded; the primals had dy's dtype
+        return dx_MxI.astype(dy_MxO.dtype), dw_IxO.astype(dy_MxO.dtype)
     return dx_MxI.astype(x_MxI.dtype), dw_IxO.astype(w_IxO.dtype)
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def direct_grad_dot_general(
-    lhs: Array, rhs: Array, dimension_numbers, precision=None, preferred_element_type=None, **kw
-) -> Array:
-    """`lax.dot_general` for Dense layers, with the VJP of `_matmul` (GPTConfig.dense_grad).
-
-    Handles what nn.Dense / nn.DenseGeneral ask for, lhs's trailing dims against rhs's leading
-    ones without batch dims, as one (M, I) x (I, O) matmul; anything else goes to lax.
-    """
+def _dense_or_lax(dense_matmul, lhs, rhs, dimension_numbers, precision, preferred_element_type, kw):
+    """`dense_matmul(x_MxI, w_IxO)` for what nn.Dense / nn.DenseGeneral ask for (lhs's trailing
+    dims against rhs's leading ones, no batch dims, no other options), as one 2-D matmul;
+    anything else goes to `lax.dot_general` as asked."""
     (lhs_contract, rhs_contract), batch = dimension_numbers
     n = len(lhs_contract)
     if (
@@ -76,19 +98,74 @@ def direct_grad_dot_general(
             **kw,
         )
     contracted = math.prod(rhs.shape[:n])
-    out_MxO = _matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1), precision)
+    out_MxO = dense_matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1))
     return out_MxO.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
+
+
+def direct_grad_dot_general(
+    lhs: Array,
+    rhs: Array,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    *,
+    operand_dtype=None,
+    **kw,
+) -> Array:
+    """`lax.dot_general` for Dense layers, with the VJP of `_matmul` (GPTConfig.dense_grad);
+    the operands rounded to `operand_dtype` when given, summed in float32
+    (GPTConfig.matmul_dtype)."""
+
+    def dense_matmul(x_MxI, w_IxO):
+        if operand_dtype is not None:  # one dtype for both, as flax's Dense already gives
+            common = jnp.result_type(x_MxI, w_IxO)
+            x_MxI, w_IxO = x_MxI.astype(common), w_IxO.astype(common)
+        return _matmul(x_MxI, w_IxO, precision, operand_dtype)
+
+    return _dense_or_lax(
+        dense_matmul, lhs, rhs, dimension_numbers, precision, preferred_element_type, kw
+    )
+
+
+def rounded_operand_dot_general(
+    lhs: Array,
+    rhs: Array,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    *,
+    operand_dtype,
+    **kw,
+) -> Array:
+    """`lax.dot_general` for Dense layers with the operands rounded to `operand_dtype` and
+    summed in float32, differentiated by jax.grad (dense_grad="autodiff", matmul_dtype
+    "bfloat16")."""
+
+    def dense_matmul(x_MxI, w_IxO):
+        out_MxO = _dot(x_MxI, w_IxO, ((1,), (0,)), precision, operand_dtype)
+        return out_MxO.astype(jnp.result_type(x_MxI, w_IxO))
+
+    return _dense_or_lax(
+        dense_matmul, lhs, rhs, dimension_numbers, precision, preferred_element_type, kw
+    )
 
 
 def dense_options(cfg: GPTConfig) -> dict:
     """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
-    the `dot_general` that `cfg.dense_grad` picks (None is flax's lax default)."""
+    the `dot_general` that `cfg.dense_grad` and `cfg.matmul_dtype` pick (None is flax's lax
+    default)."""
     direct = backend.dense_grad(cfg) == "direct"
+    rounded = backend.matmul_dtype(cfg) == "bfloat16"
+    if rounded:
+        dot = direct_grad_dot_general if direct else rounded_operand_dot_general
+        dot_general = functools.partial(dot, operand_dtype=jnp.bfloat16)
+    else:
+        dot_general = direct_grad_dot_general if direct else None
     return dict(
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
-        dot_general=direct_grad_dot_general if direct else None,
+        dot_general=dot_general,
     )
 
 
