@@ -1040,10 +1040,13 @@ def test_repeated_events_leave_no_copies_in_the_session(browser, tmp_path):
     """Gradio adds a copy of each output an event skips (and of each gr.update) to the session's
     blocks under a fresh id; the lab drops them, so a session's blocks are the page's own and
     the component instances do not pile up (the server's memory stays flat: the RSS over 1,000
-    events is benchmarks/lab_page.py's)."""
+    events is benchmarks/lab_page.py's). Queued events and the slider's (outside the queue)."""
     import gc
 
     import gradio as gr
+    from selenium.webdriver.common.keys import Keys
+
+    fingerprint = "return document.querySelector('#table .lab-view').dataset.w;"
 
     demo, url = app.serve("en")
     try:
@@ -1058,6 +1061,9 @@ def test_repeated_events_leave_no_copies_in_the_session(browser, tmp_path):
             page.wait_for("positions-result", f"PE({k + 1}, ")
             page.click("step-button")
             page.wait_for("step-result", f"Steps taken on this table: {k + 1}.")
+            shown = page.js(fingerprint)
+            page.slider().send_keys(Keys.ARROW_RIGHT)
+            page.wait.until(lambda _, shown=shown: page.js(fingerprint) != shown)
         sessions = demo.state_holder.session_data
         assert sessions, "no session reached the server"
         for session, state in sessions.items():
