@@ -109,6 +109,35 @@ def test_an_error_in_a_handler_becomes_the_parts_message_and_changes_nothing():
     np.testing.assert_array_equal(page.tabs.get("local").state.table_VxD, compute.TABLE_VxD)
 
 
+class _Component:
+    """A stand-in for a Gradio component: what `Page` reads of one (its id)."""
+
+    def __init__(self, key: str):
+        self._id = key
+
+
+def test_the_sliders_event_answers_outside_the_queue_and_leaves_other_fields():
+    """The slider's key is one request beside Gradio's queue: its handler is a coroutine whose
+    reply is the event's one frame (the table, part 3 and its note); its outputs leave the other
+    parts' widgets out, and the tab's table holds the new value."""
+    fields = {**app._defaults("en"), "edit_slider": 0.51}  # every widget's starting value
+    shown = [f"{name}_{kind}" for name in ("table", *PARTS) for kind in ("message", "result")]
+    components = {key: _Component(key) for key in ("table", *shown, *fields)}
+    page = app.Page(components, "en", app.Tabs())
+    edit = next(part for part in parts.PARTS if part.name == "edit")
+    (event,) = [event for event in edit.events if event.trigger == "edit_slider"]
+    assert not event.queued and not event.writes_fields
+    outputs = page.output_components(edit, event)
+    assert components["lookup_ids"] not in outputs and components["edit_row"] in outputs
+    handler = page.handler(edit, event)
+    assert asyncio.iscoroutinefunction(handler)
+    out = asyncio.run(handler({components[key]: value for key, value in fields.items()}))
+    assert page.tabs.get("local").state.table_VxD[1, 3] == np.float32(0.51)
+    assert "+0.500 → +0.510" in out[components["edit_message"]], out
+    assert "+0.510" in out[components["table"]] and "+0.510" in out[components["lookup_result"]]
+    assert components["edit_slider"] not in out  # the slider being moved is left alone
+
+
 def test_each_tab_keeps_its_own_table_and_closed_tabs_are_dropped():
     """Tabs are independent; beyond the limit the longest unused tab goes (memory stays flat)."""
     tabs = app.Tabs(limit=3)
@@ -534,18 +563,26 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     def num(value: float) -> str:
         return words.num(value, "+.3f")
 
-    # The slider: three arrow presses move W_E[1, 3] by 0.03; every part follows, live.
+    # The slider: three arrow presses move W_E[1, 3] by 0.03; every part follows, live. Each key
+    # reaches the table, part 3 and the lookup, with its own note; the load's note is cleared.
     slider = page.driver.find_element(page.by.CSS_SELECTOR, "#edit-slider input[type=range]")
     page.js("arguments[0].scrollIntoView({block: 'center'});", slider)
-    for _ in range(3):
+    effect = words.f("edit_changed", positions="1, 3", row=1, other=0.0)
+    for old, new in ((0.50, 0.51), (0.51, 0.52), (0.52, 0.53)):
         slider.send_keys(Keys.ARROW_RIGHT)
-    page.wait_for("table", num(0.53))
-    table = page.agree()
-    assert table[1, 3] == np.float32(0.53)
-    edited = page.wait_for("edit-result", num(0.53))
-    assert edited.count(num(0.53)) >= 3  # the table cell and both occurrences (t=1, t=3)
-    lookup = page.text("lookup-result")
-    assert num(0.53) in lookup  # ids [0, 1, 0] read row 1, too
+        page.wait_for("table", num(new))
+        summary = words.f("edit_summary", row=1, dim=3, word="kamienny", old=old, new=new)
+        page.wait_for_exactly("#edit-message", f"{summary} {effect}")
+        table = page.agree()
+        assert table[1, 3] == np.float32(new)
+        edited = page.wait_for("edit-result", num(new))
+        assert edited.count(num(new)) >= 3  # the table cell and both occurrences (t=1, t=3)
+        assert num(new) in page.text("lookup-result")  # ids [0, 1, 0] read row 1, too
+        assert page.text("table-message") == ""  # the load's note spoke of the table before
+    # Gradio's run history is off: it wrote every event's outputs (every part's HTML) to the
+    # browser's storage on every key (about 70 ms of each key's time, growing as one works).
+    stored = page.js("return Object.keys(window.localStorage);")
+    assert not [key for key in stored if key.startswith("gradio:run-history")], stored
     # A drag ends with an event repeating the value already set (issue 39, defect 2: the note
     # then read "already holds +0.530: nothing changed"): the note of the change stays.
     note = page.wait_for("edit-message", f"→ {num(0.53)}")
@@ -559,6 +596,8 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     page.choose("edit-dim", "5")
     page.wait_for("edit-slider", "W_E[2, 5] (zamek)")
     assert page.slider().get_attribute("value") == "0.4"  # float32's 0.4, written shortest
+    # A queued event (this choice) reads the table the keys (outside the queue) changed: one tab.
+    assert page.agree()[1, 3] == np.float32(0.53)
 
     # N steps: the chart gets a point per step; p(zamek) rises towards 1.
     page.type("step-n", "60")
@@ -1001,10 +1040,13 @@ def test_repeated_events_leave_no_copies_in_the_session(browser, tmp_path):
     """Gradio adds a copy of each output an event skips (and of each gr.update) to the session's
     blocks under a fresh id; the lab drops them, so a session's blocks are the page's own and
     the component instances do not pile up (the server's memory stays flat: the RSS over 1,000
-    events is benchmarks/lab_page.py's)."""
+    events is benchmarks/lab_page.py's). Queued events and the slider's (outside the queue)."""
     import gc
 
     import gradio as gr
+    from selenium.webdriver.common.keys import Keys
+
+    fingerprint = "return document.querySelector('#table .lab-view').dataset.w;"
 
     demo, url = app.serve("en")
     try:
@@ -1019,6 +1061,9 @@ def test_repeated_events_leave_no_copies_in_the_session(browser, tmp_path):
             page.wait_for("positions-result", f"PE({k + 1}, ")
             page.click("step-button")
             page.wait_for("step-result", f"Steps taken on this table: {k + 1}.")
+            shown = page.js(fingerprint)
+            page.slider().send_keys(Keys.ARROW_RIGHT)
+            page.wait.until(lambda _, shown=shown: page.js(fingerprint) != shown)
         sessions = demo.state_holder.session_data
         assert sessions, "no session reached the server"
         for session, state in sessions.items():

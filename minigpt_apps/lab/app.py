@@ -116,7 +116,8 @@ class Tab:
 
     Each event takes a ticket as it arrives (in the server's event loop, so in the order the
     tab sent them) and runs when its turn comes: a tab's events apply one after the other, in
-    order, while other tabs' events run beside them."""
+    order, while other tabs' events run beside them. (An event outside Gradio's queue, the
+    slider's, arrives with its request; a queued one when the queue starts it, a few ms later.)"""
 
     def __init__(self):
         self.state = initial_state()
@@ -214,6 +215,8 @@ class Page(NamedTuple):
         The tab's turn lasts the whole event (a run too), so the tab's events apply one after
         the other; other tabs do not wait (the work runs in threads)."""
 
+        allowed = set(self.output_components(part, event))
+
         async def handle(values: dict, request: gr.Request = None):
             session = _session(request)
             tab = self.tabs.get(session)
@@ -244,7 +247,7 @@ class Page(NamedTuple):
                     )
                     if new_state is not None:
                         tab.state = state = new_state
-                    yield self.changed(tab, out)
+                    yield self.changed(tab, {c: v for c, v in out.items() if c in allowed})
             except LabInputError as error:
                 yield {self.components[f"{part.name}_message"]: error_html(error, self.lang)}
             except Exception as error:  # noqa: BLE001 - no error reaches the page unexplained
@@ -255,7 +258,18 @@ class Page(NamedTuple):
                 tab.release(ticket)
                 drop_skipped_copies(self.blocks, session)
 
-        return handle
+        if event.queued:
+            return handle
+        assert not event.run, f"{event.trigger}: a run streams its frames through the queue"
+
+        async def answer(values: dict, request: gr.Request = None):
+            """The event's one frame as one reply (an event outside Gradio's queue)."""
+            out = {}
+            async for out in handle(values, request):  # noqa: B007 - the last frame is the reply
+                pass
+            return out
+
+        return answer
 
     def changed(self, tab: Tab, out: dict) -> dict:
         """The outputs whose HTML differs from what the tab shows (the rest are not sent); the
@@ -320,6 +334,9 @@ class Page(NamedTuple):
             own = {f"{part.name}_result", f"{part.name}_message", *part.plots}
             own.update(w.key for w in _widgets(part.layout) if w.default is not None)
             return [c for key, c in self.components.items() if key in own]
+        if event is not None and not event.writes_fields:  # the other parts' widgets stay
+            others = {w.key for other in PARTS if other is not part for w in _widgets(other.layout)}
+            return [c for key, c in self.components.items() if key not in others]
         return list(self.components.values())
 
 
@@ -487,6 +504,7 @@ def build(lang: str = "en") -> gr.Blocks:
                     inputs,
                     page.output_components(part, event),
                     trigger_mode=event.trigger_mode,
+                    queue=event.queued,
                     concurrency_limit=None,  # each tab's lock orders its own events
                     # Gradio's tracker prints "processing | 0.3s" in English on every page;
                     # a run says where it is in the page's words (steps_running).
@@ -516,6 +534,10 @@ def serve(lang: str = "en", port: int | None = None) -> tuple[gr.Blocks, str]:
         css=_CSS,
         head=page_js(lang),
         footer_links=[],
+        # Gradio's run history wrote every event's inputs and outputs (every part's HTML, up to
+        # 100 events) to the browser's localStorage, on each event: a slider key spent about
+        # 70 ms of the page's time there, and the history grew as the learner worked.
+        run_history=False,
     )
     return demo, f"http://127.0.0.1:{port}/"
 

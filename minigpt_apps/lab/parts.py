@@ -124,7 +124,10 @@ class Event(NamedTuple):
 
     `keep` names outputs this event leaves alone (the slider being dragged). `stops`: the event
     first asks this tab's run to stop (Stop, Reset); with no action it does nothing else.
-    `run`: the action takes `stop`, a function that says whether Stop was pressed."""
+    `run`: the action takes `stop`, a function that says whether Stop was pressed.
+    `writes_fields` False: the action sets no field, so the event's outputs leave out the other
+    parts' widgets. `queued` False: the event is one request beside Gradio's queue (no status
+    messages, one reply), for an action of one frame that must answer fast (the slider's keys)."""
 
     trigger: str
     action: Callable | None = show_action
@@ -133,6 +136,8 @@ class Event(NamedTuple):
     keep: tuple[str, ...] = ()
     stops: bool = False
     run: bool = False
+    writes_fields: bool = True
+    queued: bool = True
 
 
 class Part(NamedTuple):
@@ -222,7 +227,15 @@ PARTS = (
         ),
         edit_view,
         (
-            Event("edit_slider", slide_action, "input", _LIVE, keep=("edit_slider",)),
+            Event(
+                "edit_slider",
+                slide_action,
+                "input",
+                _LIVE,
+                keep=("edit_slider",),
+                writes_fields=False,
+                queued=False,
+            ),
             Event("edit_button", type_value_action),
             Event("edit_value", type_value_action, "submit"),
             Event("edit_row", kind="input"),
