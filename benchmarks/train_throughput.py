@@ -18,10 +18,10 @@ Prints:   the CPU, its extensions and peaks first (benchmarks/machine.py); then 
           per token), MFU against the peak of those cores for the column's matmul dtype and
           against a float32 matmul timed in the same run, the ratios to PyTorch eager and to the
           JAX default, and the JAX compile time. Every run times the default beside its other
-          matmul dtype (GPTConfig.matmul_dtype: bf16 operands with float32 sums where "auto"
-          multiplies in float32, float32 where it picks bf16). `--variants` adds a row for each
-          JAX setting tried (VARIANTS: config overrides and XLA options), so the output
-          documents what won and what did not.
+          matmul dtype (GPTConfig.matmul_dtype: bf16 operands with float32 sums where the
+          training step's "auto" multiplies in float32, float32 where it picks bf16).
+          `--variants` adds a row for each JAX setting tried (VARIANTS: config overrides and XLA
+          options), so the output documents what won and what did not.
 """
 
 from __future__ import annotations
@@ -243,7 +243,9 @@ def _matmul_operand_dtype(cfg) -> str:
     """The dtype the Dense matmuls multiply in: what the column's MFU is read against."""
     from minigpt_jax.model import backend
 
-    return "bfloat16" if backend.matmul_dtype(cfg) == "bfloat16" else cfg.dtype
+    return (
+        "bfloat16" if backend.matmul_dtype(backend.for_training(cfg)) == "bfloat16" else cfg.dtype
+    )
 
 
 def matmul_counterpart(config) -> str:
@@ -264,7 +266,7 @@ def _model_note(cfg) -> str:
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
     chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
-    matmul = backend.matmul_dtype(cfg)
+    matmul = backend.matmul_dtype(backend.for_training(cfg))
     if matmul == "bfloat16" and not backend.bf16_matmuls_pay():
         matmul += "(no bf16 dot unit: converted to float32)"
     return (

@@ -204,11 +204,40 @@ class MatmulDtypeTest(parameterized.TestCase):
         self.assertIs(backend.cpu_flags(), backend.cpu_flags())  # cached
         self.assertEqual(backend.has_bf16_dot(backend.cpu_flags()), backend.bf16_matmuls_pay())
 
-    def test_auto_keeps_float32_on_every_machine_and_explicit_choices_are_kept(self):
-        """The pinned figures are float32 ones on CI machines with and without a bf16 unit."""
+    def test_auto_is_float32_in_the_model_and_explicit_choices_are_kept(self):
+        """Evaluation, sampling, export and interop read the same float32 figures on every
+        CPU: inside the model "auto" multiplies in float32."""
         self.assertEqual(backend.matmul_dtype(CFG), "float32")
         for choice in ("float32", "bfloat16"):
             self.assertEqual(backend.matmul_dtype(CFG.replace(matmul_dtype=choice)), choice)
+
+    @parameterized.parameters((True, "bfloat16"), (False, "float32"))
+    def test_a_training_step_resolves_auto_by_the_cpus_bf16_unit(self, pays, want):
+        with unittest.mock.patch.object(backend, "bf16_matmuls_pay", return_value=pays):
+            self.assertEqual(backend.for_training(CFG).matmul_dtype, want)
+            for choice in ("float32", "bfloat16"):  # a dtype asked for by name is kept
+                cfg = CFG.replace(matmul_dtype=choice)
+                self.assertIs(backend.for_training(cfg), cfg)
+
+    def test_the_train_chunk_is_traced_with_the_training_resolution(self):
+        """One step of make_train_chunk with "auto" equals, bit for bit, the step with this
+        machine's resolution written out, and differs from the other dtype's step."""
+        import optax
+
+        from minigpt_jax.train.step import init_state, make_train_chunk
+
+        tx, schedule = optax.adam(1e-2), optax.constant_schedule(1e-2)
+        batches_CxBxT1 = _tokens_BxT1()[None]
+        resolved = backend.for_training(CFG).matmul_dtype
+        other = "float32" if resolved == "bfloat16" else "bfloat16"
+        losses = {}
+        for name, cfg in (("auto", CFG), (resolved, CFG.replace(matmul_dtype=resolved)),
+                          (other, CFG.replace(matmul_dtype=other))):  # fmt: skip
+            state = init_state(cfg, tx, jax.random.key(0))
+            _, metrics = make_train_chunk(cfg, tx, schedule, donate=False)(state, batches_CxBxT1)
+            losses[name] = float(metrics["grad_norm"][0])
+        self.assertEqual(losses["auto"], losses[resolved])
+        self.assertNotEqual(losses[other], losses[resolved])
 
     @parameterized.parameters("auto", "float32")
     def test_float32_is_bit_identical_to_the_dense_vjp_before_it(self, matmul_dtype):

@@ -38,7 +38,7 @@ _MATMUL_DTYPES = Registry(
     "matmul dtype",
     "model.matmul_dtype",
     {
-        "auto": "float32 (backend.matmul_dtype)",
+        "auto": "bfloat16 in training on CPUs with a bf16 dot unit, else float32",
         "float32": "float32 operands",
         "bfloat16": "bfloat16 operands, float32 sums",
     },
@@ -225,11 +225,12 @@ class GPTConfig(Group):
     # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
     # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
     # CPUs with AVX512-BF16 or AMX (benchmarks/README.md); the loss curve stays within seed noise
-    # of float32 (README's Speed section); "auto" keeps float32 (minigpt_jax.model.backend).
+    # of float32 (README's Speed section); "auto" is bfloat16 in the training step on such CPUs
+    # and float32 elsewhere and in evaluation, sampling and export (minigpt_jax.model.backend).
     matmul_dtype: str = setting(
         "auto",
-        "Dense matmul operands: auto (float32) | float32 | bfloat16 (float32 sums and master "
-        "weights)",
+        "Dense matmul operands: auto (bfloat16 in training on CPUs with AVX512-BF16 or AMX) | "
+        "float32 | bfloat16 (float32 sums and master weights)",
         SPEED,
         choices=_MATMUL_DTYPES,
     )

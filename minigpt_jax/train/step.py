@@ -15,6 +15,7 @@ import optax
 from jax.sharding import Mesh
 
 from minigpt_jax import sharding
+from minigpt_jax.model import backend
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import (
     Params,
@@ -198,10 +199,11 @@ def make_train_chunk(
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
     over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
-    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys."""
+    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys. The step is
+    traced with cfg's "auto" matmul dtype resolved for this CPU (`backend.for_training`)."""
     step = functools.partial(
         train_step,
-        cfg=cfg,
+        cfg=backend.for_training(cfg),
         tx=tx,
         schedule=schedule,
         grad_accum_steps=grad_accum_steps,
