@@ -33,6 +33,7 @@ TRAIN = [
     *("--config.mesh.data=2", "--config.mesh.fsdp=2"),
     *("--config.num_steps=20", "--config.eval_every=10", "--config.checkpoint_every=10"),
     "--config.eval_batches=1",
+    "--config.model.matmul_dtype=float32",  # float32 equivalence on every CPU (bf16: its own)
 ]
 # The per-step figures a resumed run must reproduce bit for bit (tokens_per_sec is wall time).
 EXACT_KEYS = ("train_loss", "grad_norm", "lr", "val_loss", "eval_train_loss")
