@@ -243,9 +243,7 @@ def _matmul_operand_dtype(cfg) -> str:
     """The dtype the Dense matmuls multiply in: what the column's MFU is read against."""
     from minigpt_jax.model import backend
 
-    return (
-        "bfloat16" if backend.matmul_dtype(backend.for_training(cfg)) == "bfloat16" else cfg.dtype
-    )
+    return "bfloat16" if backend.for_training(cfg).matmul_dtype == "bfloat16" else cfg.dtype
 
 
 def matmul_counterpart(config) -> str:
@@ -266,7 +264,7 @@ def _model_note(cfg) -> str:
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
     chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
-    matmul = backend.matmul_dtype(backend.for_training(cfg))
+    matmul = backend.for_training(cfg).matmul_dtype
     if matmul == "bfloat16" and not backend.bf16_matmuls_pay():
         matmul += "(no bf16 dot unit: converted to float32)"
     return (

@@ -230,14 +230,14 @@ class MatmulDtypeTest(parameterized.TestCase):
         batches_CxBxT1 = _tokens_BxT1()[None]
         resolved = backend.for_training(CFG).matmul_dtype
         other = "float32" if resolved == "bfloat16" else "bfloat16"
-        losses = {}
+        grad_norms = {}
         for name, cfg in (("auto", CFG), (resolved, CFG.replace(matmul_dtype=resolved)),
                           (other, CFG.replace(matmul_dtype=other))):  # fmt: skip
             state = init_state(cfg, tx, jax.random.key(0))
             _, metrics = make_train_chunk(cfg, tx, schedule, donate=False)(state, batches_CxBxT1)
-            losses[name] = float(metrics["grad_norm"][0])
-        self.assertEqual(losses["auto"], losses[resolved])
-        self.assertNotEqual(losses[other], losses[resolved])
+            grad_norms[name] = float(metrics["grad_norm"][0])
+        self.assertEqual(grad_norms["auto"], grad_norms[resolved])
+        self.assertNotEqual(grad_norms[other], grad_norms[resolved])
 
     @parameterized.parameters("auto", "float32")
     def test_float32_is_bit_identical_to_the_dense_vjp_before_it(self, matmul_dtype):

@@ -21,6 +21,7 @@ import numpy as np
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.model.losses import term_name
+from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
 from minigpt_jax.train.setup import Run
@@ -181,7 +182,7 @@ class FreshRunCleanup:
     stops training). A workdir with a run in it is never cleaned; Ctrl-C and SystemExit clean
     nothing (they checkpoint or stop before writing)."""
 
-    def __init__(self, workdir: Path, lock: Any):
+    def __init__(self, workdir: Path, lock: RunLock):
         self.workdir, self.lock = workdir, lock
         self.kept = False  # a checkpoint holds trained steps: what it created stays
         has_run = workdir.exists() and RunDir(workdir).has_checkpoints()
