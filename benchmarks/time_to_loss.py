@@ -12,6 +12,10 @@ validation split, with the clock paused: non-overlapping windows of 64 tokens, e
 scored, by one JAX function for all three (the twin's weights are read into the JAX layout).
 The target is the twin's final val loss; for each contestant the table gives the wall seconds,
 steps and tokens to its first evaluation at or below it, and the ratio to the twin's seconds.
+Once the twin has run (it runs first in the first round), the project's configs are also
+evaluated after every chunk of steps_per_call steps as soon as their val loss is within --near
+nats of the target, so their crossing is timed to the chunk rather than to --eval_every (the
+twin's time is to its final step, as nanoGPT's recipe ends there: its final loss is the target).
 Contestants run one after another (rounds alternate the order), never beside each other:
 run it alone on the machine, as every framework comparison here. Every contestant compiles from
 a cold cache: JAX's persistent compilation cache, which `minigpt-jax train` turns on, is off in
@@ -28,6 +32,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -113,10 +118,12 @@ def _load(name: str, data_dir: str, overrides: dict | None = None):
 
 
 def run_jax(
-    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None
+    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None, fine_below=None
 ) -> list[dict]:
     """Trains config `name` (with `overrides`, {dotted key: value}) with the project's compiled
-    chunks; evaluates every eval_every steps; stops early once val loss <= stop_below."""
+    chunks; evaluates every eval_every steps, and after every chunk once an evaluation has read
+    at most fine_below (near the target: the crossing is then timed to the chunk); stops early
+    once val loss <= stop_below."""
     import jax
     import numpy as np
 
@@ -141,7 +148,7 @@ def run_jax(
     state = jax.jit(lambda rng: init_state(cfg, tx, rng))(jax.random.key(config.seed))
     with clock.pause():
         val_loss = make_val_loss(cfg.replace(dropout=0.0), dataset.val)
-    records = []
+    records, fine = [], False
 
     def batches(first):
         return np.stack(
@@ -156,12 +163,13 @@ def run_jax(
     for first in range(0, config.num_steps, chunk):
         state, metrics = train_chunk(state, batches(first))
         step = first + chunk
-        if step % eval_every == 0 or step == config.num_steps:
+        if fine or step % eval_every == 0 or step == config.num_steps:
             jax.block_until_ready(state)
             seconds = clock.now()
             with clock.pause():
                 loss = val_loss(state.params)
             records.append(_record(step, config, seconds, loss, float(metrics["loss"][-1])))
+            fine = fine or (fine_below is not None and loss <= fine_below)
             if stop_below is not None and loss <= stop_below:
                 break
     return records
@@ -226,10 +234,10 @@ def _record(step, config, seconds, val_loss, train_loss) -> dict:
 
 
 def run_contestant(
-    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None
+    name: str, data_dir: str, eval_every: int, overrides=None, stop_below=None, fine_below=None
 ) -> list[dict]:
     """One contestant in a fresh process: its records (its clock starts with that process);
-    `overrides` ({dotted key: value}) and `stop_below` as for `run_jax`."""
+    `overrides` ({dotted key: value}), `stop_below` and `fine_below` as for `run_jax`."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         path = out.name
     command = [
@@ -239,6 +247,8 @@ def run_contestant(
     ]  # fmt: skip
     if stop_below is not None:
         command += ["--stop_below", str(stop_below)]
+    if fine_below is not None:
+        command += ["--fine_below", str(fine_below)]
     cold = {**os.environ, "MINIGPT_JAX_COMPILATION_CACHE": "off"}  # compilation counts in full
     cold.pop("JAX_COMPILATION_CACHE_DIR", None)
     subprocess.run(command, check=True, cwd=REPO, env=cold)
@@ -253,8 +263,6 @@ def first_at_or_below(records: list[dict], target: float) -> dict | None:
 
 def report(runs: dict[str, list[list[dict]]]) -> list[str]:
     """The table: per contestant the median over rounds of seconds to the target."""
-    import statistics
-
     target = statistics.median(rounds[-1]["val_loss"] for rounds in runs["twin"])
     twin_seconds = statistics.median(first_at_or_below(r, target)["seconds"] for r in runs["twin"])
     lines = [
@@ -315,6 +323,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--stop_below", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fine_below", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--near",
+        type=float,
+        default=0.1,
+        help="the project's configs are evaluated after every chunk (steps_per_call) once their "
+        "val loss is within this many nats of the target (known once the twin has run), so "
+        "their crossing is timed to the chunk, not to --eval_every; the twin's time is to its "
+        "final step, whose loss is the target (negative: off)",
+    )
     parser.add_argument(
         "--data_dir",
         default=os.environ.get("MINIGPT_JAX_DATA", str(REPO.parent / "shared" / "data")),
@@ -332,7 +350,12 @@ def main(argv: list[str] | None = None) -> None:
         else:
             overrides = json.loads(args.overrides)
             records = run_jax(
-                args.worker, args.data_dir, args.eval_every, overrides, args.stop_below
+                args.worker,
+                args.data_dir,
+                args.eval_every,
+                overrides,
+                args.stop_below,
+                args.fine_below,
             )
         Path(args.out).write_text(json.dumps(records))
         return
@@ -349,7 +372,11 @@ def main(argv: list[str] | None = None) -> None:
     for round_index in range(args.rounds):
         order = names if round_index % 2 == 0 else names[::-1]
         for name in order:
-            records = run_contestant(name, args.data_dir, args.eval_every)
+            fine_below = None
+            if name != "twin" and runs["twin"] and args.near >= 0:
+                finals = [twin_records[-1]["val_loss"] for twin_records in runs["twin"]]
+                fine_below = statistics.median(finals) + args.near
+            records = run_contestant(name, args.data_dir, args.eval_every, fine_below=fine_below)
             runs[name].append(records)
             last = records[-1]
             print(
@@ -359,8 +386,6 @@ def main(argv: list[str] | None = None) -> None:
             )
     for line in report(runs):
         print(line)
-    import statistics
-
     target = statistics.median(rounds[-1]["val_loss"] for rounds in runs["twin"])
     plot(runs, args.plot, target)
     print(f"wrote {args.plot}")

@@ -1,14 +1,19 @@
 """The time-to-loss benchmark's evaluation and report and the ablation table (the sweep tool
 is tests/test_sweep.py's)."""
 
+from pathlib import Path
+
 import jax
 import numpy as np
+import pytest
 
-from benchmarks.time_to_loss import first_at_or_below, make_val_loss, report
+from benchmarks.time_to_loss import first_at_or_below, make_val_loss, report, run_jax
 from configs import speedrun_char
 from experiments import speedrun_ablation
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.config_dict import check_experiment_config
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # the track's text
 
 
 def test_val_loss_scores_every_position_of_non_overlapping_windows():
@@ -62,3 +67,24 @@ def test_ablation_table_gives_seconds_steps_and_ratio():
     assert lines[2] == "| all | 40.0 | 400 | 1.00 |"
     assert lines[3] == "| − Muon | 60.0 | 550 | 1.50 |"
     assert "not reached (1.950 at step 600)" in lines[4]
+
+
+@pytest.mark.slow
+def test_near_the_target_each_chunk_is_evaluated():
+    """Once an evaluation reads at most fine_below, the contestant is evaluated after every
+    chunk (so its crossing is timed to the chunk); otherwise every eval_every steps."""
+    tiny = {
+        "num_steps": 40,
+        "steps_per_call": 10,
+        "batch_size": 4,
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 32,
+    }
+    steps = {}
+    for fine_below in (None, float("inf")):
+        records = run_jax("speedrun", str(SHARED_DATA), 20, tiny, fine_below=fine_below)
+        steps[fine_below] = [record["step"] for record in records]
+        assert all(np.isfinite(record["val_loss"]) for record in records)
+    assert steps[None] == [20, 40]
+    assert steps[float("inf")] == [20, 30, 40]  # fine from the first evaluation on

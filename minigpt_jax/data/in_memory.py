@@ -194,18 +194,10 @@ def prepare_dataset(
     cache_key = DOCUMENTS_KEY + text if documents else text
     tokenizer_path = run_dir.tokenizer if run_dir is not None else None
     new_tokenizer = tokenizer_path is None or not tokenizer_path.exists()
-    if not new_tokenizer:
-        saved = load_tokenizer(tokenizer_path)
-        if tokenizer is None:
-            check_saved_tokenizer(saved, tokenizer_path, tokenizer_kind, vocab_size)
-        elif saved.to_json() != tokenizer.to_json():
-            raise ValueError(
-                f"{tokenizer_path} holds another tokenizer than the pretrained model's; "
-                "use a fresh workdir."
-            )
-        tokenizer = saved
-    else:
+    if new_tokenizer:
         tokenizer = tokenizer or build_tokenizer(tokenizer_kind, text, vocab_size, documents, data)
+    else:
+        tokenizer = _saved_tokenizer(tokenizer_path, tokenizer, tokenizer_kind, vocab_size)
     if documents and tokenizer.eot_id is None:
         raise ValueError(
             f"packing documents needs a tokenizer with an end-of-text id; "
@@ -239,6 +231,21 @@ def prepare_dataset(
     if write_cache:
         write_cached_tokens(cache_key, tokenizer, tokens, cache_path)
     return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
+
+
+def _saved_tokenizer(
+    path: Path, given: Tokenizer | None, tokenizer_kind: str, vocab_size: int
+) -> Tokenizer:
+    """The tokenizer a workdir saved at `path`, checked against the config's kind and size, or
+    (a pretrained model's tokenizer `given`) refused when it is another."""
+    saved = load_tokenizer(path)
+    if given is None:
+        check_saved_tokenizer(saved, path, tokenizer_kind, vocab_size)
+    elif saved.to_json() != given.to_json():
+        raise ValueError(
+            f"{path} holds another tokenizer than the pretrained model's; use a fresh workdir."
+        )
+    return saved
 
 
 def _check_fits_in_memory(sources: list[Source], tokenizer_kind: str) -> None:

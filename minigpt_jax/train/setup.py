@@ -26,13 +26,13 @@ from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
-from minigpt_jax.model.attention_fns import ATTENTION_MASKS, choose_kernel
+from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
-from minigpt_jax.optimizers import build_optimizer
+from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
@@ -102,32 +102,9 @@ def set_up(
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
         on_phase("reading config.init_from", at)
         pretrained = load_model(config.init_from) if config.init_from else None
-        optimizer = build_optimizer(config.optim, config.num_steps)
-        terms = parse_terms(config.loss.terms)
-        # The model group, typed at the edge; its vocab_size is set as each phase learns it.
-        model = config.model
-        metrics = _checked_metrics(config, terms, model, pretrained)
-        mesh = sharding.make_mesh(config.mesh)
-        sharding.check_batch_size(config.micro_batch_size, mesh)
-        # A char vocabulary is known once the corpus is read: counted as 1 until then.
-        early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
-        _check_memory(
-            config,
-            optimizer.tx,
-            mesh,
-            model.replace(vocab_size=pretrained.cfg.vocab_size if pretrained else early_vocab),
-        )
-        data_check = _DataCheck(config, checkpointer, latest, allow_resume_changes)
-        if latest is not None:  # the settings first, so a refused resume changes no data file
-            saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
-            _check_resume(
-                config,
-                model.replace(vocab_size=saved_vocab),
-                checkpointer,
-                latest,
-                allow_resume_changes,
-            )
+        plan = _plan(config, checkpointer, latest, pretrained, allow_resume_changes)
         on_phase("reading the data", at)
+        data_check = _DataCheck(config, checkpointer, latest, allow_resume_changes)
         dataset = dataset_from(
             config,
             workdir,
@@ -135,24 +112,12 @@ def set_up(
             progress=progress,
             before_writing=before_writing,
             check_data=data_check if latest is not None else None,
-            documents=ATTENTION_MASKS[config.model.attention_mask].documents,
+            documents=packs_documents(config.model),
         )
-        cfg = model.replace(
-            vocab_size=(pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
-        )
-        _check_memory(config, optimizer.tx, mesh, cfg)
-        _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
-        if pretrained is not None and latest is None:
-            check_fits(pretrained.cfg, cfg)
-        shardings = state_shardings(cfg, optimizer.tx, mesh)
+        cfg = _model_of(config, plan, dataset, pretrained, fresh=latest is None)
+        shardings = state_shardings(cfg, plan.optimizer.tx, plan.mesh)
         # Which params evaluation, best/, sampling and export use, decided by the optimizer.
-        eval_params_name, select = optimizer.eval_params(shardings.opt_state)
-        select_eval_params = None
-        if select is not None:
-            select_eval_params = jax.jit(
-                lambda state: select(state.opt_state, state.params),
-                out_shardings=shardings.params,
-            )
+        eval_params_name, select = plan.optimizer.eval_params(shardings.opt_state)
         meta = {
             "gpt_config": dataclasses.asdict(cfg),
             "config": config.to_dict(),
@@ -162,35 +127,122 @@ def set_up(
         }
         before_writing()
         checkpointer.start_writing()
-        state = make_init_state(cfg, optimizer.tx, mesh, shardings)(jax.random.key(config.seed))
+        state = make_init_state(cfg, plan.optimizer.tx, plan.mesh, shardings)(
+            jax.random.key(config.seed)
+        )
         if latest is None:
             on_phase("initializing the model", 0)
             state = _with_pretrained_params(state, pretrained, cfg, shardings)
             resumed_from, best_val, pending_evaluation = None, math.inf, False
         else:
             on_phase(f"restoring checkpoint {latest}", latest)
-            changes = _check_resume(config, cfg, checkpointer, latest, allow_resume_changes)
-            if changes:
-                _log.warning(
-                    "resuming step %d with changed settings: %s", latest, "; ".join(changes)
-                )
-            state, saved_meta = checkpointer.restore(state, latest)
+            state, saved_meta = _restored(
+                config, cfg, checkpointer, latest, allow_resume_changes, state
+            )
             resumed_from = int(state.step)
             pending_evaluation = bool(saved_meta.get("pending_evaluation"))
             best_val = _best_val_so_far(saved_meta, latest, data_check.change)
-        eval_fn = make_eval_step(cfg, mesh, shardings.params, terms)
-        metric_fn = make_metric_step(cfg, metrics, mesh, shardings.params) if metrics else None
         run = Run(
-            config, cfg, dataset, mesh, shardings, checkpointer, state, resumed_from, best_val,
-            pending_evaluation, terms, meta, None, eval_fn, metric_fn, select_eval_params, 0.0,
+            config, cfg, dataset, plan.mesh, shardings, checkpointer, state, resumed_from,
+            best_val, pending_evaluation, plan.terms, meta, None,
+            make_eval_step(cfg, plan.mesh, shardings.params, plan.terms),
+            make_metric_step(cfg, plan.metrics, plan.mesh, shardings.params)
+            if plan.metrics else None,
+            _eval_params_selector(select, shardings), 0.0,
         )  # fmt: skip
         if last_step is None or run.step < last_step:
             on_phase("compiling", run.step)
-            _compile(run, optimizer)
+            _compile(run, plan.optimizer)
         return run
     except BaseException:
         checkpointer.close()  # an open orbax manager prints tracebacks at exit
         raise
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What `_plan` checked before any data is read: the optimizer, the loss terms, the
+    evaluation metrics and the device mesh."""
+
+    optimizer: OptimizerParts
+    terms: tuple[tuple[str, float], ...]
+    metrics: tuple[str, ...]
+    mesh: Any
+
+
+def _plan(
+    config: Experiment,
+    checkpointer: Checkpointer,
+    latest: int | None,
+    pretrained: LoadedModel | None,
+    allow_resume_changes: bool,
+) -> _Plan:
+    """The checks that need no data, before any is read: the optimizer, loss terms and metrics
+    resolve, the batch splits over the mesh, the run fits the devices' memory (with the
+    vocabulary known so far), and a resume's settings are allowed, so a refused resume
+    changes no data file."""
+    optimizer = build_optimizer(config.optim, config.num_steps)
+    terms = parse_terms(config.loss.terms)
+    metrics = _checked_metrics(config, terms, config.model, pretrained)
+    mesh = sharding.make_mesh(config.mesh)
+    sharding.check_batch_size(config.micro_batch_size, mesh)
+    # A char vocabulary is known once the corpus is read: counted as 1 until then.
+    early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
+    vocab_size = pretrained.cfg.vocab_size if pretrained else early_vocab
+    _check_memory(config, optimizer.tx, mesh, config.model.replace(vocab_size=vocab_size))
+    if latest is not None:
+        saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
+        model = config.model.replace(vocab_size=saved_vocab)
+        _check_resume(config, model, checkpointer, latest, allow_resume_changes)
+    return _Plan(optimizer, terms, metrics, mesh)
+
+
+def _model_of(
+    config: Experiment,
+    plan: _Plan,
+    dataset: data.Dataset,
+    pretrained: LoadedModel | None,
+    *,
+    fresh: bool,
+) -> GPTConfig:
+    """The run's model: config.model with the vocabulary of the pretrained model or the data's
+    tokenizer, checked against the devices' memory, the tokenizer's end-of-text id (a mask
+    that packs documents) and, for a fresh run from config.init_from, the pretrained shapes."""
+    cfg = config.model.replace(
+        vocab_size=(pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
+    )
+    _check_memory(config, plan.optimizer.tx, plan.mesh, cfg)
+    _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
+    if pretrained is not None and fresh:
+        check_fits(pretrained.cfg, cfg)
+    return cfg
+
+
+def _restored(
+    config: Experiment,
+    cfg: GPTConfig,
+    checkpointer: Checkpointer,
+    latest: int,
+    allow_resume_changes: bool,
+    state: TrainState,
+) -> tuple[TrainState, dict]:
+    """(state, meta) of checkpoint `latest`, restored into `state`'s shapes and shardings once
+    its settings pass the resume rules with the data's vocabulary (changes allowed by
+    allow_resume_changes are logged)."""
+    changes = _check_resume(config, cfg, checkpointer, latest, allow_resume_changes)
+    if changes:
+        _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
+    return checkpointer.restore(state, latest)
+
+
+def _eval_params_selector(select: Callable | None, shardings: Any) -> Callable | None:
+    """The compiled state -> eval params of the optimizer's `select` (e.g. its EMA), or None
+    when evaluation reads the trained params."""
+    if select is None:
+        return None
+    return jax.jit(
+        lambda state: select(state.opt_state, state.params), out_shardings=shardings.params
+    )
 
 
 def train_batches(run: Run, first_step: int) -> jax.Array:
@@ -212,7 +264,7 @@ def train_batches(run: Run, first_step: int) -> jax.Array:
     return sharding.put_batch(batches, sharding.batch_sharding(run.mesh, 3))
 
 
-def _compile(run: Run, optimizer: Any) -> None:
+def _compile(run: Run, optimizer: OptimizerParts) -> None:
     """Compiles the train chunk ahead of its first call, refuses one that XLA's account says
     will not fit, and times it."""
     start = time.perf_counter()
