@@ -114,29 +114,9 @@ def sharded_dataset(
     directory = Path(data_config.shards_dir or run_dir.shards)
     settings = ShardSettings.from_config(data_config)
     sources = find_sources(data_config.corpus, data_config.path, data_config.file_format)
-    # At most one token per byte plus an end-of-text id per document (at most one per byte),
-    # where a file's size bounds its text (not a compressed .parquet file's).
-    most_tokens = 2 * sum(source.size for source in sources)
-    most_val = most_tokens - int(most_tokens * (1.0 - data_config.val_fraction))
-    if all(source.format.sized for source in sources) and most_val < block_size + 1:
-        raise ValueError(
-            f"the inputs of data.path hold {most_tokens // 2} bytes, so the 'val' split would "
-            f"have at most {most_val} tokens, but one training window needs block_size + 1 = "
-            f"{block_size + 1}; use a smaller block_size, a larger val_fraction or more text."
-        )
-    run_tokenizer_path = run_dir.tokenizer
-    saved = load_tokenizer(run_tokenizer_path) if run_tokenizer_path.exists() else None
-    if saved is not None and tokenizer is None:
-        check_saved_tokenizer(
-            saved, run_tokenizer_path, data_config.tokenizer, data_config.vocab_size
-        )
-    run_tokenizer = saved or tokenizer  # a pretrained model's for a new run
-    if run_tokenizer is not None and run_tokenizer.eot_id is None:
-        raise ValueError(
-            f"the tokenizer of {workdir} has no end-of-text id (it was made for an in-memory "
-            f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
-            f"or data.format='memory' as the run that created it."
-        )
+    _check_val_holds_a_window(sources, data_config, block_size)
+    saved = load_tokenizer(run_dir.tokenizer) if run_dir.tokenizer.exists() else None
+    run_tokenizer = _run_tokenizer(saved, tokenizer, data_config, run_dir, workdir)
     _, check, checked = update_shards(
         directory,
         sources,
@@ -162,7 +142,45 @@ def sharded_dataset(
     )
     if saved is None:
         run_dir.root.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tokenizer, run_tokenizer_path)
+        save_tokenizer(tokenizer, run_dir.tokenizer)
     check_split_length(train, block_size, "train")
     check_split_length(val, block_size, "val")
     return Dataset(tokenizer=tokenizer, train=train, val=val, digest=digest)
+
+
+def _check_val_holds_a_window(sources: list, data_config: Data, block_size: int) -> None:
+    """Refuses, before anything is encoded, inputs whose 'val' split cannot hold one window of
+    block_size + 1 tokens: at most one token per byte plus an end-of-text id per document (at
+    most one per byte), where a file's size bounds its text (not a compressed .parquet's)."""
+    most_tokens = 2 * sum(source.size for source in sources)
+    most_val = most_tokens - int(most_tokens * (1.0 - data_config.val_fraction))
+    if all(source.format.sized for source in sources) and most_val < block_size + 1:
+        raise ValueError(
+            f"the inputs of data.path hold {most_tokens // 2} bytes, so the 'val' split would "
+            f"have at most {most_val} tokens, but one training window needs block_size + 1 = "
+            f"{block_size + 1}; use a smaller block_size, a larger val_fraction or more text."
+        )
+
+
+def _run_tokenizer(
+    saved: Tokenizer | None,
+    given: Tokenizer | None,
+    data_config: Data,
+    run_dir: RunDir,
+    workdir: str | os.PathLike,
+) -> Tokenizer | None:
+    """The tokenizer the shards are encoded with: the run's saved copy (checked against the
+    config's kind and size unless a pretrained one is `given`), else the given one, else None
+    (a new run trains its own); refuses one without an end-of-text id."""
+    if saved is not None and given is None:
+        check_saved_tokenizer(
+            saved, run_dir.tokenizer, data_config.tokenizer, data_config.vocab_size
+        )
+    run_tokenizer = saved or given  # a pretrained model's for a new run
+    if run_tokenizer is not None and run_tokenizer.eot_id is None:
+        raise ValueError(
+            f"the tokenizer of {workdir} has no end-of-text id (it was made for an in-memory "
+            f"corpus), but this run reads shards (data.format='shards'); use a fresh workdir, "
+            f"or data.format='memory' as the run that created it."
+        )
+    return run_tokenizer
