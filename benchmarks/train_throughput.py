@@ -87,6 +87,8 @@ NOT_KEPT: tuple[tuple[str, str], ...] = (
     ("XNNPACK / oneDNN dot fusion", "slower, or a crash (oneDNN)"),
     ("2 host devices, data parallel (XLA_FLAGS)", "no gain beyond noise"),
     ("forward as 2 or 3 concurrent batch groups", "no gain beyond noise"),
+    ("Muon's bf16 Newton-Schulz: the whole iteration in bf16", "slower, 3x the error"),
+    ("Muon: same-shaped matrices in one batched Newton-Schulz", "1.05x slower per step"),
 )
 
 
