@@ -61,6 +61,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Printed in every run, beside the default: bf16 operands, float32 sums and weights.
     "default, bf16 matmuls": {"model.matmul_dtype": "bfloat16"},
     "default, float32 matmuls": {"model.matmul_dtype": "float32"},
+    # For a Muon config (--config configs/speedrun_char.py --only ...), not in --variants.
+    "default, float32 Muon Newton-Schulz": {"optim.muon_ns_dtype": "float32"},
+    "default, bf16 Muon Newton-Schulz": {"optim.muon_ns_dtype": "bfloat16"},
     "default, YNNPACK off (Eigen dots)": {_YNN: ""},
     "default, YNNPACK dot fusion": {_YNN: "LIBRARY_FUSION_TYPE_DOT"},
     "default, fusion emitters off": {"xla_cpu_use_fusion_emitters": False},
@@ -71,6 +74,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 PLAIN, BF16 = "fp32 erf-GELU K=1 (plain)", "default, bf16 activations"
 BF16_MATMULS, FP32_MATMULS = "default, bf16 matmuls", "default, float32 matmuls"
+MUON_NS = ("default, float32 Muon Newton-Schulz", "default, bf16 Muon Newton-Schulz")
 
 # Tried during development with throwaway A/B scripts whose code was not kept, so this script
 # cannot re-time them: the change and what became of it (benchmarks/README.md).
@@ -83,6 +87,8 @@ NOT_KEPT: tuple[tuple[str, str], ...] = (
     ("XNNPACK / oneDNN dot fusion", "slower, or a crash (oneDNN)"),
     ("2 host devices, data parallel (XLA_FLAGS)", "no gain beyond noise"),
     ("forward as 2 or 3 concurrent batch groups", "no gain beyond noise"),
+    ("Muon's bf16 Newton-Schulz: the whole iteration in bf16", "slower, 3x the error"),
+    ("Muon: same-shaped matrices in one batched Newton-Schulz", "1.05x slower per step"),
 )
 
 
@@ -385,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     counterpart = matmul_counterpart(config)  # the other matmul dtype, side by side
     overrides = {DEFAULT: {}, counterpart: VARIANTS[counterpart]}
     if args.variants:  # the matmul column that repeats the default is left out
-        overrides = {k: v for k, v in VARIANTS.items() if k not in (BF16_MATMULS, FP32_MATMULS)}
+        left_out = (BF16_MATMULS, FP32_MATMULS, *MUON_NS)
+        overrides = {k: v for k, v in VARIANTS.items() if k not in left_out}
         overrides[counterpart] = VARIANTS[counterpart]
     if args.only:
         names = [counterpart, *(name for name in args.only if name != counterpart)]

@@ -4,6 +4,7 @@ the entries and the fix; the built-in entries compute what their papers say."""
 import sys
 
 import chex
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +13,19 @@ import pytest
 
 from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
+from minigpt_jax.configs import speedrun_char
+from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
-from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES, make_optimizer
+from minigpt_jax.optimizers import (
+    OPTIMIZERS,
+    SCHEDULES,
+    decay_mask,
+    make_optimizer,
+    muon,
+    muon_dimension_numbers,
+    muon_ns_dtype,
+)
 from minigpt_jax.settings.registry import Registry, RegistryError, imported_user_modules
 
 
@@ -242,6 +253,115 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_the_rest():
     embed_update = np.asarray(updates["embed"]["tok"]["embedding"])
     embed_grad = np.asarray(grads["embed"]["tok"]["embedding"])
     np.testing.assert_array_equal(np.sign(embed_update), -np.sign(embed_grad))
+
+
+# A block's Muon matrices as the model declares them (param_meta.declare(muon=...)): the fused qkv
+# kernel (D, 3, H, K) read as 3 matrices (D, H·K), the projection (H, K, D) as one (H·K, D), a wide
+# and a tall MLP kernel; an embedding table and a norm scale for AdamW.
+_MUON_SHAPES = {
+    ("embed", "tok", "embedding"): ((16, 8), param_meta.ParamMeta(decay=True)),
+    ("block_0", "attn", "qkv", "kernel"): ((8, 3, 2, 4), param_meta.ParamMeta((0, (2, 3)), True)),
+    ("block_0", "attn", "proj", "kernel"): ((2, 4, 8), param_meta.ParamMeta(((0, 1), 2), True)),
+    ("block_0", "mlp", "fc", "kernel"): ((8, 32), param_meta.ParamMeta((0, 1), True)),
+    ("block_0", "mlp", "proj", "kernel"): ((32, 8), param_meta.ParamMeta((0, 1), True)),
+    ("block_0", "norm", "scale"): ((8,), param_meta.VECTOR),
+}
+_MUON_LR = optax.linear_schedule(0.016, 0.0, 10)
+
+
+def _muon_optim(ns_dtype: str):
+    """The speedrun's Muon settings with weight decay on, Newton-Schulz on `ns_dtype` operands."""
+    optim = speedrun_char.get_config().optim
+    optim.weight_decay, optim.muon_ns_dtype = 0.1, ns_dtype
+    return optim
+
+
+def _muon_steps(tx: optax.GradientTransformation, steps: int = 3) -> list[tuple]:
+    """(updates, state) after each of `steps` updates of a tree shaped as _MUON_SHAPES, from the
+    same params and the same Gaussian gradients whatever tx."""
+
+    def tree(seed):
+        keys = jax.random.split(jax.random.key(seed), len(_MUON_SHAPES))
+        leaves = {
+            path: jax.random.normal(key, shape)
+            for key, (path, (shape, _)) in zip(keys, _MUON_SHAPES.items(), strict=True)
+        }
+        return flax.traverse_util.unflatten_dict(leaves)
+
+    with param_meta.using({path: meta for path, (_, meta) in _MUON_SHAPES.items()}):
+        params, update = tree(0), jax.jit(tx.update)
+        state, trajectory = tx.init(params), []
+        for step in range(steps):
+            updates, state = update(tree(step + 1), state, params)
+            params = optax.apply_updates(params, updates)
+            trajectory.append((updates, state))
+    return trajectory
+
+
+def test_muon_with_float32_newton_schulz_is_optax_contrib_muon_bit_for_bit():
+    """Issue 38: the Muon entry runs its own Newton-Schulz (so that its operands can be
+    bfloat16); with float32 operands it is optax.contrib.muon as the entry called it before,
+    bit for bit over 3 steps (batched and reshaped matrices, decay, AdamW's leaves), with the
+    same state tree, so checkpoints of earlier Muon runs still resume."""
+    optim = _muon_optim("float32")
+    ratio = optim.muon_lr / optim.lr
+    before = optax.contrib.muon(
+        lambda step: _MUON_LR(step) * ratio,
+        beta=optim.muon_momentum,
+        weight_decay=optim.weight_decay,
+        weight_decay_mask=decay_mask,
+        adam_b1=optim.b1,
+        adam_b2=optim.b2,
+        adam_weight_decay=optim.weight_decay,
+        adam_learning_rate=_MUON_LR,
+        muon_weight_dimension_numbers=muon_dimension_numbers,
+    )
+    for (updates, state), (expected, expected_state) in zip(
+        _muon_steps(muon(optim, _MUON_LR)), _muon_steps(before), strict=True
+    ):
+        chex.assert_trees_all_equal(updates, expected)
+        assert jax.tree.structure(state) == jax.tree.structure(expected_state)
+        chex.assert_trees_all_equal(state, expected_state)
+
+
+def test_bfloat16_newton_schulz_stays_within_5_percent_of_float32():
+    """bfloat16 operands (float32 sums) in the Newton-Schulz dots: each Muon update within 5%
+    (relative Frobenius norm) of the float32 one, and rounded (not equal to it); AdamW's updates
+    and the float32 momentum unchanged."""
+    float32 = _muon_steps(muon(_muon_optim("float32"), _MUON_LR))
+    bfloat16 = _muon_steps(muon(_muon_optim("bfloat16"), _MUON_LR))
+    for (updates, state), (expected, expected_state) in zip(bfloat16, float32, strict=True):
+        chex.assert_trees_all_equal(updates["embed"], expected["embed"])
+        chex.assert_trees_all_equal(updates["block_0"]["norm"], expected["block_0"]["norm"])
+        muon_state = state.inner_states["muon"].inner_state[0]
+        chex.assert_trees_all_equal(
+            muon_state.mu, expected_state.inner_states["muon"].inner_state[0].mu
+        )
+        chex.assert_trees_all_equal_dtypes(
+            muon_state.mu, expected_state.inner_states["muon"].inner_state[0].mu
+        )
+        for name in ("attn", "mlp"):
+            for got, want in zip(
+                jax.tree.leaves(updates["block_0"][name]),
+                jax.tree.leaves(expected["block_0"][name]),
+                strict=True,
+            ):
+                error = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+                assert 0 < error < 0.05, error
+
+
+def test_muon_ns_dtype_auto_is_bfloat16_where_bfloat16_matmuls_pay(monkeypatch):
+    """optim.muon_ns_dtype=auto follows the training step's rule (backend.bf16_matmuls_pay: a CPU
+    with AVX512-BF16 or AMX), resolved when the optimizer is built; other values as they are."""
+    auto = _muon_optim("auto")
+    for pays, resolved in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(backend, "bf16_matmuls_pay", lambda pays=pays: pays)
+        assert muon_ns_dtype(auto) == resolved
+        assert muon_ns_dtype(_muon_optim("float32")) == "float32"
+        assert muon_ns_dtype(_muon_optim("bfloat16")) == "bfloat16"
+        ((updates, _),) = _muon_steps(muon(auto, _MUON_LR), steps=1)
+        ((expected, _),) = _muon_steps(muon(_muon_optim(resolved), _MUON_LR), steps=1)
+        chex.assert_trees_all_equal(updates, expected)
 
 
 def test_the_user_modules_a_plugin_imports_are_found_in_its_source(tmp_path, monkeypatch):

@@ -19,7 +19,9 @@ Swept:    with `minigpt-jax sweep` (experiments/README.md §11; TPE, median prun
           12 x 200: 1.900, misses; 24 x 200: 1.808 with twice the tokens per step). Kept: 12 x
           64, muon_lr 0.01, lr 0.016 (the fewest tokens that reach the target); on the whole
           validation split 300 steps end at 1.8606, 250 at 1.8717 and 220 at 1.8861, below the
-          twin's 1.8943: 220 steps (168,960 tokens).
+          twin's 1.8943: 220 steps (168,960 tokens). With the training step's bf16 matmuls and
+          Muon's bf16 Newton-Schulz operands (optim.muon_ns_dtype auto, on the AMD EPYC with
+          AVX512-BF16): 1.8861 at 220 (float32 Newton-Schulz: 1.8856; benchmarks/README.md).
 Ablation: experiments/speedrun_ablation.py removes each trick in turn (experiments/README.md).
 """
 

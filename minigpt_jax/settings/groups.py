@@ -417,6 +417,17 @@ class Optim(Group):
     muon_momentum: float = setting(
         0.95, "muon: Nesterov momentum of the blocks' matrices", TRAJECTORY, low=0.0, high=1.0
     )
+    # bfloat16 operands with float32 sums in Muon's Newton-Schulz dots; the momentum and the
+    # weights stay float32. The update is within a stated, tested tolerance of float32's
+    # (tests/test_registry.py); "auto" resolves when the optimizer is built, like the training
+    # step's model.matmul_dtype (minigpt_jax.model.backend.bf16_matmuls_pay).
+    muon_ns_dtype: str = setting(
+        "auto",
+        "muon: Newton-Schulz dot operands: auto (bfloat16 on CPUs with AVX512-BF16 or AMX) | "
+        "float32 | bfloat16 (float32 sums, momentum and weights)",
+        SPEED,
+        choices=(AUTO, "float32", "bfloat16"),
+    )
     eval_params: str = setting(
         "auto",
         "the params evaluation, best/, sampling and export use: auto (the optimizer's own: "
