@@ -274,8 +274,8 @@ def _model_note(cfg) -> str:
     if matmul == "bfloat16" and not backend.bf16_matmuls_pay():
         matmul += "(no bf16 dot unit: converted to float32)"
     return (
-        f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} attention={attention} "
-        f"matmul={matmul}" + chunk
+        f"gelu={gelu} {cfg.dtype} dense_grad={backend.dense_grad(cfg)} "
+        f"norm_grad={backend.norm_grad(cfg)} attention={attention} matmul={matmul}" + chunk
     )
 
 

@@ -1,6 +1,6 @@
-"""The automatic speed settings equal the plain path: attention kernels, the Dense VJP, vocabulary
-padding, the chunked loss and the compute-dtype read-out (values and gradients, float tolerance);
-bfloat16 matmul operands within their stated tolerance of float32.
+"""The automatic speed settings equal the plain path: attention kernels, the Dense VJP, the
+LayerNorm VJP, vocabulary padding, the chunked loss and the compute-dtype read-out (values and
+gradients, float tolerance); bfloat16 matmul operands within their stated tolerance of float32.
 """
 
 import functools
@@ -8,6 +8,7 @@ import unittest
 import unittest.mock
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +20,7 @@ from minigpt_jax.model.attention import attention_weights, causal_mask, fused_at
 from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.embeddings import read_out
 from minigpt_jax.model.gpt import forward_with_cache, init_cache
+from minigpt_jax.model.norm_vjp import DirectLayerNorm
 from minigpt_jax.sampling.api import generate
 
 CFG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -50,6 +52,7 @@ class ResolutionTest(chex.TestCase):
     @ON_CPU
     def test_auto_on_cpu(self):
         self.assertEqual(backend.dense_grad(CFG), "direct")
+        self.assertEqual(backend.norm_grad(CFG), "direct")
         self.assertEqual(choose_kernel(CFG, weight_dropout=False, cached=False), "explicit")
         self.assertEqual(choose_kernel(CFG, weight_dropout=False, cached=True), "explicit")
 
@@ -67,6 +70,7 @@ class ResolutionTest(chex.TestCase):
 
     def test_explicit_choices_are_kept(self):
         self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
+        self.assertEqual(backend.norm_grad(CFG.replace(norm_grad="autodiff")), "autodiff")
         explicit = CFG.replace(attention="explicit")
         self.assertEqual(choose_kernel(explicit, weight_dropout=False, cached=False), "explicit")
         cudnn = CFG.replace(attention="cudnn", dtype="bfloat16")
@@ -149,6 +153,52 @@ class DenseGradTest(chex.TestCase):
         chex.assert_trees_all_close(
             _loss_and_grads(params, tokens, CFG.replace(dense_grad="auto")),
             _loss_and_grads(params, tokens, CFG.replace(dense_grad="autodiff")),
+            **TOL,
+        )
+
+
+class NormGradTest(parameterized.TestCase):
+    """norm_grad="direct" (norm_vjp.DirectLayerNorm) is flax's nn.LayerNorm: the same parameter
+    tree, output and gradients (input, scale, bias), within float32 tolerance."""
+
+    @parameterized.product(use_bias=(True, False), dtype=("float32", "bfloat16"))
+    def test_direct_layer_norm_equals_flax(self, use_bias, dtype):
+        options = dict(epsilon=1e-5, use_bias=use_bias, dtype=jnp.float32)
+        direct, flax_ln = DirectLayerNorm(**options), nn.LayerNorm(**options)
+        # Rows with a mean far from 0 (the residual stream's), in float32 or bfloat16 input.
+        x_BxTxD = (3.0 + 2.0 * jax.random.normal(jax.random.key(0), (2, 5, 24))).astype(dtype)
+        params = flax_ln.init(jax.random.key(1), x_BxTxD)
+        chex.assert_trees_all_equal(direct.init(jax.random.key(1), x_BxTxD), params)
+        params = jax.tree.map(  # a scale and bias away from their init, so both are exercised
+            lambda p: p + jax.random.normal(jax.random.key(2), p.shape), params
+        )
+        cotangent_BxTxD = jax.random.normal(jax.random.key(3), x_BxTxD.shape)
+
+        def loss(module, params, x):
+            return jnp.sum(module.apply(params, x) * cotangent_BxTxD)
+
+        chex.assert_trees_all_close(
+            direct.apply(params, x_BxTxD), flax_ln.apply(params, x_BxTxD), **TOL
+        )
+        grads = [
+            jax.grad(functools.partial(loss, module), argnums=(0, 1))(params, x_BxTxD)
+            for module in (direct, flax_ln)
+        ]
+        self.assertEqual(grads[0][1].dtype, x_BxTxD.dtype)
+        # A bfloat16 input's gradient is float32 math rounded to 8 bits: within one rounding.
+        tol = TOL if dtype == "float32" else dict(atol=1e-2, rtol=1e-2)
+        chex.assert_trees_all_close(
+            jax.tree.map(lambda g: g.astype(jnp.float32), grads[0]),
+            jax.tree.map(lambda g: g.astype(jnp.float32), grads[1]),
+            **tol,
+        )
+
+    def test_model_auto_equals_autodiff(self):
+        params, tokens = _params(CFG), _tokens_BxT1()
+        chex.assert_trees_all_equal(_params(CFG.replace(norm_grad="direct")), params)
+        chex.assert_trees_all_close(
+            _loss_and_grads(params, tokens, CFG.replace(norm_grad="auto")),
+            _loss_and_grads(params, tokens, CFG.replace(norm_grad="autodiff")),
             **TOL,
         )
 

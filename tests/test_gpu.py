@@ -62,6 +62,7 @@ def test_auto_picks_cudnn_and_the_model_agrees():
         pytest.skip("cuDNN flash attention needs an NVIDIA GPU of compute capability >= 8.0")
     assert choose_kernel(CFG, weight_dropout=False, cached=False) == "cudnn"
     assert backend.dense_grad(CFG) == "autodiff"
+    assert backend.norm_grad(CFG) == "autodiff"
     params = init_params(CFG, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, CFG.vocab_size)
     explicit = CFG.replace(attention="explicit")

@@ -56,13 +56,16 @@ def test_default_config_is_every_declared_default():
 
 def test_speed_fields_and_finetune_rules_are_what_they_were():
     """The lists resume.py and pretrained.py spelled out before, now derived."""
-    assert set(SPEED_FIELDS) == {"dense_grad", "matmul_dtype", "attention", "loss_chunk", "remat"}
+    assert set(SPEED_FIELDS) == {
+        "dense_grad", "norm_grad", "matmul_dtype", "attention", "loss_chunk", "remat",
+    }  # fmt: skip
     loaded = GPTConfig()
     wanted = GPTConfig(
         dropout=0.0,
         dtype="bfloat16",
         param_dtype="bfloat16",
         dense_grad="direct",
+        norm_grad="direct",
         matmul_dtype="bfloat16",
         attention="explicit",
         loss_chunk=64,

@@ -33,6 +33,14 @@ def dense_grad(cfg: GPTConfig) -> str:
     return "direct" if jax.default_backend() == "cpu" else "autodiff"
 
 
+def norm_grad(cfg: GPTConfig) -> str:
+    """cfg.norm_grad resolved: "auto" is "direct" (norm_vjp.py's LayerNorm VJP) on XLA:CPU,
+    where it runs the norms in fewer passes (benchmarks/README.md), and "autodiff" elsewhere."""
+    if cfg.norm_grad != "auto":
+        return cfg.norm_grad
+    return "direct" if jax.default_backend() == "cpu" else "autodiff"
+
+
 # /proc/cpuinfo flags of the CPUs whose bfloat16 dot products (float32 sums) beat float32 ones:
 # AVX512-BF16's vdpbf16ps (Zen 4, Cooper Lake on), AMX-BF16 tiles (Sapphire Rapids on).
 BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})

@@ -34,6 +34,12 @@ _DENSE_GRADS = Registry(
     {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
     user_entries=False,
 )
+_NORM_GRADS = Registry(
+    "LayerNorm gradient",
+    "model.norm_grad",
+    {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "norm_vjp.py's VJP"},
+    user_entries=False,
+)
 _MATMUL_DTYPES = Registry(
     "matmul dtype",
     "model.matmul_dtype",
@@ -221,6 +227,16 @@ class GPTConfig(Group):
         "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",
         SPEED,
         choices=_DENSE_GRADS,
+    )
+    # "direct" is minigpt_jax.model.norm_vjp's LayerNorm (flax's parameters, a hand-written VJP
+    # in fewer passes), faster on XLA:CPU (measured there only: benchmarks/README.md); "auto"
+    # picks direct on CPU, autodiff (flax's nn.LayerNorm) elsewhere, when the model is traced.
+    norm_grad: str = setting(
+        "auto",
+        "how LayerNorms (norm layernorm) are differentiated: auto (direct on CPU) | autodiff | "
+        "direct",
+        SPEED,
+        choices=_NORM_GRADS,
     )
     # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
     # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
