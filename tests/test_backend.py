@@ -20,7 +20,7 @@ from minigpt_jax.model.attention import attention_weights, causal_mask, fused_at
 from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.embeddings import read_out
 from minigpt_jax.model.gpt import forward_with_cache, init_cache
-from minigpt_jax.model.norm_vjp import DirectLayerNorm
+from minigpt_jax.model.layers import DirectLayerNorm
 from minigpt_jax.sampling.api import generate
 
 CFG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -158,7 +158,7 @@ class DenseGradTest(chex.TestCase):
 
 
 class NormGradTest(parameterized.TestCase):
-    """norm_grad="direct" (norm_vjp.DirectLayerNorm) is flax's nn.LayerNorm: the same parameter
+    """norm_grad="direct" (layers.DirectLayerNorm) is flax's nn.LayerNorm: the same parameter
     tree, output and gradients (input, scale, bias), within float32 tolerance."""
 
     @parameterized.product(use_bias=(True, False), dtype=("float32", "bfloat16"))

@@ -34,7 +34,7 @@ def dense_grad(cfg: GPTConfig) -> str:
 
 
 def norm_grad(cfg: GPTConfig) -> str:
-    """cfg.norm_grad resolved: "auto" is "direct" (norm_vjp.py's LayerNorm VJP) on XLA:CPU,
+    """cfg.norm_grad resolved: "auto" is "direct" (layers.DirectLayerNorm's VJP) on XLA:CPU,
     where it runs the norms in fewer passes (benchmarks/README.md), and "autodiff" elsewhere."""
     if cfg.norm_grad != "auto":
         return cfg.norm_grad

@@ -37,7 +37,11 @@ _DENSE_GRADS = Registry(
 _NORM_GRADS = Registry(
     "LayerNorm gradient",
     "model.norm_grad",
-    {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "norm_vjp.py's VJP"},
+    {
+        "auto": "direct on CPU, else autodiff",
+        "autodiff": "jax.grad",
+        "direct": "layers.DirectLayerNorm's VJP",
+    },
     user_entries=False,
 )
 _MATMUL_DTYPES = Registry(
@@ -228,7 +232,7 @@ class GPTConfig(Group):
         SPEED,
         choices=_DENSE_GRADS,
     )
-    # "direct" is minigpt_jax.model.norm_vjp's LayerNorm (flax's parameters, a hand-written VJP
+    # "direct" is minigpt_jax.model.layers.DirectLayerNorm (flax's parameters, a hand-written VJP
     # in fewer passes), faster on XLA:CPU (measured there only: benchmarks/README.md); "auto"
     # picks direct on CPU, autodiff (flax's nn.LayerNorm) elsewhere, when the model is traced.
     norm_grad: str = setting(
