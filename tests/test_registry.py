@@ -380,3 +380,13 @@ def test_the_user_modules_a_plugin_imports_are_found_in_its_source(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path))
     found = imported_user_modules("my_pkg.plug")
     assert sorted(found) == ["my_far", "my_farther", "my_pkg", "my_pkg.near"]
+
+
+def test_the_layernorm_entry_is_the_modules_layer_norm():
+    """layers.layer_norm is the registry's "layernorm" entry, (cfg, name) -> module (the
+    LayerNorm's hand-written VJP lives beside it under another name)."""
+    from minigpt_jax.model import layers
+
+    cfg = GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=2, n_embd=8)
+    assert NORMS["layernorm"] is layers.layer_norm
+    assert isinstance(layers.layer_norm(cfg, "ln"), flax.linen.Module)

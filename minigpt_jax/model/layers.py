@@ -140,14 +140,14 @@ def _over_rows(vector_D: Array, like_NxD: Array) -> Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def layer_norm(x_NxD: Array, scale_D: Array, bias_D: Array | None, epsilon: float) -> Array:
+def normalize_with_vjp(x_NxD: Array, scale_D: Array, bias_D: Array | None, epsilon: float) -> Array:
     """(x - mean) / sqrt(var + eps) * scale + bias over the last axis, in x's dtype (float32 or
     wider: DirectLayerNorm promotes), var = max(mean(x²) - mean², 0) as flax's; bias may be
     None. Any leading axes (N)."""
-    return _layer_norm_fwd(x_NxD, scale_D, bias_D, epsilon)[0]
+    return _normalize_fwd(x_NxD, scale_D, bias_D, epsilon)[0]
 
 
-def _layer_norm_fwd(x_NxD, scale_D, bias_D, epsilon):
+def _normalize_fwd(x_NxD, scale_D, bias_D, epsilon):
     last = x_NxD.ndim - 1
     moments_Nx2 = _pair_sum(x_NxD, jnp.square(x_NxD), (last + 1,), last) / x_NxD.shape[-1]
     mean_Nx1, mean_square_Nx1 = moments_Nx2[..., :1], moments_Nx2[..., 1:]
@@ -160,7 +160,7 @@ def _layer_norm_fwd(x_NxD, scale_D, bias_D, epsilon):
     return out_NxD, (normed_NxD, rstd_Nx1, scale_D, bias_D)
 
 
-def _layer_norm_bwd(epsilon, residuals, dout_NxD):
+def _normalize_bwd(epsilon, residuals, dout_NxD):
     del epsilon  # in rstd already
     normed_NxD, rstd_Nx1, scale_D, bias_D = residuals
     dout_NxD = dout_NxD.astype(normed_NxD.dtype)
@@ -177,12 +177,12 @@ def _layer_norm_bwd(epsilon, residuals, dout_NxD):
     return dx_NxD, dscale_D.astype(scale_D.dtype), dbias_D
 
 
-layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+normalize_with_vjp.defvjp(_normalize_fwd, _normalize_bwd)
 
 
 class DirectLayerNorm(nn.Module):
-    """nn.LayerNorm over the last axis with `layer_norm`'s VJP: the same parameters ('scale',
-    and 'bias' with use_bias, of shape (D,) in param_dtype), the output in `dtype`."""
+    """nn.LayerNorm over the last axis with `normalize_with_vjp`'s VJP: the same parameters
+    ('scale', and 'bias' with use_bias, of shape (D,) in param_dtype), the output in `dtype`."""
 
     epsilon: float
     use_bias: bool = True
@@ -198,4 +198,4 @@ class DirectLayerNorm(nn.Module):
             bias_D = self.param("bias", nn.initializers.zeros_init(), features, self.param_dtype)
         # In float32 at least, as flax's statistics; the cast's gradient is autodiff's.
         x_NxD = x_NxD.astype(jnp.promote_types(x_NxD.dtype, jnp.float32))
-        return layer_norm(x_NxD, scale_D, bias_D, self.epsilon).astype(self.dtype)
+        return normalize_with_vjp(x_NxD, scale_D, bias_D, self.epsilon).astype(self.dtype)
