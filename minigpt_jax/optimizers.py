@@ -316,8 +316,8 @@ def muon(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransform
     The matrices' learning rate is optim.muon_lr on the same schedule shape as optim.lr's (the
     embeddings, head, biases and norms keep AdamW at optim.lr, b1, b2, eps 1e-8 and Nesterov, as
     optax.contrib.muon); Nesterov momentum optim.muon_momentum; decoupled decay
-    optim.weight_decay on `decay_mask`'s leaves (and AdamW's on all of its own leaves, as
-    optax.contrib.muon's adam_weight_decay).
+    optim.weight_decay on `decay_mask`'s leaves, Muon's and AdamW's alike (optax.contrib.muon
+    decays every AdamW leaf: a norm scale or bias declaring no decay is left undecayed here).
     """
     ratio = optim.muon_lr / optim.lr if optim.lr else 0.0
 
@@ -337,15 +337,32 @@ def muon(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransform
         optax.add_decayed_weights(optim.weight_decay, decay_mask),
         optax.scale_by_learning_rate(lambda step: learning_rate(step) * ratio),
     )
-    adam = optax.adamw(
-        learning_rate,
-        b1=optim.b1,
-        b2=optim.b2,
-        eps=1e-8,
-        weight_decay=optim.weight_decay,
-        nesterov=True,
+    # optax.adamw's chain with the decay on decay_mask's leaves only, its state as adamw's
+    # without a mask (earlier Muon checkpoints restore into it).
+    adam = optax.chain(
+        optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=1e-8, nesterov=True),
+        decay_where_declared(optim.weight_decay),
+        optax.scale_by_learning_rate(learning_rate),
     )
     return optax.partition({"muon": muon_transform, "adam": adam}, labels)
+
+
+def decay_where_declared(weight_decay: float) -> optax.GradientTransformation:
+    """optax.add_decayed_weights (u + weight_decay * p) on `decay_mask`'s leaves, the others as
+    they are, with add_decayed_weights' unmasked state (optax.masked would wrap it in another)."""
+
+    def update(updates, state, params):
+        if weight_decay == 0.0:
+            return updates, state
+        decayed = jax.tree.map(
+            lambda u, p, decay: u + weight_decay * p if decay else u,
+            updates,
+            params,
+            decay_mask(params),
+        )
+        return decayed, state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 @dataclasses.dataclass(frozen=True)

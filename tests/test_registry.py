@@ -301,27 +301,55 @@ def _muon_steps(tx: optax.GradientTransformation, steps: int = 3) -> list[tuple]
 def test_muon_with_float32_newton_schulz_is_optax_contrib_muon_bit_for_bit():
     """Issue 38: the Muon entry runs its own Newton-Schulz (so that its operands can be
     bfloat16); with float32 operands it is optax.contrib.muon as the entry called it before,
-    bit for bit over 3 steps (batched and reshaped matrices, decay, AdamW's leaves), with the
-    same state tree, so checkpoints of earlier Muon runs still resume."""
+    bit for bit over 3 steps (batched and reshaped matrices, decay, AdamW's leaves), and its
+    state holds the same arrays, so checkpoints of earlier Muon runs still resume. The one
+    difference is wanted: AdamW's leaves decay only where declared (`decay_mask`), where
+    optax.contrib.muon decays all of them, so the norm scale (declared without decay) follows
+    optax.contrib.muon with no AdamW decay."""
     optim = _muon_optim("float32")
     ratio = optim.muon_lr / optim.lr
-    before = optax.contrib.muon(
-        lambda step: _MUON_LR(step) * ratio,
-        beta=optim.muon_momentum,
-        weight_decay=optim.weight_decay,
-        weight_decay_mask=decay_mask,
-        adam_b1=optim.b1,
-        adam_b2=optim.b2,
-        adam_weight_decay=optim.weight_decay,
-        adam_learning_rate=_MUON_LR,
-        muon_weight_dimension_numbers=muon_dimension_numbers,
-    )
-    for (updates, state), (expected, expected_state) in zip(
-        _muon_steps(muon(optim, _MUON_LR)), _muon_steps(before), strict=True
+
+    def before(adam_weight_decay):
+        return optax.contrib.muon(
+            lambda step: _MUON_LR(step) * ratio,
+            beta=optim.muon_momentum,
+            weight_decay=optim.weight_decay,
+            weight_decay_mask=decay_mask,
+            adam_b1=optim.b1,
+            adam_b2=optim.b2,
+            adam_weight_decay=adam_weight_decay,
+            adam_learning_rate=_MUON_LR,
+            muon_weight_dimension_numbers=muon_dimension_numbers,
+        )
+
+    for (updates, state), (expected, expected_state), (undecayed, _) in zip(
+        _muon_steps(muon(optim, _MUON_LR)),
+        _muon_steps(before(optim.weight_decay)),
+        _muon_steps(before(0.0)),
+        strict=True,
     ):
-        chex.assert_trees_all_equal(updates, expected)
-        assert jax.tree.structure(state) == jax.tree.structure(expected_state)
-        chex.assert_trees_all_equal(state, expected_state)
+        scale = ("block_0", "norm", "scale")
+        flat, flat_expected = (flax.traverse_util.flatten_dict(t) for t in (updates, expected))
+        for path, value in flat.items():
+            want = flax.traverse_util.flatten_dict(undecayed)[path] if path == scale else None
+            chex.assert_trees_all_equal(value, flat_expected[path] if want is None else want)
+        assert flat[scale].shape == (8,)
+        chex.assert_trees_all_equal(jax.tree.leaves(state), jax.tree.leaves(expected_state))
+
+
+def test_under_muon_a_leaf_declared_without_decay_is_not_decayed():
+    """With zero gradients and weight decay 0.1, Muon's update of an AdamW leaf declared with
+    decay (the embedding) is the decay alone, and of one declared without (the norm scale) 0."""
+    optim = _muon_optim("float32")
+    tx = muon(optim, _MUON_LR)
+    with param_meta.using({path: meta for path, (_, meta) in _MUON_SHAPES.items()}):
+        params = flax.traverse_util.unflatten_dict(
+            {path: jnp.ones(shape) for path, (shape, _) in _MUON_SHAPES.items()}
+        )
+        updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    np.testing.assert_array_equal(updates["block_0"]["norm"]["scale"], np.zeros(8))
+    embedding = np.asarray(updates["embed"]["tok"]["embedding"])
+    np.testing.assert_allclose(embedding, -_MUON_LR(0) * optim.weight_decay, rtol=1e-6)
 
 
 def test_bfloat16_newton_schulz_stays_within_5_percent_of_float32():
