@@ -191,6 +191,13 @@ def _matrix_axes(x: jax.Array, dims: optax.contrib.MuonDimensionNumbers):
     return batch, reduction, output
 
 
+def _fans(x: jax.Array, dims: optax.contrib.MuonDimensionNumbers) -> tuple[int, int]:
+    """(I, O): the sizes of the matrices x is read as, the products of its reduction and of its
+    output axes."""
+    _, reduction, output = _matrix_axes(x, dims)
+    return tuple(math.prod(x.shape[axis] for axis in axes) for axes in (reduction, output))
+
+
 def _as_matrices(x: jax.Array, dims: optax.contrib.MuonDimensionNumbers):
     """(stacked, restore): x as a stack of (I, O) matrices (I the product of the reduction axes,
     O of the output axes, the batch axes flattened in front), and the function that turns such
@@ -198,7 +205,7 @@ def _as_matrices(x: jax.Array, dims: optax.contrib.MuonDimensionNumbers):
     batch, reduction, output = _matrix_axes(x, dims)
     order = batch + reduction + output
     ordered_shape = tuple(x.shape[axis] for axis in order)
-    fan_in, fan_out = (math.prod(x.shape[axis] for axis in axes) for axes in (reduction, output))
+    fan_in, fan_out = _fans(x, dims)
     stacked = x.transpose(order).reshape(-1, fan_in, fan_out)
     return stacked, lambda y: y.reshape(ordered_shape).transpose(np.argsort(order))
 
@@ -286,8 +293,7 @@ def scale_by_width(dimension_numbers: Callable[[Params], Params]) -> optax.Gradi
         del params
 
         def scale(x, dims):
-            _, reduction, output = _matrix_axes(x, dims)
-            fan_in, fan_out = (math.prod(x.shape[a] for a in axes) for axes in (reduction, output))
+            fan_in, fan_out = _fans(x, dims)
             return jnp.sqrt(jnp.maximum(1, fan_out / fan_in)) * x
 
         dims = dimension_numbers(updates)
@@ -304,9 +310,7 @@ def muon_ns_dtype(optim: Optim) -> str:
     """optim.muon_ns_dtype resolved, once, when the optimizer is built: "auto" is "bfloat16" on a
     CPU with a bfloat16 dot unit (`backend.bf16_matmuls_pay`), else "float32"."""
     choice = _setting(optim, "muon_ns_dtype")
-    if choice != AUTO:
-        return choice
-    return "bfloat16" if backend.bf16_matmuls_pay() else "float32"
+    return choice if choice != AUTO else backend.training_matmul_dtype()
 
 
 def muon(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransformation:
@@ -338,7 +342,8 @@ def muon(optim: Optim, learning_rate: optax.Schedule) -> optax.GradientTransform
         optax.scale_by_learning_rate(lambda step: learning_rate(step) * ratio),
     )
     # optax.adamw's chain with the decay on decay_mask's leaves only, its state as adamw's
-    # without a mask (earlier Muon checkpoints restore into it).
+    # without a mask (earlier Muon checkpoints restore into it; Muon's own part keeps
+    # optax.masked's decay above for the same reason: its state is what they hold).
     adam = optax.chain(
         optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=1e-8, nesterov=True),
         decay_where_declared(optim.weight_decay),

@@ -28,16 +28,20 @@ def dense_grad(cfg: GPTConfig) -> str:
     """cfg.dense_grad resolved: "auto" is "direct" (the hand-written VJP) on XLA:CPU, where it
     saves the transposes autodiff leaves around the backward dots (benchmarks/README.md), and
     "autodiff" elsewhere."""
-    if cfg.dense_grad != "auto":
-        return cfg.dense_grad
-    return "direct" if jax.default_backend() == "cpu" else "autodiff"
+    return _direct_on_cpu(cfg.dense_grad)
 
 
 def norm_grad(cfg: GPTConfig) -> str:
     """cfg.norm_grad resolved: "auto" is "direct" (layers.DirectLayerNorm's VJP) on XLA:CPU,
     where it runs the norms in fewer passes (benchmarks/README.md), and "autodiff" elsewhere."""
-    if cfg.norm_grad != "auto":
-        return cfg.norm_grad
+    return _direct_on_cpu(cfg.norm_grad)
+
+
+def _direct_on_cpu(choice: str) -> str:
+    """A hand-written VJP's setting resolved: "auto" is "direct" on XLA:CPU, "autodiff"
+    elsewhere; any other value as it is."""
+    if choice != "auto":
+        return choice
     return "direct" if jax.default_backend() == "cpu" else "autodiff"
 
 
@@ -82,7 +86,13 @@ def for_training(cfg: GPTConfig) -> GPTConfig:
     between machines); each machine's step is the same on every rerun."""
     if cfg.matmul_dtype != "auto":
         return cfg
-    return cfg.replace(matmul_dtype="bfloat16" if bf16_matmuls_pay() else "float32")
+    return cfg.replace(matmul_dtype=training_matmul_dtype())
+
+
+def training_matmul_dtype() -> str:
+    """What "auto" means for a training step's matmul operands here (the model's Dense layers,
+    Muon's Newton-Schulz): "bfloat16" where `bf16_matmuls_pay()`, else "float32"."""
+    return "bfloat16" if bf16_matmuls_pay() else "float32"
 
 
 @functools.cache
