@@ -1,7 +1,9 @@
 """The house's figures, measured the same way on any checkout of minigpt-jax: the library's lines
 and files, its largest modules and functions, the files and functions one training step passes
 through (from the command line to the optimizer update and back to the metrics line), blocks of
-six or more lines repeated in the library, and the import graph (layers, cycles).
+six or more lines repeated in the library, the import graph (layers, cycles), how many times
+the model config is built in a run and on a resume, and how many config parameters are typed
+`Any`.
 
   python benchmarks/house.py                   # this checkout
   python benchmarks/house.py --repo OTHER      # another checkout (e.g. a git worktree of main)
@@ -256,11 +258,13 @@ def _trace_child(steps: int, workdir: str) -> None:
     )
 
 
-def _trace(repo: Path, steps: int) -> dict:
-    with tempfile.TemporaryDirectory() as workdir:
+def _trace(repo: Path, steps: int, workdir: str | None = None) -> dict:
+    """The child's calls for `steps` steps, in a fresh workdir, or in `workdir` (a resume)."""
+    with tempfile.TemporaryDirectory() as fresh:
         env = {**os.environ, "PYTHONPATH": str(repo), "MINIGPT_JAX_COMPILATION_CACHE": "off"}
+        child = [sys.executable, str(Path(__file__).resolve()), "--trace-child", str(steps)]
         result = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--trace-child", str(steps), workdir],
+            [*child, workdir or fresh],
             cwd=repo,
             env=env,
             capture_output=True,
@@ -299,6 +303,41 @@ def step_path(repo: Path) -> tuple[set[tuple], dict[tuple, int]]:
     return path, sizes
 
 
+CONFIG_NAMES = {"config", "cfg", "optim", "data_config", "mesh_config", "experiment"}
+
+
+def config_typed_any(repo: Path) -> int:
+    """Parameters of the library's functions named like a config (`CONFIG_NAMES`) and annotated
+    `Any` (or not annotated at all)."""
+    count = 0
+    for path in library_files(repo):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                count += sum(
+                    1
+                    for arg in args
+                    if arg.arg in CONFIG_NAMES
+                    and (arg.annotation is None or ast.unparse(arg.annotation) == "Any")
+                )
+    return count
+
+
+def model_config_builds(repo: Path) -> tuple[int, int]:
+    """GPTConfig objects made (each `__post_init__`: a construction or a `replace`) in the
+    traced command's fresh run of 3 steps, and in its resume to step 4 in the same workdir."""
+
+    def builds(trace: dict) -> int:
+        return sum(
+            n
+            for key, _, n in trace["calls"]
+            if key[0] == "model/config.py" and key[1] == "GPTConfig.__post_init__"
+        )
+
+    with tempfile.TemporaryDirectory() as workdir:
+        return builds(_trace(repo, 3, workdir)), builds(_trace(repo, 4, workdir))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trace-child":
         _trace_child(int(sys.argv[2]), sys.argv[3])
@@ -333,6 +372,11 @@ def main() -> None:
         f"imports: {sum(len(d) for d in graph.values())} between {len(graph)} modules, "
         f"{count} layers, {len(cycles)} module cycles, rooms importing each other: "
         + (", ".join(f"{a}<->{b}" for a, b in room_cycles(graph)) or "none")
+    )
+    fresh, resumed = model_config_builds(repo)
+    print(
+        f"model config (GPTConfig) built: {fresh} times in a fresh run, {resumed} on a resume; "
+        f"parameters named like a config and typed Any (or untyped): {config_typed_any(repo)}"
     )
     path, path_sizes = step_path(repo)
     path_files = sorted({file for file, _, _ in path})

@@ -6,11 +6,14 @@ It imports nothing of the package: a model's figures come in as arguments."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
+
+if TYPE_CHECKING:  # the type only: budget imports nothing of the model when it runs
+    from minigpt_jax.model.config import GPTConfig
 
 # ----------------------------------------------------------------------------- what there is
 
@@ -113,9 +116,14 @@ def text_bytes_that_fit(available: int, tokenizer_kind: str) -> int:
 
 
 def train_bytes_lower_bound(
-    cfg: Any, state_shapes: Any, micro_batch_size: int, batches_shape, *, fused_attention: bool
+    cfg: GPTConfig,
+    state_shapes: Any,
+    micro_batch_size: int,
+    batches_shape: tuple[int, int, int],
+    *,
+    fused_attention: bool,
 ) -> int:
-    """A lower bound on the bytes a run of model `cfg` (a GPTConfig) holds at once, from shapes
+    """A lower bound on the bytes a run of model `cfg` holds at once, from shapes
     only (nothing allocated): the train state (`state_shapes`, its jax.eval_shape), the batches
     of one call (batches_shape: (steps_per_call, batch_size, block_size + 1) int32), one
     micro-batch's float32 logits with their gradient (a chunk of them with loss_chunk), and

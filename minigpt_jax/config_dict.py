@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import ml_collections
 from ml_collections import config_dict
@@ -48,7 +49,11 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def declaration(dotted: str, config: Any = None) -> settings.Setting | None:
+# A run config as a config file gives it: a ConfigDict, or the same values as nested dicts.
+RunConfig: TypeAlias = ml_collections.ConfigDict | Mapping[str, Any]
+
+
+def declaration(dotted: str, config: RunConfig | None = None) -> settings.Setting | None:
     """The declaration of the setting `group.key` (or a top-level `key`), None if unknown;
     with `config`, the settings its picked entries declare count too."""
     group, _, key = dotted.rpartition(".")
@@ -63,7 +68,7 @@ def declaration(dotted: str, config: Any = None) -> settings.Setting | None:
 # ----------------------------------------------------------------------------- entry settings
 
 
-def _as_dict(config: Any) -> dict:
+def _as_dict(config: RunConfig) -> dict:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
@@ -162,7 +167,7 @@ def _defaults_of(cls: type) -> dict[str, Any]:
     }
 
 
-def settings_table(config: Any = None) -> str:
+def settings_table(config: RunConfig | None = None) -> str:
     """Every setting as `key  default  kind  doc`, group by group (`minigpt-jax settings`),
     each group followed by the settings its built-in entries declare. With `config`, the
     values of that (completed) config instead of the defaults, and the settings of the
@@ -212,7 +217,7 @@ def unknown_key_message(path: str, key: str, extra: tuple[str, ...] = ()) -> str
     )
 
 
-def complete(config: Any) -> ml_collections.ConfigDict:
+def complete(config: RunConfig) -> ml_collections.ConfigDict:
     """`config` over the declared defaults: a config file need only state what differs. Raises
     ValueError naming an unknown key (with "did you mean") or a group that is not a group."""
     values = _as_dict(config)
@@ -254,7 +259,7 @@ def _check_values(config: ml_collections.ConfigDict) -> None:
                 raise ValueError(f"{message} (a setting of {where})")
 
 
-def _check_schedule(config: Any) -> None:
+def _check_schedule(config: RunConfig) -> None:
     k = config.steps_per_call
     for name in ("num_steps", "eval_every", "checkpoint_every"):
         value = config[name]
@@ -278,7 +283,7 @@ def _check_schedule(config: Any) -> None:
         )
 
 
-def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
+def check_experiment_config(config: RunConfig) -> ml_collections.ConfigDict:
     """The complete, checked config (`complete`'s): raises ValueError for an unknown key, a
     value its declaration does not allow (e.g. a negative lr; num_steps, eval_every and
     checkpoint_every must be multiples of steps_per_call), a registry key that picks no entry
@@ -287,7 +292,7 @@ def check_experiment_config(config: Any) -> ml_collections.ConfigDict:
     return checked_config(config)[0]
 
 
-def checked_config(config: Any) -> tuple[ml_collections.ConfigDict, GPTConfig]:
+def checked_config(config: RunConfig) -> tuple[ml_collections.ConfigDict, GPTConfig]:
     """(the complete, checked config, its model group typed with vocab_size 1: the tokenizer
     sets it later); the checks of `check_experiment_config`."""
     config = complete(config)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from minigpt_jax.config_dict import checked_config, typed_group
+from minigpt_jax.config_dict import RunConfig, checked_config, typed_group
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings import groups as settings
 
@@ -50,7 +50,7 @@ class Experiment(settings.Loop):
         return values
 
 
-def build_experiment(config: Any) -> Experiment:
+def build_experiment(config: RunConfig | Experiment) -> Experiment:
     """The typed, checked experiment of `config` (a run config: ConfigDict or dict, completed
     and checked by config_dict.check_experiment_config, which raises ValueError naming any
     problem); an Experiment is returned as it is."""

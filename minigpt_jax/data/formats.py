@@ -54,8 +54,15 @@ def dataset_from(
 
 
 def _memory_dataset(
-    config, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
-):
+    config: Experiment,
+    workdir: str | Path | None,
+    tokenizer: Tokenizer | None,
+    *,
+    progress: bool,
+    before_writing: Callable[[], None] | None,
+    check_data: Callable[[DataDigest], None] | None,
+    documents: bool = False,
+) -> Dataset:
     del progress  # one call; nothing to show
     return prepare_dataset(
         config.data.corpus,
@@ -76,8 +83,15 @@ def _memory_dataset(
 
 
 def _sharded_dataset(
-    config, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
-):
+    config: Experiment,
+    workdir: str | Path | None,
+    tokenizer: Tokenizer | None,
+    *,
+    progress: bool,
+    before_writing: Callable[[], None] | None,
+    check_data: Callable[[DataDigest], None] | None,
+    documents: bool = False,
+) -> Dataset:
     del documents  # shards always close each document with the end-of-text id
     if workdir is None:
         raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")

@@ -15,11 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.attention_fns import (
-    ATTENTION_KERNELS,
     ATTENTION_MASKS,
     attention_weights,
     causal_mask,
-    choose_kernel,
     fused_attention,
     mix_values,
     score_fn,
@@ -117,7 +115,7 @@ class MultiHeadAttention(nn.Module):
 
     `cfg.attention_mask` picks the mask, `cfg.attention_score` the score function (with the
     query and key positions: the cache's for the KV-cache path) and
-    `attention_fns.choose_kernel` the kernel. The
+    `attention_fns.choose_kernel` the kernel (once per config: `cfg.speed.kernels`). The
     explicit path sows the attention weights (B, H, T, S) into the 'intermediates' collection
     as `attention_weights`; see `model.forward_with_attention`, which asks for it.
 
@@ -171,16 +169,10 @@ class MultiHeadAttention(nn.Module):
         # (cuDNN skips its masked blocks instead of reading a mask).
         triangle = cache is None and mask is not None and mask_entry.causal_triangle
 
-        # scores -> softmax -> mix, through the kernel choose_kernel picks; the explicit path
-        # sows its weights (B, H, T, S) as `attention_weights` and drops them out.
-        kernel = ATTENTION_KERNELS[
-            choose_kernel(
-                cfg,
-                weight_dropout=not deterministic and cfg.dropout > 0,
-                cached=cache is not None,
-                plain_mask=mask is None or triangle,
-            )
-        ]
+        # scores -> softmax -> mix, through the kernel chosen for this kind of call; the
+        # explicit path sows its weights (B, H, T, S) as `attention_weights` and drops them out.
+        weight_dropout = not deterministic and cfg.dropout > 0
+        kernel = cfg.speed.kernels[weight_dropout, cache is not None, mask is None or triangle]
         entry_score, score = score_fn(cfg), None
         if entry_score is not None:
 

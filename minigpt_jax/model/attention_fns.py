@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -526,3 +527,15 @@ def choose_kernel(cfg: GPTConfig, *, weight_dropout: bool, cached: bool, plain_m
         if (plain or kernel.takes_any_mask) and kernel.picks(cfg, weight_dropout, plain):
             return name
     return "xla"
+
+
+def kernel_table(cfg: GPTConfig) -> dict[tuple[bool, bool, bool], AttentionKernel]:
+    """{(weight_dropout, cached, plain_mask): the AttentionKernel `choose_kernel` picks}: every
+    kind of call, chosen once per config (`GPTConfig.speed`) rather than in each layer's call."""
+    kinds = itertools.product((False, True), repeat=3)
+    return {
+        (dropout, cached, plain): ATTENTION_KERNELS[
+            choose_kernel(cfg, weight_dropout=dropout, cached=cached, plain_mask=plain)
+        ]
+        for dropout, cached, plain in kinds
+    }

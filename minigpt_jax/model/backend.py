@@ -1,22 +1,42 @@
 """The "auto" speed settings, resolved per backend (and, for the training step's matmul dtype,
-per CPU) when the model or the step is traced.
+per CPU) once per model config.
 
-A `GPTConfig` keeps "auto" (it is saved with checkpoints and must load on any backend); the
-model asks here, at trace time, what "auto" means on `jax.default_backend()`. Each choice
-is the same math as the plain path within float tolerance (tests/test_backend.py checks values
-and gradients), but for bfloat16 matmul operands in training, within a stated, tested one.
+A `GPTConfig` keeps "auto" (it is saved with checkpoints and must load on any backend); what
+"auto" means on `jax.default_backend()` is decided here, once per config, on its first use
+(`GPTConfig.speed`, a `SpeedChoices`: after JAX's backends are up, never saved), and the
+model's layers read that. Each choice is the same math as the plain path within float
+tolerance (tests/test_backend.py checks values and gradients), but for bfloat16 matmul
+operands in training, within a stated, tested one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 if TYPE_CHECKING:  # the type only: this module imports nothing of the package when it runs
     from minigpt_jax.model.config import GPTConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedChoices:
+    """A config's speed settings as this backend runs them, "auto" resolved (`GPTConfig.speed`).
+
+    dense_grad, norm_grad: "direct" (the hand-written VJP) or "autodiff"; matmul_dtype: the
+    Dense layers' operand dtype, "float32" or "bfloat16"; kernels: the attention kernel
+    (an `attention_fns.AttentionKernel`) of each kind of call, by (weight_dropout, cached,
+    plain_mask) as `attention_fns.choose_kernel` takes them.
+    """
+
+    dense_grad: str
+    norm_grad: str
+    matmul_dtype: str
+    kernels: Mapping[tuple[bool, bool, bool], Any]
 
 
 # cuDNN flash attention's head-dim limit (jax._src.cudnn.fused_attention_stablehlo
@@ -79,14 +99,16 @@ def matmul_dtype(cfg: GPTConfig) -> str:
 
 
 def for_training(cfg: GPTConfig) -> GPTConfig:
-    """The config a training step is traced with: matmul_dtype "auto" resolved once, to
-    "bfloat16" where `bf16_matmuls_pay()` (0.87-0.91x the ms/step on an AMD EPYC with
-    AVX512-BF16, its loss curve within seed noise of float32: README.md, Speed) and "float32"
-    elsewhere; any other value as it is. The run's config keeps "auto" (checkpoints move
-    between machines); each machine's step is the same on every rerun."""
-    if cfg.matmul_dtype != "auto":
-        return cfg
-    return cfg.replace(matmul_dtype=training_matmul_dtype())
+    """The config a training step is traced with, its `speed` choices made before the trace:
+    matmul_dtype "auto" resolved to "bfloat16" where `bf16_matmuls_pay()` (0.87-0.91x the
+    ms/step on an AMD EPYC with AVX512-BF16, its loss curve within seed noise of float32:
+    README.md, Speed) and "float32" elsewhere; any other value as it is. The run's config
+    keeps "auto" (checkpoints move between machines); each machine's step is the same on
+    every rerun."""
+    if cfg.matmul_dtype == "auto":
+        cfg = cfg.replace(matmul_dtype=training_matmul_dtype())
+    cfg.speed  # noqa: B018 (made now, once, rather than while the step is traced)
+    return cfg
 
 
 def training_matmul_dtype() -> str:

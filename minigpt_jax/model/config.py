@@ -7,16 +7,19 @@ config holds is declared in `settings`, and how a config file is loaded is `conf
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax.model import backend
 from minigpt_jax.model.attention_fns import (
     ATTENTION_MASKS,
     ATTENTION_SCORES,
     KernelChoices,
     check_kernel,
+    kernel_table,
 )
 from minigpt_jax.model.blocks import BLOCKS, MLPS
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS
@@ -332,6 +335,22 @@ class GPTConfig(Group):
                 f"that is a multiple of 8 (got dtype={self.dtype!r}, head_dim={self.head_dim}): "
                 f"use attention='auto', which falls back to XLA."
             )
+
+    @functools.cached_property
+    def speed(self) -> backend.SpeedChoices:
+        """The speed settings as this backend runs them ("auto" resolved: `model.backend`),
+        chosen once per config on first use (after JAX's backends are up; never saved): what
+        the Dense layers, the norms and the attention read."""
+        return backend.SpeedChoices(
+            dense_grad=backend.dense_grad(self),
+            norm_grad=backend.norm_grad(self),
+            matmul_dtype=backend.matmul_dtype(self),
+            kernels=kernel_table(self),
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle leaves `speed` out: another process (another backend) chooses its own."""
+        return {k: v for k, v in self.__dict__.items() if k != "speed"}
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare

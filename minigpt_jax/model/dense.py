@@ -3,7 +3,8 @@
 `GPTConfig.dense_grad` picks it: "autodiff" leaves flax's Dense layers on `lax.dot_general`
 and `jax.grad`; "direct" hands them `direct_grad_dot_general`, whose backward pass writes
 dx = dy·Wᵀ and dW = xᵀ·dy as two plain 2-D dots (benchmarks/train_throughput.py times both);
-"auto" is direct on CPU, autodiff elsewhere (`backend.dense_grad`).
+"auto" is direct on CPU, autodiff elsewhere (`backend.dense_grad`, resolved once per config:
+`cfg.speed`).
 
 `GPTConfig.matmul_dtype` = "bfloat16" rounds the operands of those contractions (forward and both
 backward dots) to bfloat16 and accumulates in float32; weights, activations and gradients stay in
@@ -20,8 +21,6 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
-from minigpt_jax.model import backend
 
 if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
     from minigpt_jax.model.config import GPTConfig
@@ -154,8 +153,8 @@ def dense_options(cfg: GPTConfig) -> dict:
     """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
     the `dot_general` that `cfg.dense_grad` and `cfg.matmul_dtype` pick (None is flax's lax
     default)."""
-    direct = backend.dense_grad(cfg) == "direct"
-    rounded = backend.matmul_dtype(cfg) == "bfloat16"
+    direct = cfg.speed.dense_grad == "direct"
+    rounded = cfg.speed.matmul_dtype == "bfloat16"
     if rounded:
         dot = direct_grad_dot_general if direct else rounded_operand_dot_general
         dot_general = functools.partial(dot, operand_dtype=jnp.bfloat16)

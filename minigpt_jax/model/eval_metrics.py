@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax.numpy as jnp
 
 from minigpt_jax.settings.registry import Registry, is_user_key
+
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 MetricFn = Callable[[Any, Array, dict, Any], Array]
@@ -41,7 +44,7 @@ class Metric:
     capture_intermediates: bool = False
 
 
-def attn_entropy(params: Any, batch_BxT1: Array, intermediates: dict, cfg: Any) -> Array:
+def attn_entropy(params: Any, batch_BxT1: Array, intermediates: dict, cfg: GPTConfig) -> Array:
     """The mean entropy (nats) of layer 0's attention rows: log T for uniform attention over T
     keys, 0 for a head that looks at one key."""
     del params, batch_BxT1, cfg
@@ -51,7 +54,7 @@ def attn_entropy(params: Any, batch_BxT1: Array, intermediates: dict, cfg: Any) 
     return -(weights_BxHxTxS * logs_BxHxTxS).sum(-1).mean()
 
 
-def embed_norm(params: Any, batch_BxT1: Array, intermediates: dict, cfg: Any) -> Array:
+def embed_norm(params: Any, batch_BxT1: Array, intermediates: dict, cfg: GPTConfig) -> Array:
     """The Frobenius norm of the token table (its V rows; the padding rows stay zero)."""
     del batch_BxT1, intermediates
     table_VxD = params["embed"]["tok"]["embedding"][: cfg.vocab_size].astype(jnp.float32)

@@ -25,7 +25,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model import backend
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
 if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
@@ -42,7 +41,7 @@ def layer_norm(cfg: GPTConfig, name: str) -> nn.Module:
     """(x - mean) / sqrt(var + eps) * scale + bias over D (Ba et al. 2016; GPT-2): flax's
     nn.LayerNorm, or the same layer with a hand-written VJP where cfg.norm_grad resolves to
     "direct" (`DirectLayerNorm` below; the same parameters)."""
-    layer = DirectLayerNorm if backend.norm_grad(cfg) == "direct" else nn.LayerNorm
+    layer = DirectLayerNorm if cfg.speed.norm_grad == "direct" else nn.LayerNorm
     return layer(
         epsilon=NORM_EPS,
         use_bias=cfg.use_bias,

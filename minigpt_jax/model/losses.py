@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape, is_user_key
+
+if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
+    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]
@@ -77,7 +80,7 @@ def sown(intermediates: Any, name: str) -> list[Array]:
     return found
 
 
-def activation_l2(intermediates: Any, params: Any, cfg: Any) -> Array:
+def activation_l2(intermediates: Any, params: Any, cfg: GPTConfig) -> Array:
     """The mean over blocks of mean(x²) of each block's output (`residual_sq`, sown by
     `GPT.hidden`): a penalty on the residual stream's size."""
     del params, cfg
@@ -165,7 +168,7 @@ def per_token_terms(terms: tuple[tuple[str, float], ...]) -> tuple[tuple[str, fl
     return tuple(term for term in terms if LOSS_TERMS[term[0]].per_token is not None)
 
 
-def model_term_values(terms, intermediates: Any, params: Any, cfg: Any) -> dict[str, Array]:
+def model_term_values(terms, intermediates: Any, params: Any, cfg: GPTConfig) -> dict[str, Array]:
     """{name: float32 scalar} of each term of the model's internals among `terms`; raises
     ContractError naming a term whose value is not a scalar."""
     values = {}

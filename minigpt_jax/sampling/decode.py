@@ -33,7 +33,13 @@ class DecodeState(NamedTuple):
     logits_BxGxV: Array | None  # each step's logits, when asked for
 
 
-def _last_logits(params, tokens_BxW, positions_BxW, cache, cfg):
+def _last_logits(
+    params: Params,
+    tokens_BxW: Array,
+    positions_BxW: Array,
+    cache: list[KVCache],
+    cfg: GPTConfig,
+) -> tuple[Array, list[KVCache]]:
     """(logits_BxV, cache) of the last slot only: reading out one position instead of W keeps
     the prefill from holding W × V float32 logits."""
     h_BxWxD, cache = GPT(cfg).apply(

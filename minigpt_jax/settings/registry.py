@@ -39,10 +39,10 @@ import os
 import sys
 import traceback
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 Entry = TypeVar("Entry")
 
@@ -233,7 +233,13 @@ def module_file(module_name: str) -> str | None:
     return file
 
 
-def user_modules(config: Any) -> dict[str, list[str]]:
+class SupportsToDict(Protocol):
+    """A run config that gives its values as nested dicts: a ConfigDict, a typed Experiment."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def user_modules(config: Mapping[str, Any] | SupportsToDict) -> dict[str, list[str]]:
     """{module: ["optim.name='my_opts:lion'", ...]}: the user modules a config's `module:attr`
     keys import (config: a ConfigDict or nested dict), in the order the registries see them,
     each followed by the modules of the user's own it imports (`imported_user_modules`), which
@@ -310,7 +316,7 @@ def _imports_in(file: str, module_name: str) -> list[str]:
     return names
 
 
-def user_module_digests(config: Any) -> dict[str, str]:
+def user_module_digests(config: Mapping[str, Any] | SupportsToDict) -> dict[str, str]:
     """{module: sha256 of its source file} of every user module a `module:attr` key of
     `config` imports and of every module of the user's own those import (a run's identity: a
     resume on edited plug-in code is refused). The digest is of the source bytes, comments

@@ -200,7 +200,8 @@ def make_train_chunk(
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
     over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
     terms added to the cross-entropy, `step_metrics` the per-step metrics' keys. The step is
-    traced with cfg's "auto" matmul dtype resolved for this CPU (`backend.for_training`)."""
+    traced with cfg's "auto" speed settings resolved for this backend and CPU before the trace
+    (`backend.for_training`)."""
     step = functools.partial(
         train_step,
         cfg=backend.for_training(cfg),
