@@ -155,19 +155,8 @@ class MultiHeadAttention(nn.Module):
         k_BxSxHxK = expand_kv_heads(k_BxSxGxK, cfg.n_head)
         v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
 
-        # The mask (broadcasting to B, H, T, S; None: every key): cfg.attention_mask's entry, and
-        # with a cache only its filled slots; a sample continues one document (document 0).
-        mask_entry = ATTENTION_MASKS[cfg.attention_mask]
-        documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
-        if cache is not None and mask_entry.documents:
-            documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
-        mask = mask_entry.fn(positions_BxT, k_positions_BxS, cfg, *documents)
-        if cache is not None:
-            filled_Bx1x1xS = (k_positions_BxS >= 0)[:, None, None, :]
-            mask = filled_Bx1x1xS if mask is None else filled_Bx1x1xS & mask
-        # Without a cache, positions are 0..T-1, and a triangle mask is the one is_causal builds
-        # (cuDNN skips its masked blocks instead of reading a mask).
-        triangle = cache is None and mask is not None and mask_entry.causal_triangle
+        # The mask (broadcasting to B, H, T, S; None: every key), and whether it is the triangle.
+        mask, triangle = _mask(cfg, positions_BxT, k_positions_BxS, segments_BxT, cache is not None)
 
         # scores -> softmax -> mix, through the kernel chosen for this kind of call; the
         # explicit path sows its weights (B, H, T, S) as `attention_weights` and drops them out.
@@ -195,6 +184,28 @@ class MultiHeadAttention(nn.Module):
             )
 
         return _out_proj(cfg, out_BxTxHxK), cache
+
+
+def _mask(
+    cfg: GPTConfig,
+    positions_BxT: Array,
+    k_positions_BxS: Array,
+    segments_BxT: Array | None,
+    cached: bool,
+) -> tuple[Array | None, bool]:
+    """(mask, triangle): cfg.attention_mask's entry over the query and key positions (None:
+    every key), with a cache only its filled slots (a sample continues one document, document
+    0); triangle: without a cache, where positions are 0..T-1, the mask is the causal triangle
+    that a kernel's is_causal builds (cuDNN skips its masked blocks instead of reading one)."""
+    mask_entry = ATTENTION_MASKS[cfg.attention_mask]
+    documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
+    if cached and mask_entry.documents:
+        documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
+    mask = mask_entry.fn(positions_BxT, k_positions_BxS, cfg, *documents)
+    if cached:
+        filled_Bx1x1xS = (k_positions_BxS >= 0)[:, None, None, :]
+        mask = filled_Bx1x1xS if mask is None else filled_Bx1x1xS & mask
+    return mask, not cached and mask is not None and mask_entry.causal_triangle
 
 
 def _out_proj(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:

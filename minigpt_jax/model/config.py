@@ -260,7 +260,7 @@ class GPTConfig(Group):
     # "explicit" is the einsum + softmax path that can return the weights and drop them out;
     # "xla" and "cudnn" are jax.nn.dot_product_attention's (cuDNN flash attention: NVIDIA GPUs,
     # bf16 or fp16, head dim a multiple of 8); "auto" takes the first kernel of
-    # attention_fns.ATTENTION_KERNELS that picks itself when traced.
+    # attention_fns.ATTENTION_KERNELS that picks itself, once per config (GPTConfig.speed).
     attention: str = setting(
         "auto",
         "the kernel of softmax(q·kᵀ/√K)·v: auto (cuDNN on NVIDIA GPUs) | explicit | xla | cudnn, "
@@ -354,10 +354,14 @@ class GPTConfig(Group):
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare
-        (`cfg.replace(rope_theta=5e5)`), each checked by its declaration."""
+        (`cfg.replace(rope_theta=5e5)`), each checked by its declaration; the config itself
+        when every change is a field's own value (nothing to build again)."""
         fields = {f.name for f in dataclasses.fields(self)}
         entry_changes = {k: v for k, v in changes.items() if k not in fields}
         if not entry_changes:
+            current = {name: getattr(self, name) for name in changes}
+            if all(type(v) is type(current[k]) and v == current[k] for k, v in changes.items()):
+                return self
             return dataclasses.replace(self, **changes)
         changed = dataclasses.replace(self, **{k: v for k, v in changes.items() if k in fields})
         declared = changed.declared_entry_settings()
