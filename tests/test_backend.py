@@ -68,6 +68,39 @@ class ResolutionTest(chex.TestCase):
     def test_cudnn_needs_an_nvidia_gpu(self):
         self.assertFalse(backend.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))
 
+    def test_speed_is_chosen_once_per_config(self):
+        """cfg.speed holds what the backend functions resolve, the kernel of each kind of call
+        as choose_kernel names it; it is made once per config (a backend that changed after
+        does not move it; a new config sees the change), and a pickle leaves it out."""
+        import itertools
+        import pickle
+
+        from minigpt_jax.model.attention_fns import ATTENTION_KERNELS
+
+        cfg = CFG.replace(n_layer=3)  # a config of this test's own, its speed not made yet
+        speed = cfg.speed
+        self.assertEqual(
+            (speed.dense_grad, speed.norm_grad, speed.matmul_dtype),
+            (backend.dense_grad(cfg), backend.norm_grad(cfg), backend.matmul_dtype(cfg)),
+        )
+        for dropout, cached, plain in itertools.product((False, True), repeat=3):
+            name = choose_kernel(cfg, weight_dropout=dropout, cached=cached, plain_mask=plain)
+            self.assertIs(speed.kernels[dropout, cached, plain], ATTENTION_KERNELS[name])
+        elsewhere = "gpu" if jax.default_backend() == "cpu" else "cpu"
+        with unittest.mock.patch.object(jax, "default_backend", lambda: elsewhere):
+            self.assertIs(cfg.speed, speed)
+            fresh = CFG.replace(n_layer=5)
+            self.assertEqual(fresh.speed.dense_grad, "direct" if elsewhere == "cpu" else "autodiff")
+        restored = pickle.loads(pickle.dumps(cfg))
+        self.assertNotIn("speed", restored.__dict__)
+        self.assertEqual(restored, cfg)
+        self.assertEqual(restored.speed.dense_grad, speed.dense_grad)
+
+    def test_for_training_makes_the_speed_choices_before_the_trace(self):
+        trained = backend.for_training(CFG.replace(n_layer=6))
+        self.assertIn("speed", trained.__dict__)
+        self.assertEqual(trained.speed.matmul_dtype, backend.training_matmul_dtype())
+
     def test_explicit_choices_are_kept(self):
         self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
         self.assertEqual(backend.norm_grad(CFG.replace(norm_grad="autodiff")), "autodiff")
