@@ -24,7 +24,8 @@ from minigpt_jax.checkpoint import load_params
 from minigpt_jax.model import attention_fns
 from minigpt_jax.model.gpt import GPT, init_annotated_params
 from minigpt_jax.model.param_meta import UndeclaredParameterError
-from minigpt_jax.optimizers import decay_mask, muon_dimension_numbers
+from minigpt_jax.muon import muon_dimension_numbers
+from minigpt_jax.optimizers import decay_mask
 from minigpt_jax.train.metrics import read_metrics
 
 # The full suite only (`python -m pytest -q`): plug-ins trained through the CLI.

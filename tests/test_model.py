@@ -362,7 +362,8 @@ def test_default_metadata_keeps_the_old_path_rules():
     the axes the path rules of optimizers.py gave before the metadata (written out here)."""
     import optax
 
-    from minigpt_jax.optimizers import decay_mask, muon_dimension_numbers
+    from minigpt_jax.muon import muon_dimension_numbers
+    from minigpt_jax.optimizers import decay_mask
 
     dims = optax.contrib.MuonDimensionNumbers
     old_rules = {

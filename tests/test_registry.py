@@ -17,13 +17,13 @@ from minigpt_jax.configs import speedrun_char
 from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
+from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizers import (
     OPTIMIZERS,
     SCHEDULES,
     decay_mask,
     make_optimizer,
     muon,
-    muon_dimension_numbers,
     muon_ns_dtype,
 )
 from minigpt_jax.settings.registry import Registry, RegistryError, imported_user_modules
