@@ -25,7 +25,7 @@ from minigpt_jax.settings.registry import (
 from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
-from minigpt_jax.train.setup import Run, set_up, train_batches
+from minigpt_jax.train.setup import Run, set_up
 from minigpt_jax.typed_config import Experiment, build_experiment
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ class Trainer:
     def train_chunk(self, first_step: int) -> dict[str, Array]:
         """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
         run = self.run
-        run.state, metrics = run.train_chunk(run.state, train_batches(run, first_step))
+        run.state, metrics = run.train_chunk(run.state, run.train_batches(first_step))
         return metrics
 
     def evaluate_and_keep_best(
