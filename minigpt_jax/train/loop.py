@@ -168,7 +168,7 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
         end = first_step + config.steps_per_call
         evaluate_now = end % config.eval_every == 0 or end == config.num_steps
         save_now = end % config.checkpoint_every == 0 or end == last_step
-        hook_now = hooks.wants_step(end)
+        hook_now = any(end % every == 0 for every in hooks.step_every)
         if not (evaluate_now or save_now or hook_now or stop.requested()):
             continue
         log.drain()
