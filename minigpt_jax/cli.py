@@ -49,6 +49,7 @@ import re
 import signal
 import sys
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import ml_collections
 from absl import app, flags, logging
@@ -56,6 +57,9 @@ from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from minigpt_jax.sampling.options import SampleSettings
+
+if TYPE_CHECKING:  # the command imports it when it runs (start-up time)
+    from minigpt_jax.train.loop import RunSummary
 
 BUILT_IN = ("train", "prepare", "sample", "export", "eval", "settings")
 APP_COMMANDS = "minigpt_jax.commands"  # the entry-point group of other packages' commands
@@ -138,19 +142,24 @@ def _train() -> None:
             progress=_PROGRESS.value,
             allow_resume_changes=_ALLOW_RESUME_CHANGES.value,
         )
-    fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     if not summary.before_training:  # a run stopped in its setup said so in one line
-        print(
-            f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
-            f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
-            f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
-            f"median {fmt(summary.median_step_ms)} ms/step"
-            + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
-            + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
-        )
+        print(_summary_line(summary))
     if summary.interrupted_by:
         # 128 + the signal, as a shell reports it: a scheduler tells a preempted run apart.
         _exit_stopped(128 + signal.Signals[summary.interrupted_by].value)
+
+
+def _summary_line(summary: RunSummary) -> str:
+    """The line `train` ends with: the losses, the times, where it resumed and what stopped it."""
+    fmt = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
+    return (
+        f"step {summary.step}: train loss {fmt(summary.eval_train_loss)}, "
+        f"val loss {fmt(summary.val_loss)} (best {fmt(summary.best_val_loss)}); "
+        f"wall {summary.wall_time_s:.1f} s, compile {summary.compile_time_s:.1f} s, "
+        f"median {fmt(summary.median_step_ms)} ms/step"
+        + (f"; resumed from step {summary.resumed_from}" if summary.resumed_from else "")
+        + (f"; stopped by {summary.interrupted_by}" if summary.interrupted_by else "")
+    )
 
 
 def _prepare() -> None:
@@ -278,6 +287,26 @@ def _settings() -> None:
 
 
 def _run(argv: list[str]) -> None:
+    """Runs the built-in command `argv` names; an error of ours ends it in one line."""
+    command = _checked_command(argv)
+    run = {
+        "train": _train,
+        "prepare": _prepare,
+        "sample": _sample,
+        "export": _export,
+        "eval": _eval,
+        "settings": _settings,
+    }
+    try:
+        run[command]()
+        _answer_late_signal(command)
+    except Exception as error:
+        _exit_in_one_line(command, error)
+        raise  # not ours: its traceback says where
+
+
+def _checked_command(argv: list[str]) -> str:
+    """The one built-in command `argv` names, with the flags it needs (a UsageError if not)."""
     named = [a for a in argv[1:] if not a.startswith("-")]
     if len(named) != 1 or named[0] not in commands():
         raise app.UsageError(f"name one command: {' | '.join(commands())}; got {named or 'none'}.")
@@ -295,40 +324,32 @@ def _run(argv: list[str]) -> None:
         raise app.UsageError("--workdir is empty: name a run directory, e.g. --workdir runs/x.")
     if _WORKDIR.value is not None:
         _check_workdir_path(_WORKDIR.value)
-    run = {
-        "train": _train,
-        "prepare": _prepare,
-        "sample": _sample,
-        "export": _export,
-        "eval": _eval,
-        "settings": _settings,
-    }
-    try:
-        run[command]()
-        _answer_late_signal(command)
-    except Exception as error:
-        _exit_on_plugin_error(command, error)
-        if not isinstance(
-            error, (ValueError, TypeError, OSError, FloatingPointError, RuntimeError)
-        ):
-            raise
-        # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
-        if type(error).__module__.startswith(("jax", "flax", "orbax")):
-            raise
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            if "rerun" in str(error):
-                error = error.strerror or error  # ours: the message without "[Errno 28]"
-            else:
-                where = f" ({error.filename})" if error.filename else ""
-                error = (
-                    f"no space left on the device{where}; free some space, then rerun the same "
-                    "command (a run resumes from its last checkpoint, if it saved one)"
-                )
-            # orbax's writer threads, left with nowhere to write, print tracebacks at exit.
-            print(f"minigpt-jax {command}: error: {error}", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(1)
-        sys.exit(f"minigpt-jax {command}: error: {error}")
+    return command
+
+
+def _exit_in_one_line(command: str, error: Exception) -> None:
+    """Ends `command` with one line for a plug-in's error or one of ours; returns for any other
+    error (jax's, flax's, orbax's, an unexpected kind), which is raised with its traceback."""
+    _exit_on_plugin_error(command, error)
+    if not isinstance(error, (ValueError, TypeError, OSError, FloatingPointError, RuntimeError)):
+        return
+    # Errors of ours already say what is wrong and how to fix it; a traceback adds nothing.
+    if type(error).__module__.startswith(("jax", "flax", "orbax")):
+        return
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        if "rerun" in str(error):
+            error = error.strerror or error  # ours: the message without "[Errno 28]"
+        else:
+            where = f" ({error.filename})" if error.filename else ""
+            error = (
+                f"no space left on the device{where}; free some space, then rerun the same "
+                "command (a run resumes from its last checkpoint, if it saved one)"
+            )
+        # orbax's writer threads, left with nowhere to write, print tracebacks at exit.
+        print(f"minigpt-jax {command}: error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    sys.exit(f"minigpt-jax {command}: error: {error}")
 
 
 def _answer_late_signal(command: str) -> None:

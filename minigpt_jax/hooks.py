@@ -105,29 +105,35 @@ HOOKS: Registry[Any] = Registry(
 
 
 class Hooks:
-    """The picked hooks of a run, made once; each call returns True when a hook asks to stop."""
+    """The picked hooks of a run, made once, with the steps their on_step is called at (each
+    hook's `every`, read once); each call returns True when a hook asks to stop."""
 
     def __init__(self, config: Experiment):
         keys = [item.strip() for item in config.hooks.names.split(",") if item.strip()]
         self.hooks = [(key, HOOKS[key](config.hooks)) for key in keys]
-
-    def wants_step(self, step: int) -> bool:
-        return any(_every(hook) and step % _every(hook) == 0 for _, hook in self.hooks)
+        self._every = [_every(hook) for _, hook in self.hooks]  # 0: no on_step
+        self.step_every = tuple(sorted(set(self._every) - {0}))  # on_step is due at multiples
 
     def step(self, ctx: HookContext) -> bool:
-        return self._call("on_step", ctx, due=lambda hook: ctx.step % _every(hook) == 0)
+        due = [
+            (key, hook)
+            for (key, hook), every in zip(self.hooks, self._every, strict=True)
+            if every and ctx.step % every == 0
+        ]
+        return self._call(due, "on_step", ctx)
 
     def evaluation(self, ctx: HookContext, val: dict, train: dict) -> bool:
-        return self._call("on_evaluation", ctx, val, train)
+        return self._call(self.hooks, "on_evaluation", ctx, val, train)
 
     def checkpoint(self, ctx: HookContext) -> bool:
-        return self._call("on_checkpoint", ctx)
+        return self._call(self.hooks, "on_checkpoint", ctx)
 
-    def _call(self, method: str, ctx: HookContext, *args: Any, due=lambda hook: True) -> bool:
+    @staticmethod
+    def _call(hooks: list[tuple[str, Any]], method: str, ctx: HookContext, *args: Any) -> bool:
         stop = False
-        for key, hook in self.hooks:
+        for key, hook in hooks:
             fn = getattr(hook, method, None)
-            if fn is not None and due(hook):
+            if fn is not None:
                 try:
                     stop = bool(fn(ctx, *args)) or stop
                 except Exception as error:  # the loop saves, then raises it as a plug-in error

@@ -221,4 +221,4 @@ def check_batch_size(batch_size: int, mesh: Mesh) -> None:
 
 def put_batch(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """Places a host batch that every process holds whole; each device takes its own rows."""
-    return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+    return jax.make_array_from_callback(batch.shape, sharding, batch.__getitem__)

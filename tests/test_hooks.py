@@ -26,6 +26,31 @@ class Boom:
             raise RuntimeError(f"boom at {ctx.step}")
 """
 
+PERIODIC = """
+import json
+
+
+class Never:
+    every = 0  # its on_step never runs
+
+    def __init__(self, hooks_config):
+        pass
+
+    def on_step(self, ctx):
+        raise RuntimeError(f"on_step of a hook with every = 0, at step {ctx.step}")
+
+
+class EveryTwo:
+    every = 2
+
+    def __init__(self, hooks_config):
+        pass
+
+    def on_step(self, ctx):
+        with open(ctx.workdir / "steps.jsonl", "a") as out:
+            out.write(json.dumps(ctx.step) + "\\n")
+"""
+
 
 def _train(folder: Path, workdir: Path, corpus_file, *extra) -> subprocess.CompletedProcess:
     args = train_args(workdir, corpus_file, "--config.steps_per_call=1", *extra)
@@ -38,6 +63,7 @@ def user_dir(tmp_path_factory):
     [source] = re.findall(r"```python\n# my_hooks\.py\n(.*?)```", DOC.read_text(), re.DOTALL)
     (folder / "my_hooks.py").write_text(source)
     (folder / "my_failing_hooks.py").write_text(FAILING)
+    (folder / "my_periodic_hooks.py").write_text(PERIODIC)
     return folder
 
 
@@ -106,3 +132,21 @@ def test_a_hook_that_raises_is_a_plugin_error_after_the_steps_are_saved(
     ), result.stderr
     assert "my_failing_hooks.py" in result.stderr and "Traceback" not in result.stderr
     assert steps(workdir / "checkpoints") == [3]
+
+
+def test_a_hook_with_every_0_beside_a_periodic_one_is_never_called(user_dir, tmp_path, corpus_file):
+    """Found when the hooks' periods came to be read once: a hook whose every is 0 (its on_step
+    never due) beside one whose every is 2 raised ZeroDivisionError at step 2, a traceback
+    naming no hook."""
+    workdir = tmp_path / "run"
+    result = _train(
+        user_dir,
+        workdir,
+        corpus_file,
+        "--config.hooks.names=my_periodic_hooks:Never,my_periodic_hooks:EveryTwo",
+        "--config.num_steps=4",
+        "--config.eval_every=4",
+        "--config.checkpoint_every=4",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "steps.jsonl").read_text().split() == ["2", "4"]

@@ -117,6 +117,14 @@ def get_batch(
         if not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     check_split_length(tokens, block_size, split)
+    return draw_batch(tokens, batch_size, block_size, seed=seed, step=step, split=split)
+
+
+def draw_batch(
+    tokens: np.ndarray, batch_size: int, block_size: int, *, seed: int, step: int, split: str
+) -> np.ndarray:
+    """get_batch without its checks, for arguments checked once: the training loop's (the
+    typed config checks the sizes and the seed, loading a split checks its length)."""
     rng = np.random.default_rng([seed, step, SPLITS.index(split)])
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
     if isinstance(tokens, np.ndarray):

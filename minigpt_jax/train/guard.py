@@ -1,17 +1,19 @@
-"""What can go wrong in a run, said once, beside the loop (train.loop): a non-finite loss,
-value or parameter named with its likely cause and the last good checkpoint; an evaluation
-that raises, its trained steps checkpointed first; a full disk naming what a rerun resumes
-from; the batch whose token ids left the vocabulary; and a fresh run's workdir left as it was
-when it fails before its first checkpoint."""
+"""What surrounds the loop (train.loop) and what can go wrong in a run, said once, beside it:
+the run set up and closed under its guard (`guarded`: the stop signals, run.lock); a
+non-finite loss, value or parameter named with its likely cause and the last good checkpoint;
+an evaluation that raises, its trained steps checkpointed first; a full disk naming what a
+rerun resumes from; the batch whose token ids left the vocabulary; and a fresh run's workdir
+left as it was when it fails before its first checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
@@ -23,12 +25,99 @@ from minigpt_jax.data import dataset as data
 from minigpt_jax.model.losses import term_name
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
+from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
-from minigpt_jax.train.setup import Run
-from minigpt_jax.typed_config import Experiment
+from minigpt_jax.train.setup import Run, set_up
+from minigpt_jax.typed_config import Experiment, build_experiment
+
+if TYPE_CHECKING:
+    from ml_collections import ConfigDict
+
+    from minigpt_jax.train.metrics import RunLogger
 
 Array = chex.Array
 _log = logging.getLogger(__name__)
+
+
+class RunGuard:
+    """A run in `workdir` under its guard (made by `guarded`): `stop` takes SIGINT/SIGTERM,
+    `lock` is run.lock, created once every check has passed; the run set up (`set_up`) and
+    its logger (`closes`) are closed however the run ends."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.stop = TrainingStop()
+        self.lock = RunLock(workdir, jax.process_index(), create=False)
+        self.run: Run | None = None  # set up and training
+        self.log: RunLogger | None = None
+
+    def set_up(
+        self,
+        config: Experiment | ConfigDict,
+        *,
+        stop_at: int | None,
+        progress: bool,
+        allow_resume_changes: bool,
+    ) -> tuple[Run, int]:
+        """(the run of `config`, the step it stops at); each setup phase names itself to `stop`,
+        so a signal during one raises StopBeforeTraining (train.loop.train_and_evaluate)."""
+        # The config's plug-ins are imported here (a slow import is a phase of its own).
+        self.stop.setup_phase("importing the config's plug-ins and checking it", None)
+        config = build_experiment(config)  # complete, checked and typed, once
+        last_step = _last_step(config, stop_at)
+        warn_if_all_warmup(config)
+        run = set_up(
+            config,
+            self.workdir,
+            progress=progress,
+            allow_resume_changes=allow_resume_changes,
+            before_writing=self.lock.create,  # nothing is created until every check passed
+            on_phase=self.stop.setup_phase,
+            last_step=last_step,
+        )
+        try:
+            self.stop.training_starts()
+        except StopBeforeTraining:
+            run.checkpointer.close()
+            raise
+        self.run = run
+        return run, last_step
+
+    def closes(self, log: RunLogger) -> RunLogger:
+        """`log`, closed when the run ends."""
+        self.log = log
+        return log
+
+
+@contextlib.contextmanager
+def guarded(workdir: Path) -> Iterator[RunGuard]:
+    """`with guarded(workdir) as run_guard:` the signals and run.lock held, a fresh run's
+    workdir cleaned if it fails (FreshRunCleanup), a full disk while training named with what a
+    rerun resumes from, and the run's logger and checkpointer closed on the way out."""
+    run_guard = RunGuard(workdir)
+    with run_guard.stop, run_guard.lock, FreshRunCleanup(workdir, run_guard.lock) as cleanup:
+        try:
+            yield run_guard
+        except OSError as error:
+            if run_guard.run is None:  # the setup's, as it is: nothing is trained yet
+                raise
+            raise disk_full_error(error, run_guard.run.checkpointer) from error
+        finally:
+            if run_guard.log is not None:
+                run_guard.log.close()
+            if run_guard.run is not None:
+                cleanup.kept = run_guard.run.checkpointer.latest_step() is not None
+                run_guard.run.checkpointer.close()
+
+
+def _last_step(config: Experiment, stop_at: int | None) -> int:
+    """The step a run of `config` stops at: num_steps, or stop_at if earlier."""
+    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
+        raise ValueError(
+            f"stop_at={stop_at} must be a positive multiple of "
+            f"steps_per_call={config.steps_per_call}."
+        )
+    return config.num_steps if stop_at is None else min(stop_at, config.num_steps)
 
 
 def non_finite_error(

@@ -1,6 +1,7 @@
 """The training loop: `train_and_evaluate` sets a run up (train.setup), then drives its `Trainer`
 chunk by chunk: dispatch the compiled steps, log their metrics (train.metrics), evaluate and
-keep the best params, checkpoint, and stop cleanly on SIGINT/SIGTERM. What can go wrong (a
+keep the best params, checkpoint, and stop cleanly on SIGINT/SIGTERM. What surrounds it (the
+setup under the stop signals and run.lock, the files closed) and what can go wrong (a
 non-finite value, an evaluation that raises, a full disk, a fresh run's cleanup) is said in
 train.guard beside it."""
 
@@ -17,7 +18,6 @@ import chex
 import jax
 
 from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
-from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import (
     host_callback_errors,
@@ -25,8 +25,8 @@ from minigpt_jax.settings.registry import (
 from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
-from minigpt_jax.train.setup import Run, set_up, train_batches
-from minigpt_jax.typed_config import Experiment, build_experiment
+from minigpt_jax.train.setup import Run
+from minigpt_jax.typed_config import Experiment
 
 if TYPE_CHECKING:
     from ml_collections import ConfigDict
@@ -77,67 +77,23 @@ def train_and_evaluate(
     checkpoint and return; a non-finite loss, val loss or parameter raises FloatingPointError
     and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
-    wall_start = time.perf_counter()
-    workdir = Path(workdir)
-    stop = TrainingStop()
-    # Nothing is created until every check has passed (RunLock.create, called by set_up).
-    lock = RunLock(workdir, jax.process_index(), create=False)
-    with stop, lock, guard.FreshRunCleanup(workdir, lock) as cleanup:
+    wall_start, workdir = time.perf_counter(), Path(workdir)
+    with guard.guarded(workdir) as run_guard:  # signals, run.lock, cleanup, files closed
         try:
-            # The config's plug-ins are imported here (a slow import is a phase of its own).
-            stop.setup_phase("importing the config's plug-ins and checking it", None)
-            config = build_experiment(config)  # complete, checked and typed, once
-            last_step = _last_step(config, stop_at)
-            guard.warn_if_all_warmup(config)
-            run = set_up(
+            run, last_step = run_guard.set_up(
                 config,
-                workdir,
+                stop_at=stop_at,
                 progress=progress,
                 allow_resume_changes=allow_resume_changes,
-                before_writing=lock.create,
-                on_phase=stop.setup_phase,
-                last_step=last_step,
             )
-            try:
-                stop.training_starts()
-            except StopBeforeTraining:
-                run.checkpointer.close()
-                raise
         except StopBeforeTraining as stopped:
-            return _stopped_before_training(stopped, stop.step, wall_start)
-        trainer, log = Trainer(run), None
-        try:
-            log = RunLogger(config, workdir, run.step, trainer.non_finite_step, progress=progress)
-            _train(trainer, log, stop, last_step)
-        except OSError as error:
-            raise guard.disk_full_error(error, run.checkpointer) from error
-        finally:
-            if log is not None:
-                log.close()
-            cleanup.kept = run.checkpointer.latest_step() is not None
-            run.checkpointer.close()
-    return RunSummary(
-        step=run.step,
-        train_loss=log.train_loss,
-        val_loss=log.val_loss,
-        eval_train_loss=log.eval_train_loss,
-        best_val_loss=guard.finite_or_none(run.best_val),
-        wall_time_s=time.perf_counter() - wall_start,
-        compile_time_s=run.compile_time_s,
-        median_step_ms=log.median_step_ms(),
-        resumed_from=run.resumed_from,
-        interrupted_by=stop.signal_name,
-    )
-
-
-def _last_step(config: Experiment, stop_at: int | None) -> int:
-    """The step a run of `config` stops at: num_steps, or stop_at if earlier."""
-    if stop_at is not None and (stop_at < 1 or stop_at % config.steps_per_call):
-        raise ValueError(
-            f"stop_at={stop_at} must be a positive multiple of "
-            f"steps_per_call={config.steps_per_call}."
+            return _stopped_before_training(stopped, run_guard.stop.step, wall_start)
+        trainer = Trainer(run)
+        log = run_guard.closes(
+            RunLogger(run.config, workdir, run.step, trainer.non_finite_step, progress=progress)
         )
-    return config.num_steps if stop_at is None else min(stop_at, config.num_steps)
+        _train(trainer, log, run_guard.stop, last_step)
+    return _summary(run, log, run_guard.stop.signal_name, wall_start)
 
 
 def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int) -> None:
@@ -146,7 +102,29 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
     answered with a checkpoint after the chunk in flight."""
     run, config = trainer.run, trainer.run.config
     hooks = Hooks(config)
-    if run.pending_evaluation:  # a signal stopped this step's evaluation before it resumed
+    _before_the_first_chunk(trainer, log, stop, last_step)
+    for first_step in range(run.step, last_step, config.steps_per_call):
+        if stop.requested():
+            break
+        dispatched_at = time.perf_counter()
+        log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+        end = first_step + config.steps_per_call
+        evaluate_now = end % config.eval_every == 0 or end == config.num_steps
+        save_now = end % config.checkpoint_every == 0 or end == last_step
+        hook_now = any(end % every == 0 for every in hooks.step_every)
+        if evaluate_now or save_now or hook_now or stop.requested():
+            log.drain()
+            if _after_chunk(trainer, log, stop, hooks, end, evaluate_now, save_now, hook_now):
+                break
+
+
+def _before_the_first_chunk(
+    trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int
+) -> None:
+    """A resumed step whose evaluation a signal stopped is evaluated (and saved) first; a run
+    with nothing left to train says so."""
+    run = trainer.run
+    if run.pending_evaluation:
         if _evaluate(trainer, log, run.step, stop, saved=True) is not None:
             trainer.save()  # the same step, its evaluation done
             log.flush()
@@ -157,41 +135,45 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
             )
     if run.step >= last_step and not stop.requested():
         log.message(
-            f"step {run.step} is already trained (num_steps={config.num_steps}); raise "
+            f"step {run.step} is already trained (num_steps={run.config.num_steps}); raise "
             "--config.num_steps to train further."
         )
-    for first_step in range(run.step, last_step, config.steps_per_call):
-        if stop.requested():
-            break
-        dispatched_at = time.perf_counter()
-        log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
-        end = first_step + config.steps_per_call
-        evaluate_now = end % config.eval_every == 0 or end == config.num_steps
-        save_now = end % config.checkpoint_every == 0 or end == last_step
-        hook_now = hooks.wants_step(end)
-        if not (evaluate_now or save_now or hook_now or stop.requested()):
-            continue
-        log.drain()
-        results = _evaluate(trainer, log, end, stop, saved=False) if evaluate_now else None
-        evaluated = results is not None or not evaluate_now
-        hook_stop = trainer.call_hooks(hooks, log, hooks.step) if hook_now else False
-        if results is not None:
-            hook_stop |= trainer.call_hooks(hooks, log, hooks.evaluation, *results)
-        # Decided after the evaluation: a signal during it is answered by this save.
-        if save_now or stop.requested() or hook_stop:
-            trainer.save(pending_evaluation=not evaluated)
-            log.flush()
-            hook_stop |= trainer.call_hooks(hooks, log, hooks.checkpoint, saved=True)
-            if stop.requested() or hook_stop:
-                why = "a hook asked to stop" if hook_stop else f"{stop.signal_name} received"
-                log.message(
-                    f"{why}: checkpoint saved at step {end}"
-                    + ("" if evaluated else " (its evaluation was stopped; it runs first")
-                    + ("" if evaluated else " when the run resumes)")
-                    + "; rerun the same command to resume."
-                )
-                break
+
+
+def _after_chunk(
+    trainer: Trainer,
+    log: RunLogger,
+    stop: TrainingStop,
+    hooks: Hooks,
+    end: int,
+    evaluate_now: bool,
+    save_now: bool,
+    hook_now: bool,
+) -> bool:
+    """The host's work at step `end`, after its chunk: the evaluation, the hooks, the
+    checkpoint; whether the run stops here (a signal, or a hook asking to, answered with a
+    checkpoint)."""
+    results = _evaluate(trainer, log, end, stop, saved=False) if evaluate_now else None
+    evaluated = results is not None or not evaluate_now
+    hook_stop = trainer.call_hooks(hooks, log, hooks.step) if hook_now else False
+    if results is not None:
+        hook_stop |= trainer.call_hooks(hooks, log, hooks.evaluation, *results)
+    # Decided after the evaluation: a signal during it is answered by this save.
+    if save_now or stop.requested() or hook_stop:
+        trainer.save(pending_evaluation=not evaluated)
         log.flush()
+        hook_stop |= trainer.call_hooks(hooks, log, hooks.checkpoint, saved=True)
+        if stop.requested() or hook_stop:
+            why = "a hook asked to stop" if hook_stop else f"{stop.signal_name} received"
+            log.message(
+                f"{why}: checkpoint saved at step {end}"
+                + ("" if evaluated else " (its evaluation was stopped; it runs first")
+                + ("" if evaluated else " when the run resumes)")
+                + "; rerun the same command to resume."
+            )
+            return True
+    log.flush()
+    return False
 
 
 class Trainer:
@@ -204,7 +186,7 @@ class Trainer:
     def train_chunk(self, first_step: int) -> dict[str, Array]:
         """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
         run = self.run
-        run.state, metrics = run.train_chunk(run.state, train_batches(run, first_step))
+        run.state, metrics = run.train_chunk(run.state, run.train_batches(first_step))
         return metrics
 
     def evaluate_and_keep_best(
@@ -348,6 +330,22 @@ def _evaluate(
     if results is not None:
         log.evaluation(step, *results)
     return results
+
+
+def _summary(run: Run, log: RunLogger, interrupted_by: str | None, wall_start: float) -> RunSummary:
+    """The summary of a run that trained (or had nothing left to train)."""
+    return RunSummary(
+        step=run.step,
+        train_loss=log.train_loss,
+        val_loss=log.val_loss,
+        eval_train_loss=log.eval_train_loss,
+        best_val_loss=guard.finite_or_none(run.best_val),
+        wall_time_s=time.perf_counter() - wall_start,
+        compile_time_s=run.compile_time_s,
+        median_step_ms=log.median_step_ms(),
+        resumed_from=run.resumed_from,
+        interrupted_by=interrupted_by,
+    )
 
 
 def _stopped_before_training(

@@ -63,7 +63,7 @@ class MetricsWriter:
         if resume_step and self.path.exists():
             kept = read_metrics(workdir, upto_step=resume_step)
             tmp = self.path.with_name(self.path.name + ".part")
-            tmp.write_text("".join(_line(record) for record in kept))
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
             os.replace(tmp, self.path)  # atomic: a crash here keeps the old file, still readable
         elif self.path.exists():
             self.path.unlink()
@@ -74,11 +74,15 @@ class MetricsWriter:
         )
 
     def write(self, step: int, metrics: dict[str, float], *, tensorboard: bool = True) -> None:
+        """Appends {"step": step, **metrics} as one line (a non-finite value as its name, e.g.
+        "nan": JSON has none) and, with `tensorboard`, the finite values to TensorBoard."""
         if not self.enabled:
             return
         record = {"step": int(step)}
-        record.update({k: _json_float(v) for k, v in metrics.items()})
-        data = _line(record).encode()
+        for key, value in metrics.items():
+            value = float(value)
+            record[key] = value if math.isfinite(value) else str(value)
+        data = (json.dumps(record) + "\n").encode()
         try:
             written = os.write(self._fd, data)  # O_APPEND: one write, one whole line
         except OSError as error:  # os.write names no file: name metrics.jsonl
@@ -147,7 +151,8 @@ class RunLogger:
 
     def dispatched(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
         """Notes the chunk just dispatched; records the one before it, done by now."""
-        self.drain()
+        if self._pending is not None:
+            self._record(*self._pending)
         self._pending = (first_step, metrics, dispatched_at)
 
     def drain(self) -> None:
@@ -156,8 +161,10 @@ class RunLogger:
             self._record(*self._pending)
             self._pending = None
 
-    def _record(self, first_step: int, metrics: dict, dispatched_at: float) -> None:
-        metrics = jax.device_get(metrics)
+    def _record(self, first_step: int, metrics_C: dict, dispatched_at: float) -> None:
+        """Writes a row per step of the chunk from `first_step` (metrics_C: its metrics (C,) by
+        name, fetched now), refusing a non-finite loss or grad norm."""
+        metrics_C = jax.device_get(metrics_C)
         # The chunk ran from the later of its dispatch and the previous chunk's end until now.
         now = time.perf_counter()
         seconds = now - max(dispatched_at, self._ready_at)
@@ -166,13 +173,12 @@ class RunLogger:
         tokens_per_sec = self.tokens_per_chunk / seconds
         for i in range(self.steps_per_call):
             step = first_step + i + 1
-            loss, grad_norm = float(metrics["loss"][i]), float(metrics["grad_norm"][i])
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                self.on_non_finite(step, {k: float(v[i]) for k, v in metrics.items()})
+            values = {k: float(v[i]) for k, v in metrics_C.items()}
+            if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
+                self.on_non_finite(step, values)
             # Every metric the step returns (the loss's aux values too), under its own name.
-            row = {"train_loss": loss}
-            row.update({k: float(v[i]) for k, v in metrics.items() if k != "loss"})
-            row["tokens_per_sec"] = tokens_per_sec
+            loss = values.pop("loss")
+            row = {"train_loss": loss, **values, "tokens_per_sec": tokens_per_sec}
             self.writer.write(step, row, tensorboard=step % self.log_every == 0)
             self.train_loss = loss
         self.bar.update(self.steps_per_call)
@@ -223,15 +229,6 @@ class RunLogger:
     def close(self) -> None:
         self.bar.close()
         self.writer.close()
-
-
-def _line(record: dict) -> str:
-    return json.dumps(record) + "\n"
-
-
-def _json_float(value: float) -> float | str:
-    value = float(value)
-    return value if math.isfinite(value) else str(value)  # JSON has no NaN/inf
 
 
 def read_metrics(workdir: str | Path, upto_step: int | None = None) -> list[dict]:

@@ -66,6 +66,7 @@ class Run:
     pending_evaluation: bool  # a signal stopped the resumed step's evaluation: it runs first
     terms: tuple[tuple[str, float], ...]  # config.loss.terms, parsed
     meta: dict  # what every checkpoint records beside the state
+    train_batches: Callable[[int], jax.Array]  # first_step -> batches (C, B, T + 1), on the mesh
     train_chunk: Any  # compiled (state, batches_CxBxT1) -> (state, metrics); None: nothing to train
     eval_fn: Any  # compiled (params, batch_BxT1) -> (sums, count)
     metric_fn: Any  # compiled (params, batch_BxT1) -> {metric: value}, or None
@@ -144,7 +145,8 @@ def set_up(
             best_val = _best_val_so_far(saved_meta, latest, data_check.change)
         run = Run(
             config, cfg, dataset, plan.mesh, shardings, checkpointer, state, resumed_from,
-            best_val, pending_evaluation, plan.terms, meta, None,
+            best_val, pending_evaluation, plan.terms, meta,
+            _train_batches(config, dataset.train, plan.mesh), None,
             make_eval_step(cfg, plan.mesh, shardings.params, plan.terms),
             make_metric_step(cfg, plan.metrics, plan.mesh, shardings.params)
             if plan.metrics else None,
@@ -245,23 +247,25 @@ def _eval_params_selector(select: Callable | None, shardings: Any) -> Callable |
     )
 
 
-def train_batches(run: Run, first_step: int) -> jax.Array:
-    """Steps [first_step, first_step + steps_per_call) of every process's identical global
-    batches (C, B, T + 1), placed on the mesh."""
-    config = run.config
-    batches = np.stack(
-        [
-            data.get_batch(
-                run.dataset.train,
-                config.batch_size,
-                config.model.block_size,
-                seed=config.seed,
-                step=step,
-            )
-            for step in range(first_step, first_step + config.steps_per_call)
-        ]
+def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int], jax.Array]:
+    """first_step -> the global batches (C, B, T + 1) of steps [first_step, first_step + C) of
+    the train split `tokens`, the same on every process, placed on `mesh`."""
+    batch_at = functools.partial(
+        data.draw_batch,
+        tokens,
+        config.batch_size,
+        config.model.block_size,
+        seed=config.seed,
+        split="train",
     )
-    return sharding.put_batch(batches, sharding.batch_sharding(run.mesh, 3))
+    batch_sharding = sharding.batch_sharding(mesh, 3)
+
+    def train_batches(first_step: int) -> jax.Array:
+        steps = range(first_step, first_step + config.steps_per_call)
+        batches_CxBxT1 = np.stack([batch_at(step=step) for step in steps])
+        return sharding.put_batch(batches_CxBxT1, batch_sharding)
+
+    return train_batches
 
 
 def _compile(run: Run, optimizer: OptimizerParts) -> None:
@@ -278,7 +282,7 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
         terms=run.terms,
         step_metrics=parse_step_metrics(run.config.step_metrics),
     )
-    run.train_chunk = chunk.lower(run.state, train_batches(run, run.step)).compile()
+    run.train_chunk = chunk.lower(run.state, run.train_batches(run.step)).compile()
     budget.check_compiled_fits(run.train_chunk, run.mesh)
     run.compile_time_s = time.perf_counter() - start
 
