@@ -3,9 +3,10 @@ evaluations and checkpoints, outside the compiled step: the registry `HOOKS`, pi
 `config.hooks.names` (comma-separated names or module:attr); settings a hook declares join the
 `config.hooks` group.
 
-An entry is a class (or any callable) taking the run's `config.hooks` group and returning
-an object with any of these methods, each given a `HookContext` (the step, the config, the
-model config, the train state, the params evaluation uses, the tokenizer, the workdir):
+An entry is a class (or any callable) taking the run's `config.hooks` group (its own settings'
+options object is `options_of(group, entry)`) and returning an object with any of these
+methods, each given a `HookContext` (the step, the config, the model config, the train state,
+the params evaluation uses, the tokenizer, the workdir):
   on_step(ctx)                   after every `every` steps (its attribute; 0: never)
   on_evaluation(ctx, val, train) after each evaluation, with its results by name
   on_checkpoint(ctx)             after each checkpoint is saved
@@ -27,7 +28,7 @@ import jax
 import numpy as np
 
 from minigpt_jax.model.gpt import forward
-from minigpt_jax.settings.groups import BOOKKEEPING, setting
+from minigpt_jax.settings.groups import BOOKKEEPING, options_of, setting
 from minigpt_jax.settings.groups import Hooks as HooksGroup
 from minigpt_jax.settings.registry import Registry, declares, plugin_error
 
@@ -51,11 +52,16 @@ class HookContext:
     workdir: Path
 
 
-@declares(
-    sample_every=setting(100, "samples: steps between samples", BOOKKEEPING, low=1),
-    sample_prompt=setting("\n", "samples: the prompt each sample continues", BOOKKEEPING),
-    sample_tokens=setting(64, "samples: new tokens of each sample", BOOKKEEPING, low=1),
-)
+@dataclasses.dataclass(frozen=True)
+class SamplesOptions:
+    """The samples hook's own settings (`hooks.sample_every`, ...)."""
+
+    sample_every: int = setting(100, "samples: steps between samples", BOOKKEEPING, low=1)
+    sample_prompt: str = setting("\n", "samples: the prompt each sample continues", BOOKKEEPING)
+    sample_tokens: int = setting(64, "samples: new tokens of each sample", BOOKKEEPING, low=1)
+
+
+@declares(SamplesOptions)
 class Samples:
     """Continues `sample_prompt` by `sample_tokens` greedy tokens of the eval params every
     `sample_every` steps, appends {"step", "text"} to workdir/samples.jsonl and logs the text.
@@ -63,8 +69,9 @@ class Samples:
     block_size (causal attention: the padding is invisible), so it compiles once."""
 
     def __init__(self, config: HooksGroup):
-        self.every = config.sample_every
-        self.prompt, self.tokens = config.sample_prompt, config.sample_tokens
+        options = options_of(config, SamplesOptions)
+        self.every = options.sample_every
+        self.prompt, self.tokens = options.sample_prompt, options.sample_tokens
         self._forward = None
 
     def on_step(self, ctx: HookContext) -> None:

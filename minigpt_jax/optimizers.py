@@ -48,6 +48,7 @@ from minigpt_jax.settings.groups import (
     TRAJECTORY,
     Optim,
     defaults,
+    options_of,
     parse_tag_factors,
     setting,
 )
@@ -382,12 +383,21 @@ class EmaState(NamedTuple):
     ema: Params
 
 
+@dataclasses.dataclass(frozen=True)
+class EmaOptions:
+    """The `ema` eval-params entry's own setting (`optim.ema_decay`)."""
+
+    ema_decay: float = setting(
+        0.999, "eval_params=ema: the moving average's decay", TRAJECTORY, low=0.0, high=1.0
+    )
+
+
 def track_ema(tx: optax.GradientTransformation, optim: Optim) -> optax.GradientTransformation:
     """`tx`, also keeping an exponential moving average of the params it produces: after
-    update t, ema <- d ema + (1 - d) params with d = min(optim.ema_decay, (1 + t) / (10 + t))
+    update t, ema <- d ema + (1 - d) params with d = min(EmaOptions.ema_decay, (1 + t) / (10 + t))
     (the warmup of TensorFlow's ExponentialMovingAverage, so early averages are not mostly the
     initialisation). Kept in the optimizer state, so a resumed run continues it bit-exactly."""
-    decay = optim.ema_decay
+    decay = options_of(optim, EmaOptions).ema_decay
 
     def init(params):
         return EmaState(jnp.zeros((), jnp.int32), tx.init(params), params)
@@ -422,11 +432,7 @@ class EvalParams:
     track: Callable[[optax.GradientTransformation, Any], optax.GradientTransformation] | None = None
 
 
-EMA = declares(
-    ema_decay=setting(
-        0.999, "eval_params=ema: the moving average's decay", TRAJECTORY, low=0.0, high=1.0
-    )
-)(EvalParams(ema_params, track_ema))
+EMA = declares(EmaOptions)(EvalParams(ema_params, track_ema))
 
 EVAL_PARAMS: Registry[EvalParams] = Registry(
     "eval-params choice",

@@ -1,7 +1,9 @@
-"""Every entry sees its own settings: `declares` on a flax module class, RoPE's base as the
-built-in rope's own setting (`rope_theta`), a user rotary entry reading a setting of its own,
-and `GPTConfig.replace` setting an entry's setting as it does a field (checked by its rule)."""
+"""Every entry sees its own settings as a typed options object: `declares` on a flax module
+class, RoPE's base as the built-in rope's own setting (`RopeOptions.rope_theta`), a user rotary
+entry reading a setting of its own, the options made once when the config is built (checked by
+their rules), and `GPTConfig.replace` setting an entry's setting as it does a field."""
 
+import dataclasses
 import sys
 
 import jax
@@ -10,7 +12,10 @@ import numpy as np
 import pytest
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.model.positions import POSITION_ENCODINGS
+from minigpt_jax.config_dict import default_config
+from minigpt_jax.model.positions import POSITION_ENCODINGS, RopeOptions
+from minigpt_jax.optimizers import EMA, EmaOptions
+from minigpt_jax.settings import MODEL, declares, options_of, setting
 from minigpt_jax.settings.registry import declared_settings
 
 CFG = GPTConfig(vocab_size=40, block_size=12, n_layer=1, n_head=2, n_embd=16, dropout=0.0)
@@ -20,7 +25,7 @@ WIDE_MLP = """
 import flax.linen as nn
 
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings import MODEL, declares, setting
+from minigpt_jax.settings import MODEL, declares, options_of, setting
 
 
 @declares(widen=setting(2, "hidden width = widen x D", MODEL, low=1))
@@ -30,7 +35,8 @@ class Wide(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD, *, deterministic=True):
         init = declare(nn.initializers.normal(0.02), muon=(0, 1), decay=True)
-        h_BxTxF = nn.relu(nn.Dense(self.cfg.widen * self.cfg.n_embd, kernel_init=init)(x_BxTxD))
+        widen = options_of(self.cfg, Wide).widen
+        h_BxTxF = nn.relu(nn.Dense(widen * self.cfg.n_embd, kernel_init=init)(x_BxTxD))
         return nn.Dense(self.cfg.n_embd, kernel_init=init)(h_BxTxF)
 """
 
@@ -58,14 +64,14 @@ def test_declares_works_on_a_flax_module_class(user_module):
 
     assert set(declared_settings(my_wide_mlp.Wide)) == {"widen"}
     cfg = CFG.replace(mlp="my_wide_mlp:Wide")
-    assert cfg.widen == 2
+    assert options_of(cfg, my_wide_mlp.Wide) == my_wide_mlp.Wide.options_class(widen=2)
     kernel = init_params(cfg.replace(widen=3), jax.random.key(0))["block_0"]["mlp"]["Dense_0"]
     assert kernel["kernel"].shape == (16, 48)
 
 
 def test_rope_theta_is_the_builtin_ropes_own_setting():
     cfg = CFG.replace(pos_encoding="rope")
-    assert cfg.rope_theta == 10000.0
+    assert options_of(cfg, RopeOptions) == RopeOptions(rope_theta=10000.0)
     rotary = POSITION_ENCODINGS["rope"].rotary
     x_BxTxHxK = jax.random.normal(jax.random.key(1), (1, 9, 2, 8))
     positions_BxT = jnp.arange(9)[None] * 7
@@ -85,8 +91,56 @@ def test_replace_checks_an_entry_setting_and_names_the_known_ones():
         cfg.replace(rope_theta=0.5)
     with pytest.raises(TypeError, match=r"'window' is neither a field nor a setting .*rope_theta"):
         cfg.replace(window=4)
-    with pytest.raises(AttributeError, match="has no setting 'rope_theta'"):
-        getattr(CFG, "rope_theta")  # noqa: B009 (learned positions declare no base)
+    with pytest.raises(LookupError, match="GPTConfig holds no RopeOptions: its config does not"):
+        options_of(CFG, RopeOptions)  # learned positions declare no base
+    with pytest.raises(AttributeError, match=r"options_of\(cfg, entry\)\.rope_theta"):
+        getattr(cfg, "rope_theta")  # noqa: B009 (an entry's setting is no attribute)
+
+
+def test_the_options_are_made_once_when_the_config_is_and_checked_there():
+    cfg = CFG.replace(pos_encoding="rope", rope_theta=5e5)
+    made = options_of(cfg, RopeOptions)
+    assert made == RopeOptions(rope_theta=5e5)
+    assert options_of(cfg, POSITION_ENCODINGS["rope"]) is made  # by the entry, or its class
+    with pytest.raises(ValueError, match=r"GPTConfig.rope_theta must be a finite number > 1"):
+        GPTConfig(vocab_size=40, pos_encoding="rope", entry_settings=(("rope_theta", 0.5),))
+
+
+def test_the_short_form_of_declares_makes_a_frozen_options_dataclass():
+    @declares(window=setting(4, "keys each query sees", MODEL, low=1))
+    @declares(stride=setting(1, "positions between keys", MODEL, low=1))
+    def sliding(q_positions_BxT, k_positions_BxS, cfg):
+        raise AssertionError("never called")
+
+    options = sliding.options_class
+    assert options() == options(stride=1, window=4)
+    assert set(declared_settings(sliding)) == {"window", "stride"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options().window = 8
+
+
+def test_declares_refuses_an_options_class_that_is_not_frozen_settings():
+    @dataclasses.dataclass
+    class Loose:
+        window: int = setting(4, "keys each query sees", MODEL, low=1)
+
+    @dataclasses.dataclass(frozen=True)
+    class Untyped:
+        window: int = 4
+
+    for options in (Loose, Untyped):
+        with pytest.raises(TypeError, match="is not a frozen dataclass whose fields are all"):
+            declares(options)
+
+
+def test_a_configdict_group_gives_the_options_of_its_values():
+    """A script's `make_optimizer(config.optim, ...)` hands the entry a ConfigDict group."""
+    config = default_config()
+    config.optim.eval_params, config.optim.ema_decay = "ema", 0.5
+    assert options_of(config.optim, EMA) == EmaOptions(ema_decay=0.5)
+    config.optim.ema_decay = 2.0
+    with pytest.raises(ValueError, match=r"config.ema_decay=2.0 is out of range"):
+        options_of(config.optim, EMA)
 
 
 @pytest.mark.slow

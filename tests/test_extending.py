@@ -23,6 +23,7 @@ from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config_dict import check_experiment_config, default_config
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.optimizers import make_optimizer
+from minigpt_jax.settings import options_of
 from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.step import loss_fn
@@ -234,7 +235,9 @@ def test_user_rotary_entry_reads_its_own_base(user_dir):
     """my_positions:ROPE at base 10000 is the built-in rope bit for bit; its base is its own."""
     cfg = CFG.replace(pos_encoding="rope")
     user = CFG.replace(pos_encoding="my_positions:ROPE")
-    assert user.base == 10000.0
+    import my_positions
+
+    assert options_of(user, my_positions.ROPE) == my_positions.RopeBase(base=10000.0)
     params = init_params(cfg, jax.random.key(0))
     tokens_BxT = _tokens_BxT()
     builtin = forward(params, tokens_BxT, cfg)

@@ -16,6 +16,7 @@ from helpers import cli_in
 
 from minigpt_jax import forward, init_params
 from minigpt_jax.config_dict import check_experiment_config, default_config, gpt_config_from
+from minigpt_jax.settings import options_of
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
@@ -25,26 +26,27 @@ pytestmark = pytest.mark.slow
 
 MASKS = """\
 from minigpt_jax.settings.registry import declares
-from minigpt_jax.settings.groups import MODEL, setting
+from minigpt_jax.settings.groups import MODEL, options_of, setting
 
 
 @declares(window=setting(4, "keys each query sees, itself included", MODEL, low=1))
 def sliding_window(q_positions_BxT, k_positions_BxS, cfg):
+    window = options_of(cfg, sliding_window).window
     q_Bx1xTx1 = q_positions_BxT[:, None, :, None]
     k_Bx1x1xS = k_positions_BxS[:, None, None, :]
-    return (k_Bx1x1xS <= q_Bx1xTx1) & (k_Bx1x1xS > q_Bx1xTx1 - cfg.window)
+    return (k_Bx1x1xS <= q_Bx1xTx1) & (k_Bx1x1xS > q_Bx1xTx1 - window)
 """
 
 OPTS = """\
 import optax
 
 from minigpt_jax.settings.registry import declares
-from minigpt_jax.settings.groups import TRAJECTORY, setting
+from minigpt_jax.settings.groups import TRAJECTORY, options_of, setting
 
 
 @declares(sf_b1=setting(0.9, "schedule-free's interpolation", TRAJECTORY, low=0.0, high=1.0))
 def schedule_free(optim, learning_rate):
-    return optax.contrib.schedule_free_adamw(optim.lr, b1=optim.sf_b1)
+    return optax.contrib.schedule_free_adamw(optim.lr, b1=options_of(optim, schedule_free).sf_b1)
 """
 
 
@@ -117,7 +119,9 @@ def test_the_window_setting_changes_what_the_model_sees(user_dir):
     config.model.window = 2
     config = check_experiment_config(config)
     cfg2 = gpt_config_from(config, 64)
-    assert cfg2.window == 2
+    import my_masks
+
+    assert options_of(cfg2, my_masks.sliding_window).window == 2
     cfg4 = gpt_config_from(check_experiment_config({"model": {**config.model, "window": 4}}), 64)
     params = init_params(cfg2, jax.random.key(0))
     tokens_BxT = jax.random.randint(jax.random.key(1), (1, 12), 0, 64)

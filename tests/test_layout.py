@@ -170,7 +170,8 @@ class LayoutTest(chex.TestCase):
 
     def test_subpackage_inits_import_nothing_of_the_package(self):
         """So no layer hides in them; settings/ alone re-exports the plug-in API of its own
-        two leaf modules (`from minigpt_jax.settings import setting, declares`)."""
+        two modules, a leaf and the groups above it (`from minigpt_jax.settings import setting,
+        declares, options_of`)."""
         layers = readme_layers()
         for name in SUBPACKAGES:
             tree = ast.parse(PACKAGE.joinpath(name, "__init__.py").read_text())
@@ -178,7 +179,8 @@ class LayoutTest(chex.TestCase):
             modules = [n.module for n in imports if n.module.startswith("minigpt_jax")]
             if name == "settings":
                 own = [m.removeprefix("minigpt_jax.").replace(".", "/") for m in modules]
-                self.assertEqual({layers[m] for m in own}, {0}, own)
+                self.assertEqual({layers[m] for m in own}, {0, 1}, own)
+                self.assertTrue(all(m.startswith("settings/") for m in own), own)
             else:
                 self.assertEmpty(modules, name)
 

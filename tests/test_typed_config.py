@@ -12,8 +12,11 @@ from minigpt_jax.config_dict import (
     load_config_file,
     packaged_config_names,
 )
+from minigpt_jax.hooks import SamplesOptions
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.settings import groups
+from minigpt_jax.model.positions import RopeOptions
+from minigpt_jax.optimizers import EMA
+from minigpt_jax.settings import groups, options_of
 from minigpt_jax.typed_config import Experiment, build_experiment
 
 
@@ -31,20 +34,20 @@ def test_a_built_in_config_types_to_the_values_its_configdict_holds(name):
     assert experiment.micro_batch_size == config.batch_size // config.get("grad_accum_steps", 1)
 
 
-def test_entry_owned_settings_join_their_group_and_are_read_by_name():
+def test_entry_owned_settings_join_their_group_and_reach_the_entry_as_options():
     config = default_config()
     config.hooks.names = "samples"  # declares sample_every, sample_prompt, sample_tokens
     config.hooks.sample_every = 7
     config.model.pos_encoding = "rope"  # declares rope_theta
     experiment = build_experiment(config)
-    assert experiment.hooks.sample_every == 7
+    assert options_of(experiment.hooks, SamplesOptions) == SamplesOptions(sample_every=7)
     assert experiment.hooks["sample_tokens"] == 64  # as an entry written for a ConfigDict reads
     assert experiment.hooks.entry_settings == (
         ("sample_every", 7),
         ("sample_prompt", "\n"),
         ("sample_tokens", 64),
     )
-    assert experiment.model.rope_theta == 10000.0
+    assert options_of(experiment.model, RopeOptions) == RopeOptions(rope_theta=10000.0)
     # `name in group` as on a ConfigDict group (an optax factory's arguments are looked up so)
     assert "sample_every" in experiment.hooks and "names" in experiment.hooks
     assert "beta3" not in experiment.optim and 0 not in experiment.optim
@@ -54,8 +57,10 @@ def test_entry_owned_settings_join_their_group_and_are_read_by_name():
         "sample_prompt": "\n",
         "sample_tokens": 64,
     }
-    with pytest.raises(AttributeError, match=r"Optim has no setting 'beta3'.*declares it"):
-        getattr(experiment.optim, "beta3")  # noqa: B009 (the lookup is what is tested)
+    with pytest.raises(LookupError, match=r"Optim holds no EmaOptions: its config does not pick"):
+        options_of(experiment.optim, EMA)  # eval_params=auto: the ema entry is not picked
+    with pytest.raises(AttributeError, match=r"options_of\(hooks, entry\)\.sample_every"):
+        getattr(experiment.hooks, "sample_every")  # noqa: B009 (an entry's setting is no attribute)
 
 
 def test_the_experiment_is_frozen_and_built_once():

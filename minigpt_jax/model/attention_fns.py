@@ -38,7 +38,7 @@ import numpy as np
 
 from minigpt_jax.model import backend, param_meta
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings.groups import AUTO, MODEL, setting
+from minigpt_jax.settings.groups import AUTO, MODEL, options_of, setting
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
@@ -157,31 +157,42 @@ def alibi_slopes(n_head: int, max_bias: float = 8.0) -> np.ndarray:
     return np.asarray(power_of_two(below) + extra, np.float32)
 
 
-# Press et al. (2022): slopes 2^(-8h/H); 8 is the paper's.
-@declares(
-    alibi_max_bias=setting(
+@dataclasses.dataclass(frozen=True)
+class AlibiOptions:
+    """The built-in alibi score's own setting (`model.alibi_max_bias`)."""
+
+    # Press et al. (2022): slopes 2^(-8h/H); 8 is the paper's.
+    alibi_max_bias: float = setting(
         8.0, "ALiBi's slopes are 2^(-alibi_max_bias * h / H)", MODEL, low=0.0, low_open=True
     )
-)
+
+
+@declares(AlibiOptions)
 def alibi(scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg) -> Array:
     """ALiBi: scores − slope_h · |q position − k position|, slopes `alibi_slopes(H,
-    cfg.alibi_max_bias)` (with causal masking, −slope · (t − s) for the keys t sees)."""
-    slopes_H = jnp.asarray(alibi_slopes(scores_BxHxTxS.shape[1], cfg.alibi_max_bias))
+    AlibiOptions.alibi_max_bias)` (with causal masking, −slope · (t − s) for the keys t sees)."""
+    max_bias = options_of(cfg, AlibiOptions).alibi_max_bias
+    slopes_H = jnp.asarray(alibi_slopes(scores_BxHxTxS.shape[1], max_bias))
     distance_BxTxS = jnp.abs(q_positions_BxT[:, :, None] - k_positions_BxS[:, None, :])
     bias_BxHxTxS = -slopes_H[None, :, None, None] * distance_BxTxS[:, None].astype(jnp.float32)
     return scores_BxHxTxS + bias_BxHxTxS
 
 
-# Gemma 2 (Team et al. 2024) caps attention logits at 50.
-@declares(
-    attention_softcap=setting(
+@dataclasses.dataclass(frozen=True)
+class SoftcapOptions:
+    """The built-in softcap score's own setting (`model.attention_softcap`)."""
+
+    # Gemma 2 (Team et al. 2024) caps attention logits at 50.
+    attention_softcap: float = setting(
         50.0, "the cap of scores -> cap * tanh(scores / cap)", MODEL, low=0.0, low_open=True
     )
-)
+
+
+@declares(SoftcapOptions)
 def softcap(scores_BxHxTxS: Array, q_positions_BxT, k_positions_BxS, cfg) -> Array:
     """Gemma 2's attention-logit soft cap (Team et al. 2024): cap · tanh(scores / cap), cap
-    cfg.attention_softcap."""
-    cap = cfg.attention_softcap
+    SoftcapOptions.attention_softcap."""
+    cap = options_of(cfg, SoftcapOptions).attention_softcap
     return cap * jnp.tanh(scores_BxHxTxS / cap)
 
 

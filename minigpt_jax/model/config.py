@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +92,8 @@ class GPTConfig(Group):
     names the field and what is allowed. Derived once then, as plain attributes: head_dim (K),
     kv_heads (G), mlp_dim (F), padded_vocab_size (Y), compute_dtype and weight_dtype.
     """
+
+    config_group: ClassVar[str] = "model"
 
     vocab_size: int = setting(512, "V: rows of the token table W_E (the tokenizer's)", MODEL, low=1)
     block_size: int = setting(
@@ -354,8 +356,9 @@ class GPTConfig(Group):
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare
-        (`cfg.replace(rope_theta=5e5)`), each checked by its declaration; the config itself
-        when every change is a field's own value (nothing to build again)."""
+        (`cfg.replace(rope_theta=5e5)` edits entry_settings' pairs), each checked by its
+        declaration when the copy is built; the config itself when every change is a field's
+        own value (nothing to build again)."""
         fields = {f.name for f in dataclasses.fields(self)}
         entry_changes = {k: v for k, v in changes.items() if k not in fields}
         if not entry_changes:
@@ -366,15 +369,11 @@ class GPTConfig(Group):
         changed = dataclasses.replace(self, **{k: v for k, v in changes.items() if k in fields})
         declared = changed.declared_entry_settings()
         values = dict(changed.entry_settings)
-        for name, value in entry_changes.items():
+        for name in entry_changes:
             if name not in declared and name not in values:
                 raise TypeError(
                     f"GPTConfig.replace: {name!r} is neither a field nor a setting of the picked "
                     f"entries; settings of the picked entries: {sorted({*declared, *values})}."
                 )
-            if name in declared:
-                problem = declared[name].metadata["setting"].problem(f"GPTConfig.{name}", value)
-                if problem:
-                    raise ValueError(problem)
-            values[name] = value
+        values.update(entry_changes)
         return dataclasses.replace(changed, entry_settings=tuple(sorted(values.items())))

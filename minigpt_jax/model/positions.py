@@ -16,7 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.settings.groups import MODEL, setting
+from minigpt_jax.settings.groups import MODEL, options_of, setting
 from minigpt_jax.settings.registry import Registry, declares, expect_shape
 
 Array = chex.Array
@@ -70,8 +70,9 @@ class PositionEncoding:
                 token embeddings.
       rotary:   `(x_BxTxHxK, positions_BxT, cfg) -> x_BxTxHxK`, applied to queries and keys
                 (H may be the G key/value heads of grouped-query attention).
-    Both receive the model config, so a setting the entry declares (`registry.declares` on the
-    PositionEncoding) is read as `cfg.<name>`: the built-in rope's `rope_theta`.
+    Both receive the model config; settings the entry declares (`registry.declares` on the
+    PositionEncoding) are read from its options object, `options_of(cfg, entry)`: the built-in
+    rope's `RopeOptions`.
       even:     a GPTConfig property that the scheme needs to be even ("n_embd", "head_dim").
       per_document: with packed documents (a mask with documents=True), positions restart at 0
                 at each document (True), or run on across the row (False).
@@ -96,8 +97,22 @@ def _sinusoids(positions_BxT: Array, cfg: Any) -> Array:
     return sinusoidal_at(positions_BxT, cfg.n_embd)
 
 
+@dataclasses.dataclass(frozen=True)
+class RopeOptions:
+    """The built-in rope's own settings (`model.rope_theta`)."""
+
+    rope_theta: float = setting(
+        10000.0,
+        "RoPE's base: pair i of a head turns by pos / rope_theta^(2i/K) (500000 in LLaMA 3)",
+        MODEL,
+        low=1.0,
+        low_open=True,
+        requirement="a finite number > 1",
+    )
+
+
 def _rope(x_BxTxHxK: Array, positions_BxT: Array, cfg: Any) -> Array:
-    return apply_rope(x_BxTxHxK, positions_BxT, cfg.rope_theta)
+    return apply_rope(x_BxTxHxK, positions_BxT, options_of(cfg, RopeOptions).rope_theta)
 
 
 def _encoding_contract(scheme: PositionEncoding, cfg: Any) -> None:
@@ -119,17 +134,7 @@ POSITION_ENCODINGS: Registry[PositionEncoding] = Registry(
     {
         "learned": PositionEncoding(learned=True),
         "sinusoidal": PositionEncoding(additive=_sinusoids, even="n_embd"),
-        "rope": declares(
-            rope_theta=setting(
-                10000.0,
-                "RoPE's base: pair i of a head turns by pos / rope_theta^(2i/K) "
-                "(500000 in LLaMA 3)",
-                MODEL,
-                low=1.0,
-                low_open=True,
-                requirement="a finite number > 1",
-            )
-        )(PositionEncoding(rotary=_rope, even="head_dim")),
+        "rope": declares(RopeOptions)(PositionEncoding(rotary=_rope, even="head_dim")),
         "none": PositionEncoding(),
     },
     entry_class=PositionEncoding,

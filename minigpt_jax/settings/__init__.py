@@ -1,10 +1,18 @@
 """Declarations: every setting declared once (`groups`), and the registries that every swappable
 part is picked from (`registry`). A plug-in's API is here:
 
-    from minigpt_jax.settings import MODEL, TRAJECTORY, declares, setting
+    from minigpt_jax.settings import MODEL, TRAJECTORY, declares, options_of, setting
 """
 
-from minigpt_jax.settings.groups import BOOKKEEPING, MODEL, SPEED, TRAJECTORY, Setting, setting
+from minigpt_jax.settings.groups import (
+    BOOKKEEPING,
+    MODEL,
+    SPEED,
+    TRAJECTORY,
+    Setting,
+    options_of,
+    setting,
+)
 from minigpt_jax.settings.registry import Registry, declares
 
 __all__ = [
@@ -15,5 +23,6 @@ __all__ = [
     "Registry",
     "Setting",
     "declares",
+    "options_of",
     "setting",
 ]

@@ -14,7 +14,9 @@ Kinds:
                --allow_resume_changes
   BOOKKEEPING  logging, evaluation and checkpoint cadence, the step budget: free
 
-A leaf module: it imports nothing of minigpt_jax (a `choices` registry is any container).
+Next to a leaf: it imports only `settings.registry` (which imports nothing of minigpt_jax), for
+the table of registries whose picked entries bring options; a `choices` registry is any
+container.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Container, Mapping
-from typing import Any
+from typing import Any, ClassVar
+
+from minigpt_jax.settings.registry import REGISTRIES
 
 MODEL, SPEED, TRAJECTORY, BOOKKEEPING = "model", "speed", "trajectory", "bookkeeping"
 # The value of a setting that lets the code choose (per backend, per CPU, per optimizer).
@@ -153,17 +157,78 @@ def check_values(group: type, values: dict[str, Any], where: str) -> None:
 # ----------------------------------------------------------------------------- typed groups
 
 
+def make_options(options: type, values: Mapping[str, Any], where: str) -> Any:
+    """The object of `options` (a dataclass of settings, an entry's `declares`): the values of
+    `values` its fields name, its defaults for the rest. Raises ValueError naming `where` and
+    the first value a rule refuses."""
+    names = {field.name for field in dataclasses.fields(options)}
+    made = options(**{name: value for name, value in values.items() if name in names})
+    check_values(options, {name: getattr(made, name) for name in names}, where)
+    return made
+
+
+def options_of(group: Any, entry: Any) -> Any:
+    """The typed options object of `entry` (an entry that `declares` settings, or its options
+    dataclass itself) in `group`, the group its config key belongs to (`cfg`, `optim`,
+    `config.hooks`, `data`, ...). A typed Group built it once, with the group; a ConfigDict group
+    (a script's `config.optim`) builds it now from its values. Raises LookupError when the
+    group's config does not pick the entry, TypeError when the entry declares no settings."""
+    options = getattr(entry, "options_class", None) or entry
+    if not (isinstance(options, type) and declarations(options)):
+        raise TypeError(
+            f"{getattr(entry, '__name__', entry)!r} declares no settings: give it some with "
+            f"registry.declares(name=setting(...)) or declares(MyOptions)."
+        )
+    if not isinstance(group, Group):
+        names = [name for name in declarations(options) if name in group]
+        return make_options(options, {name: group[name] for name in names}, "config")
+    built = group.__dict__.get("_entry_options", {})
+    if options not in built:
+        picked = sorted(cls.__name__ for cls in built) or "none"
+        raise LookupError(
+            f"{type(group).__name__} holds no {options.__name__}: its config does not pick the "
+            f"entry that declares it (the picked entries' options: {picked}); an entry's "
+            f"options exist where the config key of its registry picks it."
+        )
+    return built[options]
+
+
 @dataclasses.dataclass(frozen=True)
 class Group:
     """A typed group of settings: its declared fields, and the settings its picked entries
-    declare (registry.declares) as sorted (name, value) pairs, read by name (`optim.beta3`).
-    The groups below, built once at the edge (minigpt_jax.typed_config), are what a run reads."""
+    declare (registry.declares) as sorted (name, value) pairs, the flat shape a config file,
+    the command line and a checkpoint hold. Built once, it makes each picked entry's typed
+    options object from those pairs (`options_of(group, entry)` hands it to the entry). The
+    groups below, built once at the edge (minigpt_jax.typed_config), are what a run reads."""
 
+    # The group's config key ("optim", "model"; "" for the top level): the registries picked by
+    # keys under it (`REGISTRIES`) bring their entries' options here.
+    config_group: ClassVar[str] = ""
     entry_settings: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         pairs = tuple(sorted((str(k), v) for k, v in self.entry_settings))
         object.__setattr__(self, "entry_settings", pairs)  # a checkpoint's JSON holds lists
+        object.__setattr__(self, "_entry_options", self._build_entry_options())
+
+    def _build_entry_options(self) -> dict[type, Any]:
+        """{options class: its object} of each picked entry that declares settings: the
+        entry_settings pairs over the class's defaults, each checked by its rule."""
+        values = dict(self.entry_settings)
+        built: dict[type, Any] = {}
+        for config_key, registry in REGISTRIES.items():
+            group, _, field_name = config_key.rpartition(".")
+            if group != self.config_group or field_name not in self.__dict__:
+                continue
+            for key in registry.keys_in(self.__dict__[field_name]):
+                try:
+                    classes = registry.options_classes_of(key)
+                except Exception:  # noqa: BLE001 (an unresolvable pick: the checks name it)
+                    continue
+                for options in classes:
+                    if options not in built:
+                        built[options] = make_options(options, values, type(self).__name__)
+        return built
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], skip: Container = ()) -> Group:
@@ -175,49 +240,54 @@ class Group:
         return cls(**own, entry_settings=tuple(others))
 
     def __getattr__(self, name: str) -> Any:
-        """An entry-owned setting by name (only called when no field has that name): its
-        value, else the default its entry declares (`declared_entry_settings`)."""
-        if name.startswith("__") or name == "entry_settings":
-            raise AttributeError(name)
-        for key, value in self.__dict__.get("entry_settings", ()):
-            if key == name:
-                return value
-        declared = self.declared_entry_settings().get(name)
-        if declared is not None:
-            return declared.default
+        """Only called for a name that is no attribute: an entry's own setting is not one (it
+        is read from the entry's options object), so the error says where it is."""
+        if name.startswith("_") or name not in self.declared_entry_settings():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        group = "cfg" if type(self).__name__ == "GPTConfig" else type(self).__name__.lower()
         raise AttributeError(
-            f"{type(self).__name__} has no setting {name!r}: an entry that reads it declares it "
-            f"(registry.declares({name}=setting(...))), and the config must pick that entry."
+            f"{type(self).__name__} has no attribute {name!r}: it is a setting a picked entry "
+            f"declares, read from that entry's options object: `options_of({group}, entry)"
+            f".{name}` (from minigpt_jax.settings import options_of)."
         )
 
     def declared_entry_settings(self) -> dict[str, Any]:
         """{name: dataclasses.Field of `setting`} that the entries this group picks declare."""
-        found: dict[str, Any] = {}
-        for field_name, spec in declarations(type(self)).items():
-            settings_of = getattr(spec.choices, "settings_of", None)
-            if settings_of is not None and field_name in self.__dict__:
-                try:
-                    found = {**settings_of(self.__dict__[field_name]), **found}
-                except Exception:  # noqa: BLE001 (an unresolvable pick declares nothing)
-                    continue
-        return found
+        return {
+            field.name: field
+            for options in self.__dict__.get("_entry_options", {})
+            for field in dataclasses.fields(options)
+        }
+
+    def flat_values(self) -> dict[str, Any]:
+        """{name: value} of every setting of the group, declared ones and the picked entries'
+        own (their options' values), flat as a config file holds them."""
+        values = self.to_dict()
+        for made in self.__dict__.get("_entry_options", {}).values():
+            for field in dataclasses.fields(made):
+                values.setdefault(field.name, getattr(made, field.name))
+        return values
 
     def __contains__(self, name: object) -> bool:
         """Whether the group holds a setting `name` (declared, or an entry's own)."""
-        return isinstance(name, str) and name in self.to_dict()
+        return isinstance(name, str) and name in self.flat_values()
 
     def __getitem__(self, name: str) -> Any:
-        """`group[name]`, as an entry written against the group's ConfigDict reads it."""
+        """`group[name]`, the flat view a ConfigDict gives: a declared setting, or a picked
+        entry's own (an optax factory's arguments are filled so, by name)."""
+        values = self.flat_values()
+        if name in values:
+            return values[name]
         try:
-            return getattr(self, name)
+            return getattr(self, name)  # a value derived once (GPTConfig.head_dim)
         except AttributeError as error:
             raise KeyError(name) from error
 
     def get(self, name: str, default: Any = None) -> Any:
         """`group.get(name, default)`, as on the group's ConfigDict."""
         try:
-            return getattr(self, name)
-        except AttributeError:
+            return self[name]
+        except KeyError:
             return default
 
     def to_dict(self) -> dict[str, Any]:
@@ -365,6 +435,8 @@ class TagFactors:
 class Optim(Group):
     """config.optim: the optimizer, its learning-rate schedule and gradient clipping."""
 
+    config_group: ClassVar[str] = "optim"
+
     lr: float = setting(
         1e-3, "peak learning rate after warmup (0: a run that only evaluates)", TRAJECTORY, low=0.0
     )
@@ -454,6 +526,8 @@ class Data(Group):
     (data.sources.CORPORA, data.corpus.FILE_FORMATS, data.tokenizers.TOKENIZERS,
     data.formats.DATA_FORMATS) or module:attr."""
 
+    config_group: ClassVar[str] = "data"
+
     corpus: str = setting(
         "pydoc",
         "pydoc (embedded) | shakespeare | text (data.path), or module:attr",
@@ -511,6 +585,8 @@ class Data(Group):
 class Mesh(Group):
     """config.mesh: the device mesh; -1 is all remaining devices (minigpt_jax/sharding.py)."""
 
+    config_group: ClassVar[str] = "mesh"
+
     data: int = setting(-1, "devices the batch splits over", SPEED, low=-1)
     fsdp: int = setting(1, "devices params and batch split over (ZeRO-3)", SPEED, low=-1)
     tensor: int = setting(1, "devices heads, MLP units and vocabulary split over", SPEED, low=-1)
@@ -519,6 +595,8 @@ class Mesh(Group):
 @dataclasses.dataclass(frozen=True)
 class Loss(Group):
     """config.loss: terms added to the next-token cross-entropy (minigpt_jax/model/losses.py)."""
+
+    config_group: ClassVar[str] = "loss"
 
     terms: str = setting(
         "",
@@ -531,6 +609,8 @@ class Loss(Group):
 @dataclasses.dataclass(frozen=True)
 class Eval(Group):
     """config.eval: what every evaluation computes besides the losses."""
+
+    config_group: ClassVar[str] = "eval"
 
     metrics: str = setting(
         "",
@@ -545,6 +625,8 @@ class Eval(Group):
 class Hooks(Group):
     """config.hooks: code the training loop calls at steps, evaluations and checkpoints
     (minigpt_jax.hooks.py); the picked hooks' own settings join this group."""
+
+    config_group: ClassVar[str] = "hooks"
 
     names: str = setting(
         "",

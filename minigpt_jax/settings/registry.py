@@ -27,6 +27,7 @@ A leaf module: it imports nothing of minigpt_jax.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -75,31 +76,84 @@ REGISTRIES: dict[str, Registry] = {}
 _USER_MODULES: dict[str, tuple[str | None, list[str]]] = {}
 
 
-def declares(**fields: Any) -> Callable[[Entry], Entry]:
-    """Decorator: the entry reads these settings, each a `settings.setting(default, doc, kind,
-    **rules)`; they belong to the group of the config key that picks the entry. Works on
-    functions, classes and (frozen) dataclass instances; returns the entry itself."""
+def declares(*options: type, **fields: Any) -> Callable[[Entry], Entry]:
+    """Decorator: the entry reads these settings, held in one typed options object: a frozen
+    dataclass whose fields are `settings.setting(default, doc, kind, **rules)`s (`declares(
+    MyOptions)`), or those fields by name (`declares(window=setting(...))`, the short form: the
+    dataclass is made here). The fields belong to the group of the config key that picks the
+    entry; the entry reads them with `settings.options_of(group, entry)`. Works on functions,
+    classes and (frozen) dataclass instances; returns the entry itself."""
+    if len(options) > 1 or (options and fields):
+        raise TypeError("declares takes one options dataclass, or settings by name, not both.")
+    if options:
+        _check_options_class(options[0])
 
     def attach(entry: Entry) -> Entry:
-        merged = {**(getattr(entry, "settings", None) or {}), **fields}
+        earlier = options_class(entry)
+        if options:
+            if earlier not in (None, options[0]):
+                raise TypeError(
+                    f"{entry!r} already declares {earlier.__name__}: declare all its settings "
+                    f"in one options dataclass."
+                )
+            made = options[0]
+        else:  # the short form: a dataclass of these fields (and of any declared before)
+            made = _options_class(entry, {**setting_fields(earlier), **fields})
         if isinstance(entry, type):  # a class, flax modules included: a class attribute
-            entry.settings = merged
+            entry.options_class = made
         else:  # object's own __setattr__ passes a frozen dataclass's guard
-            object.__setattr__(entry, "settings", merged)
+            object.__setattr__(entry, "options_class", made)
         return entry
 
     return attach
 
 
+def _check_options_class(options: Any) -> None:
+    """Raises TypeError unless `options` is a frozen dataclass whose every field is a setting."""
+    if not (
+        isinstance(options, type)
+        and dataclasses.is_dataclass(options)
+        and options.__dataclass_params__.frozen
+        and len(setting_fields(options)) == len(dataclasses.fields(options))
+    ):
+        raise TypeError(
+            f"declares: {options!r} is not a frozen dataclass whose fields are all "
+            f"settings.setting(...)s."
+        )
+
+
+def _options_class(entry: Any, fields: dict[str, Any]) -> type:
+    """A frozen dataclass of `fields` ({name: settings.setting field}), named after `entry`."""
+    name = getattr(entry, "__name__", type(entry).__name__)
+    made = dataclasses.make_dataclass(
+        f"{name[:1].upper()}{name[1:]}Options",
+        [
+            (key, Any, dataclasses.field(default=field.default, metadata=field.metadata))
+            for key, field in fields.items()
+        ],
+        frozen=True,
+    )
+    made.__module__ = getattr(entry, "__module__", None) or made.__module__
+    return made
+
+
+def options_class(entry: Any) -> type | None:
+    """The options dataclass that `entry` declares (`declares`), or None."""
+    found = getattr(entry, "options_class", None)
+    return found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
+
+
 def declared_settings(entry: Any) -> dict[str, Any]:
     """{name: dataclasses.Field of settings.setting} that `entry` declares ({} if none)."""
-    found = getattr(entry, "settings", None)
-    if not isinstance(found, dict):
+    return setting_fields(options_class(entry))
+
+
+def setting_fields(options: type | None) -> dict[str, Any]:
+    """{name: dataclasses.Field of settings.setting} of an options dataclass ({} for None)."""
+    if options is None:
         return {}
     return {
-        name: field
-        for name, field in found.items()
-        if hasattr(field, "metadata") and "setting" in field.metadata
+        field.name: field for field in dataclasses.fields(options) if "setting" in field.metadata
     }
 
 
@@ -430,16 +484,22 @@ class Registry(Generic[Entry]):
             return []
         return self._split(value) if self._split else [value]
 
+    def options_classes_of(self, key: str) -> list[type]:
+        """The options dataclasses (`declares`) of the entry picked by `key`: the entry's, what
+        the user's module held, and those of the functions an entry dataclass holds
+        (AttentionMask.fn, LossTerm.per_token), wherever `declares` put them. Raises
+        RegistryError for a key that picks no entry."""
+        entry = self[key]
+        held = [value for value in getattr(entry, "__dict__", {}).values() if callable(value)]
+        found = [options_class(value) for value in (entry, self._raw.get(key), *held)]
+        return list(dict.fromkeys(cls for cls in found if cls is not None))
+
     def settings_of(self, key: str) -> dict[str, Any]:
         """{name: field} the entry picked by `key` declares (`declares`); raises RegistryError
         for a key that picks no entry."""
-        entry = self[key]
-        # The entry, what the user's module held, and the functions an entry dataclass holds
-        # (AttentionMask.fn, LossTerm.per_token): wherever `declares` put them.
-        found = {**declared_settings(entry), **declared_settings(self._raw.get(key))}
-        for value in getattr(entry, "__dict__", {}).values():
-            if callable(value):
-                found = {**declared_settings(value), **found}
+        found: dict[str, Any] = {}
+        for cls in reversed(self.options_classes_of(key)):
+            found.update(setting_fields(cls))
         return found
 
     def register(self, name: str, entry: Entry) -> Entry:
