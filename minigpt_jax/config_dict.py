@@ -330,7 +330,7 @@ def typed_group(config: ml_collections.ConfigDict, group: str) -> Any:
     return GROUP_SETTINGS[group].from_values(config[group].to_dict())
 
 
-def gpt_config_from(config: Any, vocab_size: int) -> GPTConfig:
+def gpt_config_from(config: RunConfig, vocab_size: int) -> GPTConfig:
     """The one bridge from an experiment ConfigDict to the frozen GPTConfig that jit sees
     (unknown model keys are errors; missing ones take their defaults; the picked entries' own
     settings go to GPTConfig.entry_settings)."""

@@ -178,3 +178,18 @@ def test_a_tokenizer_entry_reads_its_own_path_setting_through_the_cli(
 
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     assert tokenizer.decode(tokenizer.encode("\u2603\u265e")) == "\u2603\u265e"
+
+
+def test_a_config_picking_a_short_form_entry_pickles_and_rebuilds_its_options(user_module):
+    """A pickle (a process pool's, a deepcopy) holds the settings; the options object of an
+    entry whose class `declares` made (which pickle cannot name) is built again on load."""
+    import copy
+    import pickle
+
+    import my_wide_mlp
+
+    cfg = CFG.replace(mlp="my_wide_mlp:Wide").replace(widen=5)
+    restored = pickle.loads(pickle.dumps(cfg))
+    assert restored == cfg
+    assert options_of(restored, my_wide_mlp.Wide).widen == 5
+    assert options_of(copy.deepcopy(cfg), my_wide_mlp.Wide).widen == 5

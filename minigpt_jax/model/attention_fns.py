@@ -137,7 +137,9 @@ ScoreFn = Callable[[Array, Array, Array, "GPTConfig"], Array]
 NO_SCORE = "none"
 
 
-def no_score(scores_BxHxTxS: Array, q_positions_BxT, k_positions_BxS, cfg) -> Array:
+def no_score(
+    scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
+) -> Array:
     """The raw scores unchanged (the default)."""
     return scores_BxHxTxS
 
@@ -168,7 +170,9 @@ class AlibiOptions:
 
 
 @declares(AlibiOptions)
-def alibi(scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg) -> Array:
+def alibi(
+    scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
+) -> Array:
     """ALiBi: scores − slope_h · |q position − k position|, slopes `alibi_slopes(H,
     AlibiOptions.alibi_max_bias)` (with causal masking, −slope · (t − s) for the keys t sees)."""
     max_bias = options_of(cfg, AlibiOptions).alibi_max_bias
@@ -189,7 +193,9 @@ class SoftcapOptions:
 
 
 @declares(SoftcapOptions)
-def softcap(scores_BxHxTxS: Array, q_positions_BxT, k_positions_BxS, cfg) -> Array:
+def softcap(
+    scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
+) -> Array:
     """Gemma 2's attention-logit soft cap (Team et al. 2024): cap · tanh(scores / cap), cap
     SoftcapOptions.attention_softcap."""
     cap = options_of(cfg, SoftcapOptions).attention_softcap
@@ -227,7 +233,13 @@ class RelativeBias(nn.Module):
     max_distance: int = 128
 
     @nn.compact
-    def __call__(self, scores_BxHxTxS, q_positions_BxT, k_positions_BxS, cfg):
+    def __call__(
+        self,
+        scores_BxHxTxS: Array,
+        q_positions_BxT: Array,
+        k_positions_BxS: Array,
+        cfg: GPTConfig,
+    ) -> Array:
         init = declare(nn.initializers.normal(0.02), (None, "tensor"), decay=False)
         table_NxH = self.param("rel_bias", init, (self.num_buckets, cfg.n_head), jnp.float32)
         relative_BxTxS = k_positions_BxS[:, None, :] - q_positions_BxT[:, :, None]

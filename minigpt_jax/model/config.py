@@ -352,7 +352,7 @@ class GPTConfig(Group):
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickle leaves `speed` out: another process (another backend) chooses its own."""
-        return {k: v for k, v in self.__dict__.items() if k != "speed"}
+        return {k: v for k, v in super().__getstate__().items() if k != "speed"}
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare

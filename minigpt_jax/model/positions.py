@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import chex
 import jax
@@ -18,6 +18,9 @@ import jax.numpy as jnp
 
 from minigpt_jax.settings.groups import MODEL, options_of, setting
 from minigpt_jax.settings.registry import Registry, declares, expect_shape
+
+if TYPE_CHECKING:  # config imports this module (its registry): a type-only import
+    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 
@@ -79,13 +82,13 @@ class PositionEncoding:
     """
 
     learned: bool = False
-    additive: Callable[[Array, Any], Array] | None = None
-    rotary: Callable[[Array, Array, Any], Array] | None = None
+    additive: Callable[[Array, GPTConfig], Array] | None = None
+    rotary: Callable[[Array, Array, GPTConfig], Array] | None = None
     even: str | None = None
     per_document: bool = True  # packed documents: positions restart at each one
 
-    def validate(self, cfg: Any) -> None:
-        """Raises ValueError if `cfg` (a GPTConfig) breaks the scheme's evenness need."""
+    def validate(self, cfg: GPTConfig) -> None:
+        """Raises ValueError if `cfg` breaks the scheme's evenness need."""
         if self.even and getattr(cfg, self.even) % 2:
             raise ValueError(
                 f"pos_encoding={cfg.pos_encoding!r} needs an even {self.even}, got "
@@ -93,7 +96,7 @@ class PositionEncoding:
             )
 
 
-def _sinusoids(positions_BxT: Array, cfg: Any) -> Array:
+def _sinusoids(positions_BxT: Array, cfg: GPTConfig) -> Array:
     return sinusoidal_at(positions_BxT, cfg.n_embd)
 
 
@@ -111,11 +114,11 @@ class RopeOptions:
     )
 
 
-def _rope(x_BxTxHxK: Array, positions_BxT: Array, cfg: Any) -> Array:
+def _rope(x_BxTxHxK: Array, positions_BxT: Array, cfg: GPTConfig) -> Array:
     return apply_rope(x_BxTxHxK, positions_BxT, options_of(cfg, RopeOptions).rope_theta)
 
 
-def _encoding_contract(scheme: PositionEncoding, cfg: Any) -> None:
+def _encoding_contract(scheme: PositionEncoding, cfg: GPTConfig) -> None:
     """additive(positions_BxT, cfg) is BxTxD; rotary(x_BxTxHxK, positions_BxT, cfg) is
     BxTxHxK."""
     positions_BxT = jax.ShapeDtypeStruct((2, 5), jnp.int32)

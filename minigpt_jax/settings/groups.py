@@ -211,6 +211,15 @@ class Group:
         object.__setattr__(self, "entry_settings", pairs)  # a checkpoint's JSON holds lists
         object.__setattr__(self, "_entry_options", self._build_entry_options())
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle holds the settings, not the options objects (an entry's options class may
+        be one `declares` made, which pickle cannot name): unpickling builds them again."""
+        return {k: v for k, v in self.__dict__.items() if k != "_entry_options"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_entry_options", self._build_entry_options())
+
     def _build_entry_options(self) -> dict[type, Any]:
         """{options class: its object} of each picked entry that declares settings: the
         entry_settings pairs over the class's defaults, each checked by its rule."""
