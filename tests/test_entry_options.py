@@ -186,10 +186,11 @@ def test_a_config_picking_a_short_form_entry_pickles_and_rebuilds_its_options(us
     import copy
     import pickle
 
-    import my_wide_mlp
+    from minigpt_jax.model.blocks import MLPS
 
     cfg = CFG.replace(mlp="my_wide_mlp:Wide").replace(widen=5)
+    wide = MLPS["my_wide_mlp:Wide"]  # the class the config picked (the registry's import)
     restored = pickle.loads(pickle.dumps(cfg))
     assert restored == cfg
-    assert options_of(restored, my_wide_mlp.Wide).widen == 5
-    assert options_of(copy.deepcopy(cfg), my_wide_mlp.Wide).widen == 5
+    assert options_of(restored, wide).widen == 5
+    assert options_of(copy.deepcopy(cfg), wide).widen == 5

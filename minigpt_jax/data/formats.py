@@ -54,15 +54,8 @@ def dataset_from(
 
 
 def _memory_dataset(
-    config: Experiment,
-    workdir: str | Path | None,
-    tokenizer: Tokenizer | None,
-    *,
-    progress: bool,
-    before_writing: Callable[[], None] | None,
-    check_data: Callable[[DataDigest], None] | None,
-    documents: bool = False,
-) -> Dataset:
+    config: Experiment, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
+):
     del progress  # one call; nothing to show
     return prepare_dataset(
         config.data.corpus,
@@ -83,15 +76,8 @@ def _memory_dataset(
 
 
 def _sharded_dataset(
-    config: Experiment,
-    workdir: str | Path | None,
-    tokenizer: Tokenizer | None,
-    *,
-    progress: bool,
-    before_writing: Callable[[], None] | None,
-    check_data: Callable[[DataDigest], None] | None,
-    documents: bool = False,
-) -> Dataset:
+    config: Experiment, workdir, tokenizer, *, progress, before_writing, check_data, documents=False
+):
     del documents  # shards always close each document with the end-of-text id
     if workdir is None:
         raise ValueError("data.format 'shards' needs a workdir to keep its tokenizer in.")

@@ -182,23 +182,18 @@ def alibi(
     return scores_BxHxTxS + bias_BxHxTxS
 
 
-@dataclasses.dataclass(frozen=True)
-class SoftcapOptions:
-    """The built-in softcap score's own setting (`model.attention_softcap`)."""
-
-    # Gemma 2 (Team et al. 2024) caps attention logits at 50.
-    attention_softcap: float = setting(
+# Gemma 2 (Team et al. 2024) caps attention logits at 50.
+@declares(
+    attention_softcap=setting(
         50.0, "the cap of scores -> cap * tanh(scores / cap)", MODEL, low=0.0, low_open=True
     )
-
-
-@declares(SoftcapOptions)
+)
 def softcap(
     scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
 ) -> Array:
     """Gemma 2's attention-logit soft cap (Team et al. 2024): cap · tanh(scores / cap), cap
-    SoftcapOptions.attention_softcap."""
-    cap = options_of(cfg, SoftcapOptions).attention_softcap
+    the entry's own setting model.attention_softcap."""
+    cap = options_of(cfg, softcap).attention_softcap
     return cap * jnp.tanh(scores_BxHxTxS / cap)
 
 
