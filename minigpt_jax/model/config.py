@@ -362,8 +362,11 @@ class GPTConfig(Group):
         fields = {f.name for f in dataclasses.fields(self)}
         entry_changes = {k: v for k, v in changes.items() if k not in fields}
         if not entry_changes:
-            current = {name: getattr(self, name) for name in changes}
-            if all(type(v) is type(current[k]) and v == current[k] for k, v in changes.items()):
+            unchanged = (
+                type(value) is type(getattr(self, name)) and value == getattr(self, name)
+                for name, value in changes.items()
+            )
+            if all(unchanged):
                 return self
             return dataclasses.replace(self, **changes)
         changed = dataclasses.replace(self, **{k: v for k, v in changes.items() if k in fields})
