@@ -2,6 +2,7 @@
 
 Run:      python -m benchmarks.gpu_mfu                     # on a GPU (H100/H200: 989 TFLOP/s)
           python -m benchmarks.gpu_mfu --variants          # + every JAX setting in VARIANTS
+          python -m benchmarks.gpu_mfu --variants "remat dots" "batch 32"   # + these ones
           python -m benchmarks.gpu_mfu --preset smoke      # a seconds-long check on any CPU
 Columns:  "jax default" is configs/gpt2_small.py as `minigpt-jax train` runs it (steps_per_call
           steps per compiled call). "torch" is benchmarks/torch_reference.TorchGPT, the same
@@ -280,6 +281,16 @@ def report(columns: list[Column], cfg: GPTConfig, block: int, peak_flops: float,
 # ----------------------------------------------------------------------------- main
 
 
+def chosen_variants(names: list[str] | None, parser: argparse.ArgumentParser) -> dict:
+    """The VARIANTS entries --variants names: none without the flag, all with it alone."""
+    if names is None:
+        return {}
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown --variants {unknown}; the names are: {', '.join(VARIANTS)}")
+    return {name: VARIANTS[name] for name in names or VARIANTS}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpt2_small")
@@ -290,8 +301,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="H100/H200 bf16 dense")
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--torch-compile", action="store_true", help="also on CPU")
-    parser.add_argument("--variants", action="store_true", help="time every VARIANTS entry")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        metavar="NAME",
+        help="time these VARIANTS entries beside the default (every one when none is named)",
+    )
     args = parser.parse_args(argv)
+    variants = chosen_variants(args.variants, parser)
     preset = PRESETS[args.preset]
     cfg = preset["cfg"]
     batch_size = args.batch_size or preset["batch_size"]
@@ -305,18 +322,17 @@ def main(argv: list[str] | None = None) -> dict:
     # Every column trains the same steps on the same batches: `span` of them, a multiple of
     # every column's steps per call, cycled; the first `span` steps, untimed, warm up (and
     # compile torch.compile).
-    ks = [k] + [o["steps_per_call"] for o in VARIANTS.values() if "steps_per_call" in o]
-    span = int(np.lcm.reduce(ks)) if args.variants else k
+    ks = [k] + [o["steps_per_call"] for o in variants.values() if "steps_per_call" in o]
+    span = int(np.lcm.reduce(ks))
     steps = -(-args.steps // span) * span
     columns = [jax_column("jax default", cfg, batch_size, k, span)]
     if args.torch:
         columns.append(torch_column(cfg, batch_size, span, compile_=args.torch_compile or None))
-    if args.variants:
-        for name, overrides in VARIANTS.items():
-            try:
-                columns.append(variant_column(name, cfg, batch_size, k, span, overrides))
-            except Exception as error:  # a flag this XLA lacks, out of memory: report, go on
-                print(f"variant {name!r} failed: {type(error).__name__}: {str(error)[:200]}")
+    for name, overrides in variants.items():
+        try:
+            columns.append(variant_column(name, cfg, batch_size, k, span, overrides))
+        except Exception as error:  # a flag this XLA lacks, out of memory: report, go on
+            print(f"variant {name!r} failed: {type(error).__name__}: {str(error)[:200]}")
     for column in columns:
         column.run(0, span)
     for r in range(args.rounds):

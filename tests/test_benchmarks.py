@@ -3,6 +3,7 @@ it times is a valid config. (Speed itself is measured by the benchmark, never as
 
 import math
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,24 @@ def test_every_gpu_mfu_variant_is_a_valid_setting():
         assert all(k.startswith("xla_gpu_") for k in options), name
 
 
+def test_gpu_mfu_variants_by_name(capsys):
+    """--variants alone times every entry, --variants NAME... those, an unknown name is refused
+    with the names there are."""
+    import argparse
+
+    from benchmarks import gpu_mfu
+
+    parser = argparse.ArgumentParser()
+    assert gpu_mfu.chosen_variants(None, parser) == {}
+    assert list(gpu_mfu.chosen_variants([], parser)) == list(gpu_mfu.VARIANTS)
+    chosen = gpu_mfu.chosen_variants(["remat dots", "batch 32"], parser)
+    assert chosen == {"remat dots": {"remat": "dots"}, "batch 32": {"batch_size": 32}}
+    with pytest.raises(SystemExit):
+        gpu_mfu.chosen_variants(["remat dot"], parser)
+    err = capsys.readouterr().err
+    assert "unknown --variants ['remat dot']" in err and "remat dots" in err, err
+
+
 def test_the_text_memory_budget_covers_the_measured_peak():
     """benchmarks/corpus_memory.py on a 4 MB text, char tokenizer: the budget's bytes a byte
     are at least what the in-memory path takes (issue 40: it assumed 12, measured 26)."""
@@ -172,3 +191,14 @@ def test_the_step_account_puts_each_hlo_op_in_its_category():
     # 10 steps, 30 ms of ops over a 5 ms wall per step: 3 ms of ops a step, 2 ms the host's.
     step = account.per_step({account.MATMUL: 20.0, account.NORMS: 10.0}, 5.0, 10)
     assert step[account.MATMUL] == pytest.approx(2.0) and step[account.HOST] == pytest.approx(2.0)
+
+
+def test_the_gpu_check_script_parses_and_names_test_files_that_exist():
+    """benchmarks/gpu_check.sh runs on a GPU loan only: here, bash reads it without error and
+    every test file it names is there (a renamed file would be missed on the GPU)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    named = re.findall(r"tests/(test_\w+\.py)", script.read_text())
+    assert len(named) >= 10 and "test_gpu.py" in named, named
+    missing = [name for name in named if not (script.parent.parent / "tests" / name).exists()]
+    assert not missing, missing
