@@ -53,7 +53,9 @@ def test_an_internal_terms_gradient_is_the_explicit_sums():
     np.testing.assert_allclose(aux["activation_l2"], explicit_activation_l2(params), rtol=1e-6)
     np.testing.assert_allclose(value, explicit(params), rtol=1e-6)
     got, want = jax.grad(objective)(params), jax.grad(explicit)(params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8), got, want)
+    # Two programs, summed in different orders: float32 rounding of the ~0.1 entries (2e-8
+    # seen on an H200, where the order differs more than on a CPU).
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
     # the term moves the gradient: without it, the embedding's gradient differs
     plain = jax.grad(lambda p: loss_fn(p, BATCH_BxT1, CFG, train=False)[0])(params)
     assert not np.allclose(plain["embed"]["tok"]["embedding"], got["embed"]["tok"]["embedding"])
