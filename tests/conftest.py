@@ -7,14 +7,15 @@ import shutil
 
 # XLA:GPU sums scatter-adds (a token table's gradient, say) with atomics, in a different order on
 # each run: two runs of one seed then differ in float rounding (seen on an H200: a loss of
-# 4.0183735 against 4.0183740 at step 8). Bit-for-bit claims (same seed twice, resume, the
-# VJPs against each other) hold on a GPU under this flag; XLA:CPU reads and ignores it. Set
-# before JAX starts its backends, and inherited by the suite's subprocesses.
-os.environ["XLA_FLAGS"] = " ".join(
-    filter(None, (os.environ.get("XLA_FLAGS"), "--xla_gpu_deterministic_ops=true"))
+# 4.0183735 against 4.0183740 at step 8). The bit-for-bit claims (same seed twice, resume, the
+# VJPs against each other) are checked on a GPU under XLA's switch to deterministic kernels
+# (not yet run on a GPU with it); XLA:CPU reads and ignores it. Set before JAX starts its
+# backends, and inherited by the suite's subprocesses and xdist workers.
+os.environ["XLA_FLAGS"] = " ".join(  # once, though each xdist worker imports this file again
+    dict.fromkeys([*os.environ.get("XLA_FLAGS", "").split(), "--xla_gpu_deterministic_ops=true"])
 )
 
-import jax  # noqa: E402 (after XLA_FLAGS)
+import jax
 import pytest
 from helpers import crash_train_args, pydoc_text, run
 
