@@ -27,8 +27,14 @@ part() {  # part NAME SECONDS COMMAND...: run it under a limit, log to $out/NAME
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
 }
 
+# The host CPU too (benchmarks/machine.py: its extensions, AMX included, and peaks): a loan's
+# host may be a CPU no development machine has been.
 part machine 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap \
-    --format=csv; lscpu | grep -m1 'Model name'; nproc; $py -c '
+    --format=csv; $py -c '
+import os
+from benchmarks import machine
+cpu = machine.this_cpu()
+print(chr(10).join(machine.describe(cpu, os.cpu_count(), machine.peaks(cpu, os.cpu_count()))))
 import importlib.metadata as m
 for name in (\"jax\", \"jaxlib\", \"flax\", \"optax\", \"chex\", \"orbax-checkpoint\", \"torch\"):
     print(name, m.version(name))
