@@ -17,7 +17,9 @@ shift || true
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several test processes share the GPU
+# Every part: the test processes share the GPU, and gpu_mfu's JAX and torch columns share it
+# in one process (JAX would otherwise take 75% of its memory at start).
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 part() {  # part NAME SECONDS COMMAND...: run it under a limit, log to $out/NAME.log
     local name=$1 limit=$2 start=$SECONDS
