@@ -19,8 +19,10 @@ Measures: both sides train the config's model on the same batches (train_through
           of the busy time times the wall time per step (torch: its share of the ops' self
           time, likewise); "host" is the wall time no op accounts for.
 Prints:   the machine (benchmarks/machine.py); then per category ms/step and share for each
-          side, and the matmuls' time at the CPU's float32 peak (the model's dot FLOP per step,
-          minigpt_jax.flops_per_token, over the peak). Run it alone on the cores.
+          side (the torch column is left out, with a line naming what the twin lacks, for a
+          config it does not mirror, e.g. the speedrun's), and the matmuls' time at the CPU's
+          float32 peak (the model's dot FLOP per step, minigpt_jax.flops_per_token, over the
+          peak). Run it alone on the cores.
 """
 
 from __future__ import annotations
@@ -249,8 +251,15 @@ def main(argv: list[str] | None = None) -> None:
     tokens = config.batch_size * config.model.block_size
     at_peak_ms = 1e3 * flops_per_token(cfg) * tokens / (peak.gflops * 1e9)
 
-    sides = {"minigpt-jax": per_step(*xla_account(config, batches, vocab_size, steps), steps)}
+    gaps = []
     if not args.no_torch:
+        from benchmarks.torch_reference import twin_gaps
+
+        gaps = twin_gaps(cfg, config.optim)
+    if gaps:
+        print(f"the torch eager column is left out: the PyTorch twin lacks {'; '.join(gaps)}.")
+    sides = {"minigpt-jax": per_step(*xla_account(config, batches, vocab_size, steps), steps)}
+    if not args.no_torch and not gaps:
         torch_busy, torch_wall = torch_account(config, batches, vocab_size, steps)
         sides["torch eager"] = per_step(torch_busy, torch_wall, steps)
     header = f"{'category':24s}" + "".join(f" {name:>20s}" for name in sides)

@@ -279,18 +279,34 @@ _MODEL_PARTS = {"attention_mask": ("causal",), "norm": ("layernorm",), "activati
 _OPTIM_PARTS = {"name": ("adamw",), "schedule": ("cosine",)}
 
 
-def check_mirrored(settings: Any, parts: dict[str, tuple[str, ...]]) -> None:
-    """Raises ValueError naming each registry choice of `settings` the twin lacks."""
-    missing = [
+def missing_parts(settings: Any, parts: dict[str, tuple[str, ...]]) -> list[str]:
+    """Each registry choice of `settings` the twin lacks, as `key='value' (the twin has ...)`."""
+    return [
         f"{key}={getattr(settings, key)!r} (the twin has {', '.join(allowed)})"
         for key, allowed in parts.items()
         if getattr(settings, key, allowed[0]) not in allowed
     ]
+
+
+def check_mirrored(settings: Any, parts: dict[str, tuple[str, ...]]) -> None:
+    """Raises ValueError naming each registry choice of `settings` the twin lacks."""
+    missing = missing_parts(settings, parts)
     if missing:
         raise ValueError(
             "the PyTorch twin does not implement " + "; ".join(missing) + ": compare it with "
             "minigpt-jax only on the settings it mirrors, or add the entry's twin here."
         )
+
+
+def twin_gaps(cfg: GPTConfig, optim: Any) -> list[str]:
+    """What the twin lacks of a model config and its optim group, one phrase each (empty when
+    TorchGPT and make_torch_optimizer mirror them)."""
+    gaps = missing_parts(cfg, _MODEL_PARTS) + missing_parts(optim, _OPTIM_PARTS)
+    if cfg.pos_encoding not in _POS_ENCODINGS:
+        gaps.insert(
+            0, f"pos_encoding={cfg.pos_encoding!r} (the twin has {', '.join(_POS_ENCODINGS)})"
+        )
+    return gaps
 
 
 def lr_at(step: int, lr: float, warmup: int, num_steps: int, min_lr: float) -> float:

@@ -234,3 +234,25 @@ class OptimizerTest(chex.TestCase):
             self.assertAlmostEqual(loss_torch, float(loss_jax), places=4)
         # Adam divides by sqrt(v): where v is tiny, float32 noise moves an update by ~1e-5.
         chex.assert_trees_all_close(jax_params_from_torch(model), params, rtol=1e-4, atol=5e-5)
+
+
+def test_the_twins_gaps_name_each_choice_it_lacks():
+    """benchmarks/step_account.py leaves the torch column out, with a reason, for a config the
+    twin does not mirror (the speedrun's RMSNorm, ReLU², RoPE and Muon), and keeps it for one it
+    mirrors (shakespeare_char)."""
+    from benchmarks.torch_reference import twin_gaps
+    from minigpt_jax.config_dict import (
+        check_experiment_config,
+        config_file_of,
+        gpt_config_from,
+        load_config_file,
+    )
+
+    def gaps(name):
+        config = check_experiment_config(load_config_file(config_file_of(name)))
+        return twin_gaps(gpt_config_from(config, 65), config.optim)
+
+    assert gaps("shakespeare_char") == []
+    speedrun = " ".join(gaps("speedrun_char"))
+    for phrase in ("norm='rmsnorm'", "activation='relu2'", "name='muon'"):
+        assert phrase in speedrun, speedrun
