@@ -191,36 +191,16 @@ def servers(tmp_path_factory):
     """(lang, slow_runs=False) -> URL: one lab server per language (and speed), started on first
     use, stopped at the end."""
     started, processes, logs = {}, [], []
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = _lab_env()
 
     def url(lang: str, slow_runs: bool = False) -> str:
         if (lang, slow_runs) in started:
             return started[lang, slow_runs]
         log_path = tmp_path_factory.mktemp(f"lab-{lang}") / "lab.log"
         logs.append(log_path)
-        port = app.free_port()
         command = ["-c", _SLOW_RUNS] if slow_runs else ["-m", "minigpt_jax"]
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(
-                [sys.executable, *command, "lab", "--port", str(port), "--lang", lang],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process, address = _start_lab(command, lang, log_path, env)
         processes.append(process)
-        address = f"http://127.0.0.1:{port}/"
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while f"minigpt-jax lab: {address}" not in log_path.read_text():  # printed once it listens
-            if process.poll() is not None:
-                pytest.fail(f"the lab exited with {process.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"no URL within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
-            time.sleep(0.5)
-        assert b"<html" in urllib.request.urlopen(address, timeout=30).read()
         started[lang, slow_runs] = address
         return address
 
@@ -230,6 +210,37 @@ def servers(tmp_path_factory):
         process.wait(timeout=30)
     for log_path in logs:  # no event failed on the server, even one the page survived
         assert "Traceback" not in log_path.read_text(), log_path.read_text()[-3000:]
+
+
+def _lab_env() -> dict:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def _start_lab(command: list, lang: str, log_path: Path, env: dict):
+    """`python <command> lab` on a free port: (its process, its URL) once it serves."""
+    port = app.free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, *command, "lab", "--port", str(port), "--lang", lang],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    address = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while f"minigpt-jax lab: {address}" not in log_path.read_text():  # printed once it listens
+        if process.poll() is not None:
+            pytest.fail(f"the lab exited with {process.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no URL within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
+        time.sleep(0.5)
+    assert b"<html" in urllib.request.urlopen(address, timeout=30).read()
+    return process, address
 
 
 @pytest.fixture(scope="module")
@@ -1194,3 +1205,77 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
     page.wait_for("edit-slider", "W_E[1, 3] (kamienny)")
     assert page.field("lookup-ids").get_attribute("value") == "[0, 1, 0]"
     assert problems == [], "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- issue 57, item 6
+
+
+def _post_file(url: str, data: bytes, origin: str | None) -> tuple[int, str]:
+    """POSTs `data` as the multipart field "files" (as curl -F does): (status, body)."""
+    boundary = "lab-test-boundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    if origin:
+        headers["Origin"] = origin
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except (ConnectionError, urllib.error.URLError) as error:  # closed while the body was sent
+        return 0, str(error)
+
+
+@pytest.mark.slow
+def test_the_lab_takes_no_files_and_leaves_no_temp_folder(browser, tmp_path):
+    """Issue 57, item 6: Gradio's upload route answers 403 to another site's page
+    (Origin: http://evil.example, 2 MB) and to the lab's own page in the browser (it has no
+    file input); another origin cannot drive an event either; after the lab stops (SIGTERM)
+    its temp folder holds nothing."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**_lab_env(), "TMPDIR": str(temp)}
+    env.pop("GRADIO_TEMP_DIR", None)
+    process, url = _start_lab(["-m", "minigpt_jax"], "en", tmp_path / "lab.log", env)
+    try:
+        upload = url + "gradio_api/upload"
+        status, text = _post_file(upload, os.urandom(2_000_000), "http://evil.example")
+        assert status in (0, 403), (status, text)  # 0: refused before the body was all sent
+        assert _post_file(upload, b"x" * 100, "http://evil.example") == (
+            403,
+            "the lab takes no files: it has no file input.\n",
+        )
+        join = urllib.request.Request(
+            url + "gradio_api/queue/join",
+            data=b"{}",
+            headers={"Content-Type": "application/json", "Origin": "http://evil.example"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(join, timeout=30)
+        assert refused.value.code == 403
+        page = Page(browser, url, DESKTOP, tmp_path)
+        page.type("lookup-ids", "[2, 2]")  # the page's own events still pass
+        page.click("lookup-button")
+        page.wait_for("lookup-result", "Id 2 (zamek) repeats")
+        own = page.driver.execute_async_script(
+            "const done = arguments[0], form = new FormData();"
+            "form.append('files', new Blob(['x'.repeat(1000)]), 'a.txt');"
+            "fetch('/gradio_api/upload', {method: 'POST', body: form})"
+            ".then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));"
+        )
+        assert own == [403, "the lab takes no files: it has no file input.\n"], own
+        browser.get("about:blank")
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 143
+    left = [str(path.relative_to(temp)) for path in temp.rglob("*")]
+    assert left == [], left
+    assert "Traceback" not in (tmp_path / "lab.log").read_text()

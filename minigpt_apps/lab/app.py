@@ -14,6 +14,8 @@ import functools
 import itertools
 import json
 import logging
+import os
+import shutil
 import socket
 import threading
 import webbrowser
@@ -21,12 +23,14 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import gradio as gr
+from starlette.middleware import Middleware
 
-from minigpt_apps.lab import compute
+from minigpt_apps.lab import TEMP_DIR, compute
 from minigpt_apps.lab.actions import FRAME, equal_action, restore_action, show_action
 from minigpt_apps.lab.compute import LabInputError
 from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
 from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
+from minigpt_apps.lab.serving import Gatekeeper, lab_origins
 from minigpt_apps.lab.state import STORAGE_KEY, LabState, initial_state, to_storage
 from minigpt_apps.lab.text import LANGUAGES, TEXT, Words
 
@@ -538,6 +542,9 @@ def serve(lang: str = "en", port: int | None = None) -> tuple[gr.Blocks, str]:
         # 100 events) to the browser's localStorage, on each event: a slider key spent about
         # 70 ms of the page's time there, and the history grew as the learner worked.
         run_history=False,
+        # No file reaches the lab (it has no file input), and no other site's page drives it.
+        app_kwargs={"middleware": [Middleware(Gatekeeper, origins=lab_origins(port))]},
+        max_file_size="1kb",  # Gradio's own bound, should a file route ever pass the gate
     )
     return demo, f"http://127.0.0.1:{port}/"
 
@@ -552,3 +559,10 @@ def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "
         demo.block_thread()
     finally:
         demo.close()
+        remove_temp_dir()
+
+
+def remove_temp_dir() -> None:
+    """Removes the folder of Gradio's files that the lab made for this process (none other)."""
+    if os.environ.get("GRADIO_TEMP_DIR") == TEMP_DIR:
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
