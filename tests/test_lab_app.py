@@ -1279,3 +1279,51 @@ def test_the_lab_takes_no_files_and_leaves_no_temp_folder(browser, tmp_path):
     left = [str(path.relative_to(temp)) for path in temp.rglob("*")]
     assert left == [], left
     assert "Traceback" not in (tmp_path / "lab.log").read_text()
+
+
+# ----------------------------------------------------------------------------- issue 55
+
+
+def _keys(page: Page, element, keys: list[str], gap_s: float = 0.02) -> None:
+    """Presses `keys` on `element` (focused first) `gap_s` apart, in one W3C actions request."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    page.js("arguments[0].focus();", element)
+    chain = ActionChains(page.driver, duration=0)
+    for k, key in enumerate(keys):
+        if k:
+            chain.pause(gap_s)
+        chain.key_down(key).key_up(key)
+    chain.perform()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_fast_keys_land_where_they_look(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 1: three ← on «Coordinate» 20 ms apart, then → on the slider at once:
+    the slider ends on the coordinate the radio shows, and the → wrote into no other cell
+    (it moved the chosen cell by one step, or nothing). Four tries."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    for attempt in range(4):
+        start = page.agree()
+        dim = 5 if attempt % 2 else 3  # three to the left: 5 -> 2, 3 -> 0
+        page.choose("edit-dim", str(dim))
+        page.wait_for("edit-slider", f"W_E[1, {dim}]")
+        start = page.agree()
+        radio = page.driver.find_element(page.by.CSS_SELECTOR, "#edit-dim input:checked")
+        _keys(page, radio, [Keys.ARROW_LEFT] * 3)
+        page.slider().send_keys(Keys.ARROW_RIGHT)
+        target = dim - 3
+        page.wait_for("edit-slider", f"W_E[1, {target}]")
+        checked = page.driver.find_element(page.by.CSS_SELECTOR, "#edit-dim input:checked")
+        assert checked.get_attribute("value") == str(target), attempt
+        time.sleep(1.0)  # any reply still on its way lands
+        table = page.agree()
+        changed = np.argwhere(table != start)
+        assert [tuple(c) for c in changed] in ([], [(1, target)]), (attempt, changed, table)
+        if len(changed):
+            assert np.isclose(table[1, target], start[1, target] + 0.01, atol=1e-6), attempt
+        value = float(page.slider().get_attribute("value"))
+        assert np.isclose(value, table[1, target], atol=1e-6), (attempt, value, table[1])

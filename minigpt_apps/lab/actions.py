@@ -23,6 +23,9 @@ MAX_PACE = 1000.0  # steps a second a learner may ask for (0: as fast as the mac
 # values marks a frame of a run that re-renders only the table and the run's own part.
 
 FRAME = "_frame"
+# In the widget values: the slider is set anew (by an event that otherwise leaves the slider
+# being dragged alone).
+RESYNC = "_resync"
 
 
 def show_action(state, fields, lang):
@@ -114,8 +117,17 @@ def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_sam
 
 
 def slide_action(state: LabState, fields: dict, lang: str):
+    """The slider's value into the chosen cell; when the slider still showed another cell (a
+    key pressed on it before the page had moved it to a new choice: `edit_shown`, set with the
+    slider, says which), nothing is written and the slider moves to the chosen cell."""
     limit = compute.MAX_VALUE
     value = compute.parse_number(fields["edit_slider"], field="value", low=-limit, high=limit)
+    row, dim = edit_cell(state, fields)
+    if fields.get("edit_shown", f"{row},{dim}") != f"{row},{dim}":
+        note = TEXT[lang].f(
+            "edit_slider_moved", row=row, dim=dim, value=float(state.table_VxD[row, dim])
+        )
+        return None, paragraph(note), {RESYNC: True}
     return _set_value(state, fields, lang, value, quiet_same=True)
 
 

@@ -26,7 +26,7 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from minigpt_apps.lab import TEMP_DIR, compute
-from minigpt_apps.lab.actions import FRAME, equal_action, restore_action, show_action
+from minigpt_apps.lab.actions import FRAME, RESYNC, equal_action, restore_action, show_action
 from minigpt_apps.lab.compute import LabInputError
 from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
 from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
@@ -300,6 +300,7 @@ class Page(NamedTuple):
         used = {} if used is None else used
         extra = dict(extra)
         frame = extra.pop(FRAME, False)
+        keep = () if extra.pop(RESYNC, False) else event.keep
         fields, out = {**fields, **extra}, {}
         if new_state is not None:
             compute.check_finite(new_state.table_VxD)
@@ -319,7 +320,7 @@ class Page(NamedTuple):
         for key, value in extra.items():  # a value set beside a view's update (choices) joins it
             shown = out.get(key)
             out[key] = gr.update(**{**shown, "value": value}) if isinstance(shown, dict) else value
-        out = {key: value for key, value in out.items() if key not in event.keep}
+        out = {key: value for key, value in out.items() if key not in keep}
         if new_state is not None:  # no other part's message outlives the table it spoke of
             out.update({f"{name}_message": "" for name in ("table", *_PART_NAMES)})
         if note is not None:  # None: the message shown stays (a slider event that changed nothing)
@@ -400,9 +401,7 @@ _PAGE_JS = """<script>
       });
     } catch (error) {}
   }
-  const fix = () => {
-    const root = document.documentElement;
-    if (root.lang !== LANG) root.lang = LANG;
+  const fixGroups = () => {  // Gradio renames a radio it re-renders: one group again, at once
     document.querySelectorAll("fieldset").forEach((group, k) => {
       const name = "lab-group-" + (group.id || k);
       group.querySelectorAll("input[type=radio]").forEach((radio) => {
@@ -417,6 +416,11 @@ _PAGE_JS = """<script>
         }
       }
     });
+  };
+  const fix = () => {
+    const root = document.documentElement;
+    if (root.lang !== LANG) root.lang = LANG;
+    fixGroups();
     document.querySelectorAll("[aria-label]").forEach((element) => {
       const label = element.getAttribute("aria-label");
       for (const [english, local] of ARIA) {
@@ -453,7 +457,10 @@ _PAGE_JS = """<script>
     queued = true;
     setTimeout(() => { queued = false; fix(); }, 30);
   };
-  new MutationObserver(later).observe(document.documentElement, {
+  // A key on a radio button moves within its group only while the group's buttons share a
+  // name: the names are mended before the key's default action and after every change.
+  document.addEventListener("keydown", (e) => e.target.type === "radio" && fixGroups(), true);
+  new MutationObserver(() => { fixGroups(); later(); }).observe(document.documentElement, {
     subtree: true, childList: true, characterData: true, attributes: true,
     attributeFilter: ["lang", "name", "aria-label"],
   });

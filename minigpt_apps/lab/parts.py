@@ -102,6 +102,19 @@ class Slider(NamedTuple):
         )
 
 
+class Hidden(NamedTuple):
+    """A value the page keeps beside the widgets, unseen, that the view sets and events read."""
+
+    key: str
+    default: str
+
+    def start(self, lang: str) -> str:
+        return self.default
+
+    def make(self, words: Words):
+        return gr.Textbox(self.default, visible=False, elem_id=dashed(self.key))
+
+
 class Button(NamedTuple):
     """A button reading TEXT[lang][key]."""
 
@@ -209,7 +222,7 @@ PARTS = (
         rename_view,
         (
             Event("rename_button", rename_action),
-            Event("rename_mode", kind="input"),
+            Event("rename_mode", kind="input", trigger_mode=_LIVE),
             Event("rename_ids", kind="submit"),
             Event("rename_perm", kind="submit"),
         ),
@@ -223,6 +236,7 @@ PARTS = (
             ),
             Choice("edit_dim", tuple((str(d), str(d)) for d in range(6)), "3"),
             Slider("edit_slider", float(compute.TABLE_VxD[1, 3])),
+            Hidden("edit_shown", "1,3"),  # the cell whose value the slider holds
             (Field("edit_value", "0.9", decimal=True), Button("edit_button")),
         ),
         edit_view,
@@ -238,8 +252,10 @@ PARTS = (
             ),
             Event("edit_button", type_value_action),
             Event("edit_value", type_value_action, "submit"),
-            Event("edit_row", kind="input"),
-            Event("edit_dim", kind="input"),
+            # always_last: keys pressed while a choice is shown still reach the page (the
+            # default, "once", dropped them, and the slider stayed on the old cell)
+            Event("edit_row", kind="input", trigger_mode=_LIVE),
+            Event("edit_dim", kind="input", trigger_mode=_LIVE),
             Event("edit_ids", kind="submit"),
         ),
     ),

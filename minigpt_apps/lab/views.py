@@ -189,6 +189,7 @@ def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     return {
         "edit_result": view(state, *html_parts),
         "edit_slider": gr.update(value=shortest(value), minimum=low, maximum=high, label=label),
+        "edit_shown": f"{row},{dim}",  # set with the slider: its key's event names its cell
         "edit_row": gr.update(choices=[(name, str(i)) for i, name in enumerate(labels(state))]),
     }
 
