@@ -1327,3 +1327,51 @@ def test_issue_55_fast_keys_land_where_they_look(servers, browser, tmp_path, lan
             assert np.isclose(table[1, target], start[1, target] + 0.01, atol=1e-6), attempt
         value = float(page.slider().get_attribute("value"))
         assert np.isclose(value, table[1, target], atol=1e-6), (attempt, value, table[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_the_pace_answers_enter_and_a_run_leaves_the_tab_free(
+    servers, browser, tmp_path, lang, size
+):
+    """Issue 55, item 4: Enter in the pace field runs the steps; 1e-7 and 1e-45 steps a second
+    are refused naming the bounds; during a paced run the tab's lookup answers while the run
+    goes on, and a slider key stops the run and lands at once (coordinate 3 of kamienny, which
+    the steps never move)."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    table = page.agree()
+    for slow in ("1e-7", "1e-45"):
+        page.type("step-pace", slow)
+        page.field("step-pace").send_keys(Keys.ENTER)
+        page.expect_refused("step", words.f("pace_too_slow", text=slow, low=1, high=1000), table)
+    page.type("step-n", "3")
+    page.type("step-pace", "20")
+    page.field("step-pace").send_keys(Keys.ENTER)
+    page.wait_for("step-message", words.f("steps_done", n=3))
+    page.wait_for("step-result", words.f("step_count", n=3))
+    page.agree()
+
+    page.type("step-n", "40")
+    page.type("step-pace", "2")  # 20 s
+    page.type("lookup-ids", "[2, 2]")
+    page.field("step-pace").send_keys(Keys.ENTER)
+    running = words["steps_running"].split(":")[0]
+    page.wait_for("step-message", running)
+    page.field("lookup-ids").send_keys(Keys.ENTER)
+    page.wait_for("lookup-result", words.f("lookup_repeat", id=2, word="zamek", positions="0, 1",
+                                            diff=0.0).split(":")[0])  # fmt: skip
+    assert running in page.text("step-message")  # the lookup answered during the run
+    page.slider().send_keys(Keys.ARROW_RIGHT)
+    note = words.f("edit_summary", row=1, dim=3, word="kamienny", old=0.5, new=0.51)
+    page.wait_for("edit-message", note)
+    stopped = page.wait_for("step-result", words["step_count"].split("{")[0])
+    done = int(re.findall(r"(\d+)\.", stopped.split(words["step_count"].split("{")[0])[1])[0])
+    assert 3 < done < 43, stopped  # the run stopped before its end
+    table = page.agree()
+    assert table[1, 3] == np.float32(0.51), table
+    time.sleep(1.0)  # nothing of the run lands after the edit
+    np.testing.assert_array_equal(page.agree(), table)
+    assert page.text("step-result").count(words.f("step_count", n=done)) == 1

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 import webbrowser
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -26,7 +27,14 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from minigpt_apps.lab import TEMP_DIR, compute
-from minigpt_apps.lab.actions import FRAME, RESYNC, equal_action, restore_action, show_action
+from minigpt_apps.lab.actions import (
+    FRAME,
+    RESYNC,
+    Pause,
+    equal_action,
+    restore_action,
+    show_action,
+)
 from minigpt_apps.lab.compute import LabInputError
 from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
 from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
@@ -153,6 +161,11 @@ class Tab:
             future.set_result(None)
 
 
+async def _sleep_until(due: float, stopped: Callable[[], bool]) -> None:
+    while (left := due - time.monotonic()) > 0 and not stopped():
+        await asyncio.sleep(min(0.05, left))
+
+
 class Tabs:
     """The open tabs by Gradio's session hash; a closed tab is dropped (`demo.unload`), and
     beyond `limit` the longest unused one goes, so memory stays flat."""
@@ -216,25 +229,31 @@ class Page(NamedTuple):
 
     def handler(self, part: Part, event: Event) -> Callable:
         """The Gradio function of one event: action, then views, then outputs by component.
-        The tab's turn lasts the whole event (a run too), so the tab's events apply one after
-        the other; other tabs do not wait (the work runs in threads)."""
+        The tab's turn lasts the whole event, so the tab's events apply one after the other;
+        other tabs do not wait (the work runs in threads). A run gives its turn up between its
+        frames (`Pause`), so the tab's other events answer during it; one that changes the
+        table stops the run first (the run says where it stopped, and its last chunk, computed
+        from the table before the change, is not applied)."""
 
         allowed = set(self.output_components(part, event))
+        changes_table = event.action not in (None, show_action, equal_action) and not event.run
 
         async def handle(values: dict, request: gr.Request = None):
             session = _session(request)
             tab = self.tabs.get(session)
             drop_skipped_copies(self.blocks, session)  # those of the tab's last event
-            if event.stops:
+            if event.stops or changes_table:  # a run in progress ends after its frame
                 tab.stop.set()
             if event.action is None:  # Stop: it writes nothing (the run says where it stopped)
                 yield None
                 return
             fields = self.fields(values)
             ticket = tab.ticket()
+            changed_under = False  # the table was changed by another event during a run's pause
             try:
                 await tab.turn(ticket)
-                tab.stop.clear()
+                if event.run:
+                    tab.stop.clear()
                 state = tab.state
                 if event.run:
                     action = functools.partial(
@@ -245,7 +264,19 @@ class Page(NamedTuple):
                 results = await asyncio.to_thread(action)
                 results = results if isinstance(results, Iterator) else iter([results])
                 while (result := await asyncio.to_thread(next, results, None)) is not None:
+                    if isinstance(result, Pause):  # the tab's other events go meanwhile
+                        tab.release(ticket)
+                        ticket = None
+                        await _sleep_until(result.due, tab.stop.is_set)
+                        ticket = tab.ticket()
+                        await tab.turn(ticket)
+                        if tab.state is not state:  # an event that changed it stopped the run
+                            state, changed_under = tab.state, True
+                            tab.stop.set()
+                        continue
                     new_state, note, extra = result
+                    if changed_under:  # the run's table is older than the tab's: not applied
+                        new_state = None
                     out = await asyncio.to_thread(
                         self.outputs, part, event, state, new_state, note, fields, extra, tab.used
                     )
@@ -259,7 +290,8 @@ class Page(NamedTuple):
                 message = self.components[f"{part.name}_message"]
                 yield {message: unexpected_html(error, self.lang)}
             finally:
-                tab.release(ticket)
+                if ticket is not None:
+                    tab.release(ticket)
                 drop_skipped_copies(self.blocks, session)
 
         if event.queued:

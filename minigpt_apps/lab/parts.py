@@ -280,6 +280,7 @@ PARTS = (
             Event("step_lr", step_action, "submit", run=True),
             Event("steps_button", steps_action, trigger_mode="multiple", run=True),
             Event("step_n", steps_action, "submit", run=True),
+            Event("step_pace", steps_action, "submit", run=True),
             Event("stop_button", None, trigger_mode="multiple", stops=True),
             Event("reset_button", reset_action, trigger_mode="multiple", stops=True),
         ),
