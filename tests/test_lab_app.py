@@ -939,7 +939,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
 
     # Issue 39, defects 3 and 4: the lesson's V, d = 512, 128 and x = tok_emb(ids) without
     # positions (h0 adds W_P later); the article's fragment of three coordinates, semicolons.
-    page.wait_for("sizes-result", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
+    page.wait_for("part-sizes", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
     shown = page.js("return document.getElementById('sizes-result').innerText;")
     assert "d = 128 and" not in shown and "(50,257, 128)" not in shown, shown
     article = page.js(
@@ -1375,3 +1375,57 @@ def test_issue_55_the_pace_answers_enter_and_a_run_leaves_the_tab_free(
     time.sleep(1.0)  # nothing of the run lands after the edit
     np.testing.assert_array_equal(page.agree(), table)
     assert page.text("step-result").count(words.f("step_count", n=done)) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_the_lessons_inputs_as_written(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 5: the lesson's [76, 299, 412, ...] and [[76, 299, 412]], an ellipsis
+    (…) and the minus sign U+2212 are read, each with a note of what was read, and the numbers
+    are the lesson's (NumPy); part 2's tables are told apart by name and place: the article's
+    fragment above the fields, the lesson's W_E below, and its rows 6 and 9 said to be
+    another table's."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    params = compute.lesson_params()["params"]
+    lesson_TxD = np.asarray(params["tok"]["embedding"])[[76, 299, 412], :6]
+    for text, note in (
+        ("[76, 299, 412, ...]", words.f("ids_read_ellipsis", ids="[76, 299, 412]")),
+        ("[76, 299, 412, …]", words.f("ids_read_ellipsis", ids="[76, 299, 412]")),
+        ("[[76, 299, 412]]", words.f("ids_read_batch", ids="[76, 299, 412]", t=3)),
+    ):
+        page.type("sizes-ids", text)
+        page.field("sizes-ids").send_keys(Keys.ENTER)
+        page.wait_for("sizes-result", note)
+        assert page.text("sizes-message") == "", text
+        np.testing.assert_allclose(_cells(page, "sizes-real"), lesson_TxD, atol=5e-5)
+    # Where each table is: the article's fragment above part 2's field, the lesson's below.
+    tops = page.js(
+        "return ['sizes-fragment', 'sizes-ids', 'sizes-real'].map(id =>"
+        " document.getElementById(id).getBoundingClientRect().top + scrollY);"
+    )
+    assert tops == sorted(tops), tops
+    headings = page.js(
+        "return [...document.querySelectorAll('#part-sizes h3')].map(h => h.textContent);"
+    )
+    assert headings == [words["sizes_article_heading"], words["sizes_lesson_heading"]], headings
+    page.type("sizes-ids", "[6, 9, 6]")
+    page.field("sizes-ids").send_keys(Keys.ENTER)
+    page.wait_for("sizes-result", words.f("sizes_other_table", ids="6, 9"))
+
+    page.type("lookup-ids", "[0, 1, 0, …]")
+    page.field("lookup-ids").send_keys(Keys.ENTER)
+    page.wait_for("lookup-result", words.f("ids_read_ellipsis", ids="[0, 1, 0]"))
+    page.type("context-b", "oto metalowy zamek…")
+    page.field("context-b").send_keys(Keys.ENTER)
+    read = words.f("context_vectors", a="oto kamienny zamek", b="oto metalowy zamek")
+    page.wait_for("context-result", read)
+    assert page.text("context-message") == ""
+    page.type("step-lr", "\N{MINUS SIGN}0,4" if lang == "es" else "\N{MINUS SIGN}0.4")
+    page.field("step-lr").send_keys(Keys.ENTER)
+    page.wait_for("step-result", words.f("step_count", n=1))
+    _, after_VxD, _, _ = _np_step(compute.TABLE_VxD.astype(np.float64), -0.4)
+    np.testing.assert_allclose(page.agree(), after_VxD, atol=1e-6)
+    page.wait_for("step-result", "= -0,4" if lang == "es" else "= -0.4")  # the rate as read

@@ -86,7 +86,8 @@ def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
     renamed = {}
     for key in ("lookup_ids", "edit_ids"):
         try:
-            renamed[key] = compute.format_ids(perm_V[compute.parse_ids(fields[key], len(perm_V))])
+            ids_T = compute.read_ids(fields[key], len(perm_V)).ids_T
+            renamed[key] = compute.format_ids(perm_V[ids_T])
         except (compute.LabInputError, KeyError):
             pass
     try:
@@ -101,7 +102,7 @@ def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_sam
     """Sets the edited cell to `value`; when it already holds it, says so, or (`quiet_same`, the
     slider's repeated last event) returns no note, so the note of the change stays shown."""
     words = TEXT[lang]
-    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["edit_ids"], len(state.vocab)).ids_T
     row, dim = edit_cell(state, fields)
     old = float(state.table_VxD[row, dim])
     positions = ", ".join(map(str, np.flatnonzero(ids_T == row))) or "—"

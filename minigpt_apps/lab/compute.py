@@ -101,6 +101,47 @@ def _check_length(text: str, field: str) -> str:
     return text
 
 
+# Typographic characters read as what they stand for (the documents are typeset): the
+# ellipsis as three dots, the minus sign (U+2212) as a hyphen-minus.
+_TYPOGRAPHY = str.maketrans({"\N{HORIZONTAL ELLIPSIS}": "...", "\N{MINUS SIGN}": "-"})
+_ELLIPSIS = re.compile(r"(?:,\s*)?\.\.\.\s*(?=\]?\s*$)")  # "..." closing the list
+
+
+def typeset(text: str) -> str:
+    """The text with the documents' typographic characters in their plain forms."""
+    return str(text).translate(_TYPOGRAPHY)
+
+
+class ReadIds(NamedTuple):
+    """Ids as read, and how the text differed from a plain list: a closing "..." (the lesson's
+    "and so on") left out, the outer brackets of a batch of one taken off."""
+
+    ids_T: np.ndarray
+    ellipsis: bool = False
+    batch: bool = False
+
+
+def read_ids(
+    text: str,
+    vocab_size: int,
+    *,
+    field: str = "ids",
+    limit: int = MAX_IDS,
+    example: str = "[0, 1, 0]",
+) -> ReadIds:
+    """`parse_ids`, which also reads the lesson's ways of writing ids: `[76, 299, 412, ...]`
+    (the closing "..." or "…" left out) and `[[76, 299, 412]]` (a batch of one: its one row)."""
+    body = typeset(_check_length(text, field)).strip()
+    batch = bool(re.fullmatch(r"\[\s*\[[^\[\]]*\]\s*\]", body))
+    if batch:
+        body = body[1:-1].strip()
+    ellipsis = bool(_ELLIPSIS.search(body)) and bool(re.search(r"[0-9]", body))
+    if ellipsis:
+        body = _ELLIPSIS.sub("", body)
+    ids_T = parse_ids(body, vocab_size, field=field, limit=limit, example=example)
+    return ReadIds(ids_T, ellipsis, batch)
+
+
 def parse_ids(
     text: str,
     vocab_size: int,
@@ -168,7 +209,8 @@ def parse_number(
     refused, and so is one that rounds to 0 (1e-46: float32's smallest is ≈ 1.4e-45).
     `decimal_comma` also reads 0,4 as 0.4 (the Spanish page)."""
     raw = _check_length(text, field).strip()
-    spelled = raw.replace(",", ".") if decimal_comma and raw.count(",") == 1 else raw
+    plain = typeset(raw)  # "−0.4", typeset with the minus sign, is -0.4
+    spelled = plain.replace(",", ".") if decimal_comma and plain.count(",") == 1 else plain
     try:
         if not spelled.isascii() or "_" in spelled:  # float() takes 1_000, ３ and ٣ as well
             raise ValueError(spelled)
@@ -202,7 +244,7 @@ def parse_int(text, *, field: str, low: int, high: int) -> int:
 
 
 # Around a word, what a sentence quoted from the article or typed as prose may hold.
-_PUNCTUATION = "«»“”„\"'‘’.,;:!?¡¿()"
+_PUNCTUATION = "«»“”„\"'‘’.,;:!?¡¿()…"
 
 
 def read_sentence(text: str, vocab: tuple[str, ...]) -> str:

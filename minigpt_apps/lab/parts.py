@@ -28,6 +28,7 @@ from minigpt_apps.lab.markup import matrix_html, step_words
 from minigpt_apps.lab.text import Words
 from minigpt_apps.lab.views import (
     SLIDER_RANGE,
+    article_html,
     context_view,
     edit_view,
     lookup_view,
@@ -204,6 +205,7 @@ PARTS = (
             Event("sizes_length", kind="submit"),
         ),
         reads_table=False,
+        above=article_html,
     ),
     Part(
         "rename",

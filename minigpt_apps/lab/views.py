@@ -49,11 +49,11 @@ def number(fields: dict, key: str, lang: str, **limits) -> float:
     return compute.parse_number(fields[key], field=key, decimal_comma=lang == "es", **limits)
 
 
-def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
+def lookup_ids(text: str, vocab_size: int) -> compute.ReadIds:
     """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (the sizes
     part's fragment), not only as out of range."""
     try:
-        return compute.parse_ids(text, vocab_size)
+        return compute.read_ids(text, vocab_size)
     except LabInputError as error:
         numbers = tuple(int(n) for n in re.findall(r"[0-9]+", str(text)))
         if error.key == "id_out_of_range" and numbers == compute.ARTICLE_IDS:
@@ -66,11 +66,13 @@ def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
 def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
     vocab_size = len(state.vocab)
-    ids_T = lookup_ids(fields["lookup_ids"], vocab_size)
+    read = lookup_ids(fields["lookup_ids"], vocab_size)
+    ids_T = read.ids_T
     x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     one_hot_TxV = compute.one_hot(ids_T, vocab_size)
     via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
     parts = [
+        *read_notes(read, words),
         side(
             one_hot_html(one_hot_TxV, state.vocab, words["lookup_one_hot_matrix"], words),
             op("·"),
@@ -102,7 +104,7 @@ def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
 
 
 def rename_inputs(state: LabState, fields: dict):
-    ids_T = compute.parse_ids(fields["rename_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["rename_ids"], len(state.vocab)).ids_T
     perm_V = compute.parse_permutation(fields["rename_perm"], len(state.vocab))
     return ids_T, perm_V, fields["rename_mode"]
 
@@ -160,7 +162,7 @@ def shortest(value) -> float:
 
 def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
-    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["edit_ids"], len(state.vocab)).ids_T
     row, dim = edit_cell(state, fields)
     occurrences = set(np.flatnonzero(ids_T == row).tolist())
     value = float(state.table_VxD[row, dim])
@@ -553,13 +555,48 @@ def _grouped(value: int, words: Words) -> str:
     return f"{value:,}".replace(",", words["thousands"])
 
 
-def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
-    """The article's [6, 9, 6] on its fragment of a three-coordinate table; the lesson's
-    V, d = 512, 128 and x = tok_emb(ids), then its h(0) with learned positions up to
-    block_size 64; GPT-2's tied table (V = 50,257, d = 768)."""
-    words = TEXT[lang]
+def article_html(words: Words) -> str:
+    """The article's [6, 9, 6] on its fragment of a three-coordinate W_E, under a heading of
+    its own (above part 2's fields, which read the lesson's table)."""
     article_T = np.asarray(compute.ARTICLE_IDS, np.int32)
-    ids_T = compute.parse_ids(fields["sizes_ids"], compute.LESSON_VOCAB, limit=compute.MAX_IDS)
+    fragment = _fragment_html(
+        ["…", *map(str, compute.FRAGMENT_IDS[:1]), "…", *map(str, compute.FRAGMENT_IDS[1:]), "…"],
+        [None, compute.FRAGMENT_RxD[0], None, compute.FRAGMENT_RxD[1], None],
+        words["sizes_fragment"],
+        words,
+        "sizes-fragment",
+    )
+    article = _fragment_html(
+        [f"t={t}: {i}" for t, i in enumerate(article_T)],
+        compute.fragment_lookup(article_T),
+        words.f("sizes_article", ids=compute.format_ids(article_T), t=len(article_T)),
+        words,
+        "sizes-article",
+    )
+    return (
+        f'<div id="sizes-article-part"><h3>{escape(words["sizes_article_heading"])}</h3>'
+        f"{side(fragment, op('→'), article)}"
+        f"{paragraph(words['sizes_article_note'], 'lab-ok')}"
+        f"<h3>{escape(words['sizes_lesson_heading'])}</h3></div>"
+    )
+
+
+def read_notes(read: compute.ReadIds, words: Words) -> list[str]:
+    """What a list written as the lesson writes it was read as (nothing for a plain list)."""
+    ids = compute.format_ids(read.ids_T)
+    notes = [words.f("ids_read_batch", ids=ids, t=len(read.ids_T))] if read.batch else []
+    if read.ellipsis:
+        notes.append(words.f("ids_read_ellipsis", ids=ids))
+    return [paragraph(note, "lab-ok") for note in notes]
+
+
+def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
+    """The lesson's V, d = 512, 128 and x = tok_emb(ids) on its own table, then its h(0) with
+    learned positions up to block_size 64; GPT-2's tied table (V = 50,257, d = 768). (The
+    article's [6, 9, 6] is above the fields: `article_html`.)"""
+    words = TEXT[lang]
+    read = compute.read_ids(fields["sizes_ids"], compute.LESSON_VOCAB, limit=compute.MAX_IDS)
+    ids_T = read.ids_T
     length = compute.parse_int(
         fields["sizes_length"], field="sizes_length", low=1, high=2 * compute.LESSON_BLOCK
     )
@@ -590,30 +627,23 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
         beyond_cls = "lab-diff"
     tied, untied = _gpt2_counts()
     table_size = compute.embedding_table_size(compute.GPT2_VOCAB, compute.GPT2_DIM)
-    fragment = _fragment_html(
-        ["…", *map(str, compute.FRAGMENT_IDS[:1]), "…", *map(str, compute.FRAGMENT_IDS[1:]), "…"],
-        [None, compute.FRAGMENT_RxD[0], None, compute.FRAGMENT_RxD[1], None],
-        words["sizes_fragment"],
-        words,
-        "sizes-fragment",
-    )
-    x_TxD = compute.fragment_lookup(article_T)
-    article = _fragment_html(
-        [f"t={t}: {i}" for t, i in enumerate(article_T)],
-        x_TxD,
-        words.f("sizes_article", ids=compute.format_ids(article_T), t=len(article_T)),
-        words,
-        "sizes-article",
+    lesson_size = compute.embedding_table_size(compute.LESSON_VOCAB, compute.LESSON_DIM)
+    same_ids = sorted(set(compute.FRAGMENT_IDS) & set(ids_T.tolist()))
+    other_table = (
+        [paragraph(words.f("sizes_other_table", ids=", ".join(map(str, same_ids))), "lab-diff")]
+        if same_ids
+        else []
     )
     html_parts = [
-        side(fragment, op("→"), article),
-        paragraph(words["sizes_article_note"], "lab-ok"),
+        *read_notes(read, words),
+        *other_table,
         lookups[0],
         paragraph(
             words.f(
                 "sizes_real_note",
                 vocab=_grouped(compute.LESSON_VOCAB, words),
                 dim=compute.LESSON_DIM,
+                params=_grouped(lesson_size, words),
             )
         ),
         lookups[1],
