@@ -121,25 +121,18 @@ class ReadIds(NamedTuple):
     batch: bool = False
 
 
-def read_ids(
-    text: str,
-    vocab_size: int,
-    *,
-    field: str = "ids",
-    limit: int = MAX_IDS,
-    example: str = "[0, 1, 0]",
-) -> ReadIds:
-    """`parse_ids`, which also reads the lesson's ways of writing ids: `[76, 299, 412, ...]`
-    (the closing "..." or "…" left out) and `[[76, 299, 412]]` (a batch of one: its one row)."""
-    body = typeset(_check_length(text, field)).strip()
+def read_ids(text: str, vocab_size: int, **options) -> ReadIds:
+    """`parse_ids` (with its `options`), which also reads the lesson's ways of writing ids:
+    `[76, 299, 412, ...]` (the closing "..." or "…" left out) and `[[76, 299, 412]]` (a batch
+    of one: its one row)."""
+    body = typeset(_check_length(text, options.get("field", "ids"))).strip()
     batch = bool(re.fullmatch(r"\[\s*\[[^\[\]]*\]\s*\]", body))
     if batch:
         body = body[1:-1].strip()
     ellipsis = bool(_ELLIPSIS.search(body)) and bool(re.search(r"[0-9]", body))
     if ellipsis:
         body = _ELLIPSIS.sub("", body)
-    ids_T = parse_ids(body, vocab_size, field=field, limit=limit, example=example)
-    return ReadIds(ids_T, ellipsis, batch)
+    return ReadIds(parse_ids(body, vocab_size, **options), ellipsis, batch)
 
 
 def parse_ids(
