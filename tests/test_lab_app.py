@@ -1429,3 +1429,56 @@ def test_issue_55_the_lessons_inputs_as_written(servers, browser, tmp_path, lang
     _, after_VxD, _, _ = _np_step(compute.TABLE_VxD.astype(np.float64), -0.4)
     np.testing.assert_allclose(page.agree(), after_VxD, atol=1e-6)
     page.wait_for("step-result", "= -0,4" if lang == "es" else "= -0.4")  # the rate as read
+
+
+# Gradio's own English, as its frontend writes it (status tracker, toasts, footer, widgets).
+_GRADIO_ENGLISH = re.compile(
+    r"processing|queue:|\d\.\ds\b|\d+(\.\d+)?/\d+(\.\d+)?s|Loading|Error\b|Clear|Close|"
+    r"Submit|Copy|Built with|Use via API|Settings|number input for|range slider for|"
+    r"Reset to default|Dropdown|Upload|Drop File",
+)
+
+
+def _ax_english(driver) -> set:
+    """Every name, value and description in Chrome's accessibility tree (read through the
+    DevTools protocol) that holds Gradio's English, with its role; and visible leaf elements
+    whose text does."""
+    tree = driver.execute_cdp_cmd("Accessibility.getFullAXTree", {})
+    found = set()
+    for node in tree["nodes"]:
+        if node.get("ignored"):
+            continue
+        for key in ("name", "value", "description"):
+            text = node.get(key, {}).get("value")
+            if isinstance(text, str) and _GRADIO_ENGLISH.search(text):
+                found.add((node.get("role", {}).get("value"), text[:80]))
+    shown = driver.execute_script(
+        "return [...document.querySelectorAll('body *')].filter(e => !e.children.length"
+        " && e.checkVisibility({checkOpacity: true, checkVisibilityCSS: true}))"
+        ".map(e => e.textContent);"
+    )
+    found.update(("screen", text[:80]) for text in shown if _GRADIO_ENGLISH.search(text))
+    return found
+
+
+@pytest.mark.slow
+def test_issue_55_no_english_in_the_spanish_accessibility_tree(servers, browser, tmp_path):
+    """Issue 55, item 2: during a paced run, with other parts' buttons pressed meanwhile, the
+    Spanish page's accessibility tree and screen never hold Gradio's English ("processing |",
+    "0.2/1.1s", "queue: 1/2")."""
+    page = Page(browser, servers("es"), PHONE, tmp_path, "es")
+    found = _ax_english(page.driver)
+    page.type("step-n", "12")
+    page.type("step-pace", "4")  # 3 s
+    page.click("steps-button")
+    buttons = ["lookup-button", "step-button", "context-button", "positions-button"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if buttons:
+            page.js("document.getElementById(arguments[0]).click();", buttons.pop())
+        found |= _ax_english(page.driver)
+        if not buttons and page.words.f("steps_done", n=12) in page.text("step-message"):
+            break
+    page.wait_for("step-result", page.words.f("step_count", n=13))
+    found |= _ax_english(page.driver)
+    assert found == set(), sorted(found)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import itertools
 import json
@@ -79,6 +80,10 @@ button.lab-button { border: 2px solid #4b5563 !important; border-radius: 8px !im
 button.lab-button.secondary { background: #ffffff !important; color: #1f2937 !important; }
 button.lab-button:hover { filter: brightness(0.95); }
 #edit-slider input[type=number] { display: none; }
+/* Gradio's status tracker writes "processing | 0.3s" and "queue: 1/2" in English inside every
+   output of an event (and so inside the live message regions); the lab's messages say what an
+   event is doing in the page's words, so the tracker is neither shown nor read out. */
+[data-testid="status-tracker"] { display: none !important; }
 :focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px; }
 @media (max-width: 600px) {
   .lab-table { font-size: 11px; }
@@ -140,6 +145,7 @@ class Tab:
         self._serving = 0
         self._finished: set[int] = set()
         self._waiting: dict[int, asyncio.Future] = {}
+        self.running = asyncio.Lock()  # held by a run from before its turn to its end
 
     def ticket(self) -> int:
         return next(self._tickets)
@@ -248,6 +254,10 @@ class Page(NamedTuple):
                 yield None
                 return
             fields = self.fields(values)
+            # A run waits for the run in progress (its turn comes after that run's end, not in
+            # one of its pauses); any other event takes its turn in the order it came.
+            running = tab.running if event.run else contextlib.nullcontext()
+            await running.__aenter__()
             ticket = tab.ticket()
             changed_under = False  # the table was changed by another event during a run's pause
             try:
@@ -292,6 +302,7 @@ class Page(NamedTuple):
             finally:
                 if ticket is not None:
                     tab.release(ticket)
+                await running.__aexit__(None, None, None)
                 drop_skipped_copies(self.blocks, session)
 
         if event.queued:
