@@ -1482,3 +1482,32 @@ def test_issue_55_no_english_in_the_spanish_accessibility_tree(servers, browser,
     page.wait_for("step-result", page.words.f("step_count", n=13))
     found |= _ax_english(page.driver)
     assert found == set(), sorted(found)
+
+
+# Cells whose text runs out of their box: (text, how far, in px).
+_SPILLS = """
+const out = [];
+for (const cell of document.querySelectorAll(arguments[0])) {
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  const text = range.getBoundingClientRect(), box = cell.getBoundingClientRect();
+  const over = Math.max(text.right - box.right, box.left - text.left);
+  if (box.width && cell.textContent.trim() && over > 1)
+    out.push([cell.textContent, Math.round(over)]);
+}
+return out;
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_issue_55_phone_row_labels_stay_in_their_cells(servers, browser, tmp_path, lang):
+    """Issue 55, item 3: on a 390×844 phone, after a step, every row label of the step's
+    figures (and of every other table) lies inside its cell."""
+    page = Page(browser, servers(lang), PHONE, tmp_path, lang)
+    page.click("step-button")
+    page.wait_for("step-result", page.words.num(0.61, ".1%"))
+    spills = page.js(_SPILLS, "#step-figures th, #step-figures td")
+    assert spills == [], spills
+    spills = page.js(_SPILLS, ".lab-table th[scope=row]")
+    assert spills == [], spills
