@@ -1511,3 +1511,33 @@ def test_issue_55_phone_row_labels_stay_in_their_cells(servers, browser, tmp_pat
     assert spills == [], spills
     spills = page.js(_SPILLS, ".lab-table th[scope=row]")
     assert spills == [], spills
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("es", PHONE), ("en", DESKTOP)])
+def test_issue_55_what_the_documents_teach(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 6 (and 7's axis): the loss is named cross-entropy; the shared table's
+    and the lesson's V·d parameters are counted; the lesson's ids get a distance table and the
+    tied read-out logits = h·W_Eᵀ, both against NumPy; the step chart at step 0 shows no
+    negative step."""
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    loss_row = words.f("step_loss_row", target="zamek")
+    assert ("cross-entropy" if lang == "en" else "entropía cruzada") in loss_row
+    page.wait_for("step-result", loss_row)
+    page.wait_for("part-table", "6 × 6 = 36")
+    page.wait_for(
+        "sizes-result", "512 × 128 = " + f"{512 * 128:,}".replace(",", words["thousands"])
+    )
+    params = compute.lesson_params()["params"]
+    table_VxD = np.asarray(params["tok"]["embedding"], np.float64)
+    rows_TxD = table_VxD[[76, 299, 412]]
+    distances = np.linalg.norm(rows_TxD[:, None] - rows_TxD[None], axis=-1)
+    np.testing.assert_allclose(_cells(page, "sizes-distance"), distances, atol=6e-5)
+    near, far = (np.linalg.norm(table_VxD[300] - table_VxD[i]) for i in (301, 7))
+    page.wait_for("sizes-result", words.f("sizes_distance_note", near=near, far=far))
+    h0_TxD = rows_TxD + np.asarray(params["pos"]["embedding"], np.float64)[:3]
+    logits_TxV = h0_TxD @ table_VxD.T
+    np.testing.assert_allclose(_cells(page, "sizes-logits"), logits_TxV[:, :6], atol=6e-5)
+    ticks = page.svg_texts("step-chart-img")
+    assert "-1" not in ticks and "0" in ticks, ticks

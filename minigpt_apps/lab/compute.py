@@ -613,6 +613,20 @@ def lesson_h0(ids_T) -> np.ndarray:
     return np.asarray(Embeddings(lesson_config()).apply(lesson_params(), tokens_1xT))
 
 
+def lesson_readout(h_1xTxD) -> np.ndarray:
+    """The tied read-out of the lesson's model: logits_1xTxV = h · W_Eᵀ, through the model's
+    own `Embeddings.attend` on the lesson's W_E (no second matrix)."""
+    h_1xTxD = jnp.asarray(h_1xTxD, jnp.float32)
+    logits = Embeddings(lesson_config()).apply(lesson_params(), h_1xTxD, method="attend")
+    return np.asarray(logits)[..., :LESSON_VOCAB]
+
+
+def lesson_distances(ids_T) -> np.ndarray:
+    """‖W_E[i] − W_E[j]‖ for every pair of the ids, on the lesson's W_E: (T, T)."""
+    rows_TxD = np.asarray(lesson_params()["params"]["tok"]["embedding"], np.float64)[list(ids_T)]
+    return np.linalg.norm(rows_TxD[:, None] - rows_TxD[None], axis=-1)
+
+
 def embedding_table_size(vocab_size: int, dim: int) -> int:
     """Parameters of the model's token table W_E for (V, D), from its shapes alone."""
     cfg = GPTConfig(vocab_size=vocab_size, n_embd=dim, n_head=1, pos_encoding="none")

@@ -78,7 +78,7 @@ _TEXT: dict[str, dict[str, str]] = {
             "that one table, and the later parts read it. Every number here is computed by "
             "minigpt_jax's JAX code (the same functions as `experiments/`)."
         ),
-        "table_heading": "The shared table W_E (rows: token ids, columns: coordinates)",
+        "table_heading": "The shared table W_E (rows: token ids, columns: coordinates): V × d = 6 × 6 = 36 parameters",
         "error_prefix": "Input error",
         "scroll_hint": "⇆ wider than the screen: scroll sideways for the rest",
         "thousands": ",",
@@ -173,7 +173,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_gap": "gap g = logit_{target} − logit_{rival}",
         "step_logit": "logit_{word} = w_{word} · x",
         "step_softmax": "p({word}) = softmax(logits)_{word}",
-        "step_loss_row": "loss L = −ln p({target})",
+        "step_loss_row": "cross-entropy loss L = −ln p({target})",
         "step_before": "before the step",
         "steps_before": "before the {n} steps",
         "step_now": "now",
@@ -282,6 +282,10 @@ _TEXT: dict[str, dict[str, str]] = {
             "not read the shared table."
         ),
         "sizes_ids": "Ids into the lesson's W_E (0 to 511; [76, 299, 412, ...] and [[76, 299, 412]] are read as the lesson writes them)",
+        "sizes_distance": "Distances ‖W_E[i] − W_E[j]‖ between the rows of ids {ids} in the lesson's W_E",
+        "sizes_distance_note": "An id is only a name: ids close in number are not close in space (the lesson's “token 300 is no closer to 301 than to 7”: here ‖W_E[300] − W_E[301]‖ = {near:.4f} and ‖W_E[300] − W_E[7]‖ = {far:.4f}).",
+        "sizes_readout": "The read-out through the tied table: logits = h⁽⁰⁾ · W_Eᵀ, shape (1, {t}, {vocab}) (the first {shown} of {vocab} columns)",
+        "sizes_readout_note": "Logit v of a position is h · W_E[v]: the same ({vocab}, {dim}) table read backwards, no second matrix (the model's own tied read-out, Embeddings.attend).",
         "sizes_article_heading": "The article's example: [6, 9, 6] on its fragment of a W_E of three coordinates",
         "sizes_lesson_heading": "The lesson's W_E: its own table of V, d = 512, 128 (neither the shared 6 × 6 table nor the article's fragment)",
         "sizes_other_table": "Ids {ids} here read rows of the lesson's W_E (512 × 128), not the article's fragment above: another table, whose rows of the same ids hold other numbers.",
@@ -349,7 +353,7 @@ _TEXT: dict[str, dict[str, str]] = {
             "entrenamiento cambian esa misma tabla, y las partes siguientes la leen. Cada número lo "
             "calcula el código JAX de minigpt_jax (las mismas funciones que `experiments/`)."
         ),
-        "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas)",
+        "table_heading": "La tabla compartida W_E (filas: ids de token, columnas: coordenadas): V × d = 6 × 6 = 36 parámetros",
         "error_prefix": "Error en la entrada",
         "scroll_hint": "⇆ más ancha que la pantalla: desliza hacia el lado para ver el resto",
         "thousands": "\u202f",  # a narrow no-break space, as the RAE advises
@@ -449,7 +453,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "step_gap": "brecha g = logit_{target} − logit_{rival}",
         "step_logit": "logit_{word} = w_{word} · x",
         "step_softmax": "p({word}) = softmax(logits)_{word}",
-        "step_loss_row": "pérdida L = −ln p({target})",
+        "step_loss_row": "pérdida de entropía cruzada L = −ln p({target})",
         "step_before": "antes del paso",
         "steps_before": "antes de los {n} pasos",
         "step_now": "ahora",
@@ -559,6 +563,10 @@ _TEXT: dict[str, dict[str, str]] = {
             "más allá de block_size. Esta parte no lee la tabla compartida."
         ),
         "sizes_ids": "Ids en la W_E de la lección (de 0 a 511; [76, 299, 412, ...] y [[76, 299, 412]] se leen como los escribe la lección)",
+        "sizes_distance": "Distancias ‖W_E[i] − W_E[j]‖ entre las filas de los ids {ids} en la W_E de la lección",
+        "sizes_distance_note": "Un id solo es un nombre: ids cercanos en número no están cerca en el espacio («el token 300 no está más cerca del 301 que del 7», dice la lección: aquí ‖W_E[300] − W_E[301]‖ = {near:.4f} y ‖W_E[300] − W_E[7]‖ = {far:.4f}).",
+        "sizes_readout": "La lectura por la tabla atada: logits = h⁽⁰⁾ · W_Eᵀ, forma (1, {t}, {vocab}) (las primeras {shown} de {vocab} columnas)",
+        "sizes_readout_note": "El logit v de una posición es h · W_E[v]: la misma tabla de ({vocab}, {dim}) leída al revés, sin una segunda matriz (la lectura atada del propio modelo, Embeddings.attend).",
         "sizes_article_heading": "El ejemplo del artículo: [6, 9, 6] sobre su fragmento de una W_E de tres coordenadas",
         "sizes_lesson_heading": "La W_E de la lección: su propia tabla de V, d = 512, 128 (ni la tabla compartida de 6 × 6 ni el fragmento del artículo)",
         "sizes_other_table": "Los ids {ids} leen aquí filas de la W_E de la lección (512 × 128), no del fragmento del artículo de arriba: es otra tabla, cuyas filas con esos ids tienen otros números.",

@@ -603,6 +603,7 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
     shown, dim = min(6, compute.LESSON_DIM), compute.LESSON_DIM
     shape = f"(1, {len(ids_T)}, {dim})"
     row_labels = [f"t={t}: {i}" for t, i in enumerate(ids_T)]
+    h0_1xTxD = compute.lesson_h0(ids_T)
     lookups = [
         matrix_html(
             x_1xTxD[0, :, :shown],
@@ -615,7 +616,7 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
         )
         for key, x_1xTxD, table_id in (
             ("sizes_real_result", compute.lesson_lookup(ids_T), "sizes-real"),
-            ("sizes_h0_result", compute.lesson_h0(ids_T), "sizes-h0"),
+            ("sizes_h0_result", h0_1xTxD, "sizes-h0"),
         )
     ]
     try:
@@ -634,6 +635,28 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
         if same_ids
         else []
     )
+    distances = matrix_html(
+        compute.lesson_distances(ids_T),
+        row_labels,
+        [str(i) for i in ids_T],
+        words=words,
+        caption=words.f("sizes_distance", ids=compute.format_ids(ids_T)),
+        spec=".4f",
+        table_id="sizes-distance",
+    )
+    near_300, near_7 = compute.lesson_distances((300, 301, 7))[0, 1:]
+    logits_1xTxV = compute.lesson_readout(h0_1xTxD)
+    readout = matrix_html(
+        logits_1xTxV[0, :, :shown],
+        row_labels,
+        [*range(shown)],
+        words=words,
+        caption=words.f(
+            "sizes_readout", t=len(ids_T), vocab=compute.LESSON_VOCAB, shown=shown, dim=dim
+        ),
+        spec="+.4f",
+        table_id="sizes-logits",
+    )
     html_parts = [
         *read_notes(read, words),
         *other_table,
@@ -646,8 +669,12 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
                 params=_grouped(lesson_size, words),
             )
         ),
+        distances,
+        paragraph(words.f("sizes_distance_note", near=float(near_300), far=float(near_7))),
         lookups[1],
         paragraph(words.f("sizes_h0_note", block=compute.LESSON_BLOCK, dim=dim)),
+        readout,
+        paragraph(words.f("sizes_readout_note", vocab=compute.LESSON_VOCAB, dim=dim)),
         paragraph(beyond, beyond_cls),
         paragraph(
             words.f(
