@@ -1541,3 +1541,36 @@ def test_issue_55_what_the_documents_teach(servers, browser, tmp_path, lang, siz
     np.testing.assert_allclose(_cells(page, "sizes-logits"), logits_TxV[:, :6], atol=6e-5)
     ticks = page.svg_texts("step-chart-img")
     assert "-1" not in ticks and "0" in ticks, ticks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("es", PHONE)])
+def test_issue_55_positions_off_shows_permutation_equivariance(
+    servers, browser, tmp_path, lang, size
+):
+    """Issue 55, item 6: the context part's positions switch; off, with B = A's words in
+    another order, the page shows π and out_B = out_A[π] (NumPy: the same head, unmasked)."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    page.choose("context-positions", words["context_positions_off"])
+    page.wait_for("context-result", words["context_off_hint"][:40])
+    page.type("context-b", "zamek kamienny oto")
+    page.field("context-b").send_keys(Keys.ENTER)
+    shown = page.wait_for("context-result", "π = [2, 1, 0]")
+    diff = re.search(r"π\]\| = ([-0-9,.e+]+)", shown).group(1).rstrip(".")
+    diff = float(diff.replace(",", "."))
+
+    def head(ids):  # the identity-QKV head, no positions, no mask, in NumPy
+        x_TxD = compute.TABLE_VxD.astype(np.float64)[ids]
+        scores = x_TxD @ x_TxD.T / np.sqrt(x_TxD.shape[1])
+        weights = np.exp(scores - scores.max(1, keepdims=True))
+        return (weights / weights.sum(1, keepdims=True)) @ x_TxD
+
+    expected = np.abs(head([2, 1, 0]) - head([0, 1, 2])[[2, 1, 0]]).max()
+    assert abs(diff - expected) < 1e-6, (diff, expected)
+    # the last word's input is its embedding alone: zamek's row, no position added
+    vectors = _cells(page, "context-vectors")
+    np.testing.assert_allclose(vectors[0], compute.TABLE_VxD[2], atol=6e-5)
+    page.agree()

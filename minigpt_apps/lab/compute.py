@@ -509,19 +509,19 @@ class Head(NamedTuple):
     outputs_TxD: np.ndarray
 
 
-def one_head(table_VxD, ids_T) -> Head:
-    """The identity-QKV causal head of the context demo, through the model's attention functions."""
+def one_head(table_VxD, ids_T, *, positions: bool = True, causal: bool = True) -> Head:
+    """The identity-QKV head of the context demo, through the model's attention functions:
+    causal, on embedding + sinusoidal position (`positions` False: the embedding alone;
+    `causal` False: every word sees every word)."""
     tokens_1xT = jnp.asarray(ids_T)[None]
     length = tokens_1xT.shape[1]
-    x_1xTxD = (
-        lookup(jnp.asarray(table_VxD), tokens_1xT)
-        + sinusoidal_positions(length, table_VxD.shape[1])[None]
-    )
+    x_1xTxD = lookup(jnp.asarray(table_VxD), tokens_1xT)
+    if positions:
+        x_1xTxD = x_1xTxD + sinusoidal_positions(length, table_VxD.shape[1])[None]
     positions_1xT = jnp.arange(length)[None, :]
     x_1xTx1xD = x_1xTxD[:, :, None, :]  # one head of width D; the identity projections
-    weights_1x1xTxT = attention_weights(
-        x_1xTx1xD, x_1xTx1xD, causal_mask(positions_1xT, positions_1xT)
-    )
+    mask = causal_mask(positions_1xT, positions_1xT) if causal else None
+    weights_1x1xTxT = attention_weights(x_1xTx1xD, x_1xTx1xD, mask)
     out_1xTx1xD = mix_values(weights_1x1xTxT, x_1xTx1xD)
     return Head(
         np.asarray(x_1xTxD[0]), np.asarray(weights_1x1xTxT[0, 0]), np.asarray(out_1xTx1xD[0, :, 0])

@@ -295,11 +295,17 @@ PARTS = (
         "context",
         (
             (Field("context_a", compute.SENTENCES[0]), Field("context_b", compute.SENTENCES[1])),
+            Choice(
+                "context_positions",
+                (("context_positions_on", "on"), ("context_positions_off", "off")),
+                "on",
+            ),
             (Button("context_button"), Button("equal_button", primary=False)),
         ),
         context_view,
         (
             Event("context_button"),
+            Event("context_positions", kind="input", trigger_mode=_LIVE),
             Event("equal_button", equal_action),
             Event("context_a", kind="submit"),
             Event("context_b", kind="submit"),

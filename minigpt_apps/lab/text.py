@@ -222,6 +222,11 @@ _TEXT: dict[str, dict[str, str]] = {
             "apart."
         ),
         "context_a": "Sentence A",
+        "context_positions": "Positions in the input",
+        "context_positions_on": "on: x = embedding + position",
+        "context_positions_off": "off: x = embedding alone",
+        "context_off_hint": "Positions are off: write B as A's words in another order (e.g. “zamek kamienny oto”) to see that attention alone cannot tell the orders apart.",
+        "context_equivariant": "B is A's words reordered by π = {perm}; with positions off (and the mask off, every word seeing every word) the outputs are A's reordered the same way: max |out_B − out_A[π]| = {diff:g}. Without positions, “the dog bit the man” and “the man bit the dog” get the same vectors, only shuffled.",
         "context_b": "Sentence B",
         "context_button": "Compute",
         "equal_button": "Make them equal",
@@ -503,6 +508,11 @@ _TEXT: dict[str, dict[str, str]] = {
             "las distingue."
         ),
         "context_a": "Frase A",
+        "context_positions": "Posiciones en la entrada",
+        "context_positions_on": "sí: x = embedding + posición",
+        "context_positions_off": "no: x = solo el embedding",
+        "context_off_hint": "Las posiciones están quitadas: escribe en B las palabras de A en otro orden (p. ej. «zamek kamienny oto») para ver que la atención sola no distingue los órdenes.",
+        "context_equivariant": "B son las palabras de A reordenadas por π = {perm}; sin posiciones (y sin máscara, cada palabra ve a todas) las salidas son las de A reordenadas igual: max |salida_B − salida_A[π]| = {diff:g}. Sin posiciones, «el perro mordió al hombre» y «el hombre mordió al perro» dan los mismos vectores, solo barajados.",
         "context_b": "Frase B",
         "context_button": "Calcular",
         "equal_button": "Igualarlas",

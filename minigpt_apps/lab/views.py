@@ -409,13 +409,41 @@ def _context_findings(heads, vocab, words: Words) -> list[str]:
     ]
 
 
+def _reordering(ids_a, ids_b) -> np.ndarray | None:
+    """π with ids_b = ids_a[π] when B's words are A's in another order (None otherwise)."""
+    if len(ids_a) != len(ids_b) or sorted(ids_a.tolist()) != sorted(ids_b.tolist()):
+        return None
+    unused, perm = list(range(len(ids_a))), []
+    for i in ids_b.tolist():
+        k = next(k for k in unused if ids_a[k] == i)
+        unused.remove(k)
+        perm.append(k)
+    return np.array(perm)
+
+
+def _equivariance(state: LabState, heads, words: Words) -> list[str]:
+    """With positions off and B a reordering of A: out_B = out_A[π] for the head without its
+    mask (permutation equivariance), said with the largest difference."""
+    (_, ids_a, _), (_, ids_b, _) = heads
+    perm = _reordering(ids_a, ids_b)
+    if perm is None:
+        return [paragraph(words["context_off_hint"])]
+    out_a = compute.one_head(state.table_VxD, ids_a, positions=False, causal=False).outputs_TxD
+    out_b = compute.one_head(state.table_VxD, ids_b, positions=False, causal=False).outputs_TxD
+    diff = float(np.abs(out_b - out_a[perm]).max())
+    text = words.f("context_equivariant", perm=compute.format_ids(perm), diff=diff)
+    return [paragraph(text, "lab-ok lab-big")]
+
+
 def context_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
+    positions = fields.get("context_positions", "on") != "off"
     heads = []
     for key in ("context_a", "context_b"):
         sentence = compute.read_sentence(fields[key], state.vocab)  # as read: shown so
         ids_T = compute.parse_sentence(sentence, state.vocab)
-        heads.append((sentence, ids_T, compute.one_head(state.table_VxD, ids_T)))
+        head = compute.one_head(state.table_VxD, ids_T, positions=positions)
+        heads.append((sentence, ids_T, head))
     inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])
     outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
     vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
@@ -447,7 +475,10 @@ def context_view(state: LabState, fields: dict, lang: str) -> dict:
         figures[f"context_weights_{letter}"] = plot_html(
             figure, f"{title}. {alt}", lang, f"context-weights-{letter}"
         )
-    result = view(state, *_context_findings(heads, state.vocab, words), vectors)
+    findings = _context_findings(heads, state.vocab, words)
+    if not positions:
+        findings += _equivariance(state, heads, words)
+    result = view(state, *findings, vectors)
     return {"context_result": result, **figures}
 
 
