@@ -551,7 +551,7 @@ def test_inputs_that_used_to_break_the_page(servers, browser, tmp_path, lang, si
     page.click("step-button")
     if es:
         page.wait_for("step-result", "47,0%", "61,0%")
-        page.wait_for("step-message", TEXT["es"]["steps_done"].format(n=1))
+        page.wait_for("step-message", TEXT["es"]["step_done"])
         assert page.agree()[1, 0] != table[1, 0]
     else:
         page.expect_refused("step", "write the decimal point as a point", table)
@@ -640,7 +640,7 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     table = page.agree()
     assert table[2, 5] == np.float32(0.25)
     # The step came second: it cleared the edit's note (issue 39: no message outlives the table).
-    page.wait_for("step-message", words.f("steps_done", n=1))
+    page.wait_for("step-message", words["step_done"])
     assert page.text("edit-message") == ""
 
     # A reload keeps the table and says so.
@@ -963,7 +963,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     assert untied - tied == 50_257 * 768
     page.type("sizes-length", "64")
     page.field("sizes-length").send_keys("\n")
-    page.wait_for("sizes-result", words.f("sizes_fits", t=64, block=64))
+    page.wait_for("sizes-result", words.f("sizes_fits", t=64, last=63))
 
     # Issue 39, defect 7: Gradio's "processing | 0.3s" (English) showed on every click.
     page.js(
@@ -1167,7 +1167,7 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
     page.wait_for("step-message", words["reset_done"])
     stale("step-message", "Reset")
     page.click("step-button")
-    page.wait_for("step-message", words.f("steps_done", n=1))
+    page.wait_for("step-message", words["step_done"])
     stale("step-message", "a step")  # the load's "This is the article's table" too
     page.click("rename-button")
     page.wait_for("rename-message", words["rename_applied"][:12])

@@ -209,7 +209,8 @@ def _run(
         if stopped:
             note = words.f("steps_stopped", done=done, n=n)
         else:
-            note = words.f("steps_running" if not last else "steps_done", done=done, n=n)
+            key = "steps_running" if not last else "step_done" if n == 1 else "steps_done"
+            note = words.f(key, done=done, n=n)
         if learning_rate == 0:
             note += " " + words["step_lr_zero"]
         yield state, paragraph(note, "lab-ok"), {} if last else {FRAME: True}

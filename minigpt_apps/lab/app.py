@@ -91,9 +91,9 @@ button.lab-button:hover { filter: brightness(0.95); }
   .lab-table th[scope=row] { white-space: normal; max-width: 7.5em; }
   .lab-big { font-size: 15px; }
   .lab-figures.lab-big { font-size: 13px; }  /* the step figures fit 390 px unscrolled */
-  .lab-figures th[scope=row] { min-width: 0; max-width: 6em; }
-  /* a long label ("softmax(logits)_zamek") breaks inside its cell rather than spilling out */
-  .lab-table th[scope=row] { overflow-wrap: anywhere; }
+  /* a long label ("softmax(logits)_zamek") breaks inside its cell rather than spilling out
+     (the other tables scroll sideways, and keep their labels whole) */
+  .lab-figures th[scope=row] { min-width: 0; max-width: 6.5em; overflow-wrap: anywhere; }
 }
 """
 

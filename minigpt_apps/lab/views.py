@@ -652,10 +652,12 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
     ]
     try:
         compute.lesson_h0(np.zeros(length, np.int32))
-        beyond = words.f("sizes_fits", t=length, block=compute.LESSON_BLOCK)
+        beyond = words.f("sizes_fits", t=length, last=compute.LESSON_BLOCK - 1)
         beyond_cls = "lab-ok"
     except ValueError:  # the model's own check decides; the page says it in its own words
-        beyond = words.f("sizes_beyond", t=length, block=compute.LESSON_BLOCK)
+        beyond = words.f(
+            "sizes_beyond", t=length, last=compute.LESSON_BLOCK - 1, block=compute.LESSON_BLOCK
+        )
         beyond_cls = "lab-diff"
     tied, untied = _gpt2_counts()
     table_size = compute.embedding_table_size(compute.GPT2_VOCAB, compute.GPT2_DIM)
