@@ -170,7 +170,7 @@ def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     found = ", ".join(map(str, sorted(occurrences)))
     html_parts = [
         side(
-            table_html(state, words, caption="W_E", cells_hl={(row, dim)}),
+            table_html(state, words, caption=words["edit_table"], cells_hl={(row, dim)}),
             lookup_html(
                 state, ids_T, words.f("edit_lookup", ids=ids, row=row), words, rows_hl=occurrences
             ),
