@@ -15,8 +15,6 @@ import functools
 import itertools
 import json
 import logging
-import os
-import shutil
 import socket
 import threading
 import time
@@ -27,7 +25,7 @@ from typing import NamedTuple
 import gradio as gr
 from starlette.middleware import Middleware
 
-from minigpt_apps.lab import TEMP_DIR, compute
+from minigpt_apps.lab import compute
 from minigpt_apps.lab.actions import (
     FRAME,
     RESYNC,
@@ -39,7 +37,7 @@ from minigpt_apps.lab.actions import (
 from minigpt_apps.lab.compute import LabInputError
 from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
 from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
-from minigpt_apps.lab.serving import Gatekeeper, lab_origins
+from minigpt_apps.lab.serving import Gatekeeper, lab_origins, remove_temp_dir
 from minigpt_apps.lab.state import STORAGE_KEY, LabState, initial_state, to_storage
 from minigpt_apps.lab.text import LANGUAGES, TEXT, Words
 
@@ -612,9 +610,3 @@ def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "
     finally:
         demo.close()
         remove_temp_dir()
-
-
-def remove_temp_dir() -> None:
-    """Removes the folder of Gradio's files that the lab made for this process (none other)."""
-    if os.environ.get("GRADIO_TEMP_DIR") == TEMP_DIR:
-        shutil.rmtree(TEMP_DIR, ignore_errors=True)

@@ -8,7 +8,10 @@ from __future__ import annotations
 import errno
 import io
 import logging
+import os
+import shutil
 import socket
+import tempfile
 
 MAX_LINE_CHARS = 2000  # one write or log record to stderr, at most
 
@@ -16,6 +19,22 @@ MAX_LINE_CHARS = 2000  # one write or log record to stderr, at most
 # /gradio_api/file=): the lab has no file input, so none of them is any use to it.
 FILE_ROUTES = ("/gradio_api/upload", "/gradio_api/process_recording")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Gradio's files go to a folder of this process's own (it stores nothing there while the lab
+# refuses files), which the lab removes when it stops, where they went to the temp folder's
+# gradio/, shared with every other Gradio app, and stayed.
+TEMP_DIR = os.path.join(tempfile.gettempdir(), f"minigpt-jax-lab-{os.getpid()}")
+
+
+def use_own_temp_dir() -> None:
+    """Points Gradio at TEMP_DIR unless GRADIO_TEMP_DIR is set (before gradio is imported:
+    some of its modules read it then)."""
+    os.environ.setdefault("GRADIO_TEMP_DIR", TEMP_DIR)
+
+
+def remove_temp_dir() -> None:
+    """Removes the folder of Gradio's files that the lab made for this process (none other)."""
+    if os.environ.get("GRADIO_TEMP_DIR") == TEMP_DIR:
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
 
 
 def check_port(port: int | None, host: str = "127.0.0.1") -> None:
