@@ -191,36 +191,16 @@ def servers(tmp_path_factory):
     """(lang, slow_runs=False) -> URL: one lab server per language (and speed), started on first
     use, stopped at the end."""
     started, processes, logs = {}, [], []
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = _lab_env()
 
     def url(lang: str, slow_runs: bool = False) -> str:
         if (lang, slow_runs) in started:
             return started[lang, slow_runs]
         log_path = tmp_path_factory.mktemp(f"lab-{lang}") / "lab.log"
         logs.append(log_path)
-        port = app.free_port()
         command = ["-c", _SLOW_RUNS] if slow_runs else ["-m", "minigpt_jax"]
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(
-                [sys.executable, *command, "lab", "--port", str(port), "--lang", lang],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process, address = _start_lab(command, lang, log_path, env)
         processes.append(process)
-        address = f"http://127.0.0.1:{port}/"
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while f"minigpt-jax lab: {address}" not in log_path.read_text():  # printed once it listens
-            if process.poll() is not None:
-                pytest.fail(f"the lab exited with {process.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"no URL within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
-            time.sleep(0.5)
-        assert b"<html" in urllib.request.urlopen(address, timeout=30).read()
         started[lang, slow_runs] = address
         return address
 
@@ -230,6 +210,37 @@ def servers(tmp_path_factory):
         process.wait(timeout=30)
     for log_path in logs:  # no event failed on the server, even one the page survived
         assert "Traceback" not in log_path.read_text(), log_path.read_text()[-3000:]
+
+
+def _lab_env() -> dict:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def _start_lab(command: list, lang: str, log_path: Path, env: dict):
+    """`python <command> lab` on a free port: (its process, its URL) once it serves."""
+    port = app.free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, *command, "lab", "--port", str(port), "--lang", lang],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    address = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while f"minigpt-jax lab: {address}" not in log_path.read_text():  # printed once it listens
+        if process.poll() is not None:
+            pytest.fail(f"the lab exited with {process.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no URL within {START_TIMEOUT_S} s:\n{log_path.read_text()}")
+        time.sleep(0.5)
+    assert b"<html" in urllib.request.urlopen(address, timeout=30).read()
+    return process, address
 
 
 @pytest.fixture(scope="module")
@@ -540,7 +551,7 @@ def test_inputs_that_used_to_break_the_page(servers, browser, tmp_path, lang, si
     page.click("step-button")
     if es:
         page.wait_for("step-result", "47,0%", "61,0%")
-        page.wait_for("step-message", TEXT["es"]["steps_done"].format(n=1))
+        page.wait_for("step-message", TEXT["es"]["step_done"])
         assert page.agree()[1, 0] != table[1, 0]
     else:
         page.expect_refused("step", "write the decimal point as a point", table)
@@ -629,7 +640,7 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     table = page.agree()
     assert table[2, 5] == np.float32(0.25)
     # The step came second: it cleared the edit's note (issue 39: no message outlives the table).
-    page.wait_for("step-message", words.f("steps_done", n=1))
+    page.wait_for("step-message", words["step_done"])
     assert page.text("edit-message") == ""
 
     # A reload keeps the table and says so.
@@ -928,7 +939,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
 
     # Issue 39, defects 3 and 4: the lesson's V, d = 512, 128 and x = tok_emb(ids) without
     # positions (h0 adds W_P later); the article's fragment of three coordinates, semicolons.
-    page.wait_for("sizes-result", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
+    page.wait_for("part-sizes", "[6, 9, 6]", "(1, 3, 128)", "V, d = 512, 128", "tok_emb(ids)")
     shown = page.js("return document.getElementById('sizes-result').innerText;")
     assert "d = 128 and" not in shown and "(50,257, 128)" not in shown, shown
     article = page.js(
@@ -952,7 +963,7 @@ def test_issue_30_seeds_examples(servers, browser, tmp_path, lang, size):
     assert untied - tied == 50_257 * 768
     page.type("sizes-length", "64")
     page.field("sizes-length").send_keys("\n")
-    page.wait_for("sizes-result", words.f("sizes_fits", t=64, block=64))
+    page.wait_for("sizes-result", words.f("sizes_fits", t=64, last=63))
 
     # Issue 39, defect 7: Gradio's "processing | 0.3s" (English) showed on every click.
     page.js(
@@ -1156,7 +1167,7 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
     page.wait_for("step-message", words["reset_done"])
     stale("step-message", "Reset")
     page.click("step-button")
-    page.wait_for("step-message", words.f("steps_done", n=1))
+    page.wait_for("step-message", words["step_done"])
     stale("step-message", "a step")  # the load's "This is the article's table" too
     page.click("rename-button")
     page.wait_for("rename-message", words["rename_applied"][:12])
@@ -1194,3 +1205,372 @@ def test_issue_39_messages_renamed_ids_names_and_stop(servers, browser, tmp_path
     page.wait_for("edit-slider", "W_E[1, 3] (kamienny)")
     assert page.field("lookup-ids").get_attribute("value") == "[0, 1, 0]"
     assert problems == [], "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- issue 57, item 6
+
+
+def _post_file(url: str, data: bytes, origin: str | None) -> tuple[int, str]:
+    """POSTs `data` as the multipart field "files" (as curl -F does): (status, body)."""
+    boundary = "lab-test-boundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    if origin:
+        headers["Origin"] = origin
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except (ConnectionError, urllib.error.URLError) as error:  # closed while the body was sent
+        return 0, str(error)
+
+
+@pytest.mark.slow
+def test_the_lab_takes_no_files_and_leaves_no_temp_folder(browser, tmp_path):
+    """Issue 57, item 6: Gradio's upload route answers 403 to another site's page
+    (Origin: http://evil.example, 2 MB) and to the lab's own page in the browser (it has no
+    file input); another origin cannot drive an event either; after the lab stops (SIGTERM)
+    its temp folder holds nothing."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**_lab_env(), "TMPDIR": str(temp)}
+    env.pop("GRADIO_TEMP_DIR", None)
+    process, url = _start_lab(["-m", "minigpt_jax"], "en", tmp_path / "lab.log", env)
+    try:
+        upload = url + "gradio_api/upload"
+        status, text = _post_file(upload, os.urandom(2_000_000), "http://evil.example")
+        assert status in (0, 403), (status, text)  # 0: refused before the body was all sent
+        assert _post_file(upload, b"x" * 100, "http://evil.example") == (
+            403,
+            "the lab takes no files: it has no file input.\n",
+        )
+        join = urllib.request.Request(
+            url + "gradio_api/queue/join",
+            data=b"{}",
+            headers={"Content-Type": "application/json", "Origin": "http://evil.example"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(join, timeout=30)
+        assert refused.value.code == 403
+        page = Page(browser, url, DESKTOP, tmp_path)
+        page.type("lookup-ids", "[2, 2]")  # the page's own events still pass
+        page.click("lookup-button")
+        page.wait_for("lookup-result", "Id 2 (zamek) repeats")
+        own = page.driver.execute_async_script(
+            "const done = arguments[0], form = new FormData();"
+            "form.append('files', new Blob(['x'.repeat(1000)]), 'a.txt');"
+            "fetch('/gradio_api/upload', {method: 'POST', body: form})"
+            ".then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));"
+        )
+        assert own == [403, "the lab takes no files: it has no file input.\n"], own
+        browser.get("about:blank")
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 143
+    left = [str(path.relative_to(temp)) for path in temp.rglob("*")]
+    assert left == [], left
+    assert "Traceback" not in (tmp_path / "lab.log").read_text()
+
+
+# ----------------------------------------------------------------------------- issue 55
+
+
+def _keys(page: Page, element, keys: list[str], gap_s: float = 0.02) -> None:
+    """Presses `keys` on `element` (focused first) `gap_s` apart, in one W3C actions request."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    page.js("arguments[0].focus();", element)
+    chain = ActionChains(page.driver, duration=0)
+    for k, key in enumerate(keys):
+        if k:
+            chain.pause(gap_s)
+        chain.key_down(key).key_up(key)
+    chain.perform()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_fast_keys_land_where_they_look(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 1: three ← on «Coordinate» 20 ms apart, then → on the slider at once:
+    the slider ends on the coordinate the radio shows, and the → wrote into no other cell
+    (it moved the chosen cell by one step, or nothing). Four tries."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    for attempt in range(4):
+        start = page.agree()
+        dim = 5 if attempt % 2 else 3  # three to the left: 5 -> 2, 3 -> 0
+        page.choose("edit-dim", str(dim))
+        page.wait_for("edit-slider", f"W_E[1, {dim}]")
+        start = page.agree()
+        radio = page.driver.find_element(page.by.CSS_SELECTOR, "#edit-dim input:checked")
+        _keys(page, radio, [Keys.ARROW_LEFT] * 3)
+        page.slider().send_keys(Keys.ARROW_RIGHT)
+        target = dim - 3
+        page.wait_for("edit-slider", f"W_E[1, {target}]")
+        checked = page.driver.find_element(page.by.CSS_SELECTOR, "#edit-dim input:checked")
+        assert checked.get_attribute("value") == str(target), attempt
+        time.sleep(1.0)  # any reply still on its way lands
+        table = page.agree()
+        changed = np.argwhere(table != start)
+        assert [tuple(c) for c in changed] in ([], [(1, target)]), (attempt, changed, table)
+        if len(changed):
+            assert np.isclose(table[1, target], start[1, target] + 0.01, atol=1e-6), attempt
+        value = float(page.slider().get_attribute("value"))
+        assert np.isclose(value, table[1, target], atol=1e-6), (attempt, value, table[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_the_pace_answers_enter_and_a_run_leaves_the_tab_free(
+    servers, browser, tmp_path, lang, size
+):
+    """Issue 55, item 4: Enter in the pace field runs the steps; 1e-7 and 1e-45 steps a second
+    are refused naming the bounds; during a paced run the tab's lookup answers while the run
+    goes on, and a slider key stops the run and lands at once (coordinate 3 of kamienny, which
+    the steps never move)."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    table = page.agree()
+    for slow in ("1e-7", "1e-45"):
+        page.type("step-pace", slow)
+        page.field("step-pace").send_keys(Keys.ENTER)
+        page.expect_refused("step", words.f("pace_too_slow", text=slow, low=1, high=1000), table)
+    page.type("step-n", "3")
+    page.type("step-pace", "20")
+    page.field("step-pace").send_keys(Keys.ENTER)
+    page.wait_for("step-message", words.f("steps_done", n=3))
+    page.wait_for("step-result", words.f("step_count", n=3))
+    page.agree()
+
+    page.type("step-n", "40")
+    page.type("step-pace", "2")  # 20 s
+    page.type("lookup-ids", "[2, 2]")
+    page.field("step-pace").send_keys(Keys.ENTER)
+    running = words["steps_running"].split(":")[0]
+    page.wait_for("step-message", running)
+    page.field("lookup-ids").send_keys(Keys.ENTER)
+    page.wait_for("lookup-result", words.f("lookup_repeat", id=2, word="zamek", positions="0, 1",
+                                            diff=0.0).split(":")[0])  # fmt: skip
+    assert running in page.text("step-message")  # the lookup answered during the run
+    page.slider().send_keys(Keys.ARROW_RIGHT)
+    note = words.f("edit_summary", row=1, dim=3, word="kamienny", old=0.5, new=0.51)
+    page.wait_for("edit-message", note)
+    stopped = page.wait_for("step-result", words["step_count"].split("{")[0])
+    done = int(re.findall(r"(\d+)\.", stopped.split(words["step_count"].split("{")[0])[1])[0])
+    assert 3 < done < 43, stopped  # the run stopped before its end
+    table = page.agree()
+    assert table[1, 3] == np.float32(0.51), table
+    time.sleep(1.0)  # nothing of the run lands after the edit
+    np.testing.assert_array_equal(page.agree(), table)
+    assert page.text("step-result").count(words.f("step_count", n=done)) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("en", DESKTOP), ("es", PHONE)])
+def test_issue_55_the_lessons_inputs_as_written(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 5: the lesson's [76, 299, 412, ...] and [[76, 299, 412]], an ellipsis
+    (…) and the minus sign U+2212 are read, each with a note of what was read, and the numbers
+    are the lesson's (NumPy); part 2's tables are told apart by name and place: the article's
+    fragment above the fields, the lesson's W_E below, and its rows 6 and 9 said to be
+    another table's."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    params = compute.lesson_params()["params"]
+    lesson_TxD = np.asarray(params["tok"]["embedding"])[[76, 299, 412], :6]
+    for text, note in (
+        ("[76, 299, 412, ...]", words.f("ids_read_ellipsis", ids="[76, 299, 412]")),
+        ("[76, 299, 412, …]", words.f("ids_read_ellipsis", ids="[76, 299, 412]")),
+        ("[[76, 299, 412]]", words.f("ids_read_batch", ids="[76, 299, 412]", t=3)),
+    ):
+        page.type("sizes-ids", text)
+        page.field("sizes-ids").send_keys(Keys.ENTER)
+        page.wait_for("sizes-result", note)
+        assert page.text("sizes-message") == "", text
+        np.testing.assert_allclose(_cells(page, "sizes-real"), lesson_TxD, atol=5e-5)
+    # Where each table is: the article's fragment above part 2's field, the lesson's below.
+    tops = page.js(
+        "return ['sizes-fragment', 'sizes-ids', 'sizes-real'].map(id =>"
+        " document.getElementById(id).getBoundingClientRect().top + scrollY);"
+    )
+    assert tops == sorted(tops), tops
+    headings = page.js(
+        "return [...document.querySelectorAll('#part-sizes h3')].map(h => h.textContent);"
+    )
+    assert headings == [words["sizes_article_heading"], words["sizes_lesson_heading"]], headings
+    page.type("sizes-ids", "[6, 9, 6]")
+    page.field("sizes-ids").send_keys(Keys.ENTER)
+    page.wait_for("sizes-result", words.f("sizes_other_table", ids="6, 9"))
+
+    page.type("lookup-ids", "[0, 1, 0, …]")
+    page.field("lookup-ids").send_keys(Keys.ENTER)
+    page.wait_for("lookup-result", words.f("ids_read_ellipsis", ids="[0, 1, 0]"))
+    page.type("context-b", "oto metalowy zamek…")
+    page.field("context-b").send_keys(Keys.ENTER)
+    read = words.f("context_vectors", a="oto kamienny zamek", b="oto metalowy zamek")
+    page.wait_for("context-result", read)
+    assert page.text("context-message") == ""
+    page.type("step-lr", "\N{MINUS SIGN}0,4" if lang == "es" else "\N{MINUS SIGN}0.4")
+    page.field("step-lr").send_keys(Keys.ENTER)
+    page.wait_for("step-result", words.f("step_count", n=1))
+    _, after_VxD, _, _ = _np_step(compute.TABLE_VxD.astype(np.float64), -0.4)
+    np.testing.assert_allclose(page.agree(), after_VxD, atol=1e-6)
+    page.wait_for("step-result", "= -0,4" if lang == "es" else "= -0.4")  # the rate as read
+
+
+# Gradio's own English, as its frontend writes it (status tracker, toasts, footer, widgets).
+_GRADIO_ENGLISH = re.compile(
+    r"processing|queue:|\d\.\ds\b|\d+(\.\d+)?/\d+(\.\d+)?s|Loading|Error\b|Clear|Close|"
+    r"Submit|Copy|Built with|Use via API|Settings|number input for|range slider for|"
+    r"Reset to default|Dropdown|Upload|Drop File",
+)
+
+
+def _ax_english(driver) -> set:
+    """Every name, value and description in Chrome's accessibility tree (read through the
+    DevTools protocol) that holds Gradio's English, with its role; and visible leaf elements
+    whose text does."""
+    tree = driver.execute_cdp_cmd("Accessibility.getFullAXTree", {})
+    found = set()
+    for node in tree["nodes"]:
+        if node.get("ignored"):
+            continue
+        for key in ("name", "value", "description"):
+            text = node.get(key, {}).get("value")
+            if isinstance(text, str) and _GRADIO_ENGLISH.search(text):
+                found.add((node.get("role", {}).get("value"), text[:80]))
+    shown = driver.execute_script(
+        "return [...document.querySelectorAll('body *')].filter(e => !e.children.length"
+        " && e.checkVisibility({checkOpacity: true, checkVisibilityCSS: true}))"
+        ".map(e => e.textContent);"
+    )
+    found.update(("screen", text[:80]) for text in shown if _GRADIO_ENGLISH.search(text))
+    return found
+
+
+@pytest.mark.slow
+def test_issue_55_no_english_in_the_spanish_accessibility_tree(servers, browser, tmp_path):
+    """Issue 55, item 2: during a paced run, with other parts' buttons pressed meanwhile, the
+    Spanish page's accessibility tree and screen never hold Gradio's English ("processing |",
+    "0.2/1.1s", "queue: 1/2")."""
+    page = Page(browser, servers("es"), PHONE, tmp_path, "es")
+    found = _ax_english(page.driver)
+    page.type("step-n", "12")
+    page.type("step-pace", "4")  # 3 s
+    page.click("steps-button")
+    buttons = ["lookup-button", "step-button", "context-button", "positions-button"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if buttons:
+            page.js("document.getElementById(arguments[0]).click();", buttons.pop())
+        found |= _ax_english(page.driver)
+        if not buttons and page.words.f("steps_done", n=12) in page.text("step-message"):
+            break
+    page.wait_for("step-result", page.words.f("step_count", n=13))
+    found |= _ax_english(page.driver)
+    assert found == set(), sorted(found)
+
+
+# Cells whose text runs out of their box: (text, how far, in px).
+_SPILLS = """
+const out = [];
+for (const cell of document.querySelectorAll(arguments[0])) {
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  const text = range.getBoundingClientRect(), box = cell.getBoundingClientRect();
+  const over = Math.max(text.right - box.right, box.left - text.left);
+  if (box.width && cell.textContent.trim() && over > 1)
+    out.push([cell.textContent, Math.round(over)]);
+}
+return out;
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_issue_55_phone_row_labels_stay_in_their_cells(servers, browser, tmp_path, lang):
+    """Issue 55, item 3: on a 390×844 phone, after a step, every row label of the step's
+    figures (and of every other table) lies inside its cell."""
+    page = Page(browser, servers(lang), PHONE, tmp_path, lang)
+    page.click("step-button")
+    page.wait_for("step-result", page.words.num(0.61, ".1%"))
+    spills = page.js(_SPILLS, "#step-figures th, #step-figures td")
+    assert spills == [], spills
+    spills = page.js(_SPILLS, ".lab-table th[scope=row]")
+    assert spills == [], spills
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("es", PHONE), ("en", DESKTOP)])
+def test_issue_55_what_the_documents_teach(servers, browser, tmp_path, lang, size):
+    """Issue 55, item 6 (and 7's axis): the loss is named cross-entropy; the shared table's
+    and the lesson's V·d parameters are counted; the lesson's ids get a distance table and the
+    tied read-out logits = h·W_Eᵀ, both against NumPy; the step chart at step 0 shows no
+    negative step."""
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    loss_row = words.f("step_loss_row", target="zamek")
+    assert ("cross-entropy" if lang == "en" else "entropía cruzada") in loss_row
+    page.wait_for("step-result", loss_row)
+    page.wait_for("part-table", "6 × 6 = 36")
+    page.wait_for(
+        "sizes-result", "512 × 128 = " + f"{512 * 128:,}".replace(",", words["thousands"])
+    )
+    params = compute.lesson_params()["params"]
+    table_VxD = np.asarray(params["tok"]["embedding"], np.float64)
+    rows_TxD = table_VxD[[76, 299, 412]]
+    distances = np.linalg.norm(rows_TxD[:, None] - rows_TxD[None], axis=-1)
+    np.testing.assert_allclose(_cells(page, "sizes-distance"), distances, atol=6e-5)
+    near, far = (np.linalg.norm(table_VxD[300] - table_VxD[i]) for i in (301, 7))
+    page.wait_for("sizes-result", words.f("sizes_distance_note", near=near, far=far))
+    h0_TxD = rows_TxD + np.asarray(params["pos"]["embedding"], np.float64)[:3]
+    logits_TxV = h0_TxD @ table_VxD.T
+    np.testing.assert_allclose(_cells(page, "sizes-logits"), logits_TxV[:, :6], atol=6e-5)
+    ticks = page.svg_texts("step-chart-img")
+    assert "-1" not in ticks and "0" in ticks, ticks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lang", "size"), [("es", PHONE)])
+def test_issue_55_positions_off_shows_permutation_equivariance(
+    servers, browser, tmp_path, lang, size
+):
+    """Issue 55, item 6: the context part's positions switch; off, with B = A's words in
+    another order, the page shows π and out_B = out_A[π] (NumPy: the same head, unmasked)."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = Page(browser, servers(lang), size, tmp_path, lang)
+    words = page.words
+    page.choose("context-positions", words["context_positions_off"])
+    page.wait_for("context-result", words["context_off_hint"][:40])
+    page.type("context-b", "zamek kamienny oto")
+    page.field("context-b").send_keys(Keys.ENTER)
+    shown = page.wait_for("context-result", "π = [2, 1, 0]")
+    diff = re.search(r"π\]\| = ([-0-9,.e+]+)", shown).group(1).rstrip(".")
+    diff = float(diff.replace(",", "."))
+
+    def head(ids):  # the identity-QKV head, no positions, no mask, in NumPy
+        x_TxD = compute.TABLE_VxD.astype(np.float64)[ids]
+        scores = x_TxD @ x_TxD.T / np.sqrt(x_TxD.shape[1])
+        weights = np.exp(scores - scores.max(1, keepdims=True))
+        return (weights / weights.sum(1, keepdims=True)) @ x_TxD
+
+    expected = np.abs(head([2, 1, 0]) - head([0, 1, 2])[[2, 1, 0]]).max()
+    assert abs(diff - expected) < 1e-6, (diff, expected)
+    # the last word's input is its embedding alone: zamek's row, no position added
+    vectors = _cells(page, "context-vectors")
+    np.testing.assert_allclose(vectors[0], compute.TABLE_VxD[2], atol=6e-5)
+    page.agree()

@@ -416,10 +416,12 @@ class ArticleAndLessonTest(chex.TestCase):
     write them."""
 
     def _view(self, lang: str) -> str:
-        from minigpt_apps.lab.views import sizes_view
+        """Part 2 as the page shows it: the article's example above the fields, the view below."""
+        from minigpt_apps.lab.text import TEXT
+        from minigpt_apps.lab.views import article_html, sizes_view
 
         fields = {"sizes_ids": "[76, 299, 412]", "sizes_length": "100"}
-        return sizes_view(None, fields, lang)["sizes_result"]
+        return article_html(TEXT[lang]) + sizes_view(None, fields, lang)["sizes_result"]
 
     def test_part_2_says_and_computes_the_lessons_sizes(self):
         """The lesson: V, d = 512, 128 and x = tok_emb(ids) -> (1, 3, 128), no positions;

@@ -7,6 +7,9 @@ words in each language.
 
 import os
 
+from minigpt_apps.lab.serving import use_own_temp_dir
+
 # The lab talks to no one but its own browser tab: no usage statistics. Set here, before any
-# module of the lab imports gradio.
+# module of the lab imports gradio (some of its modules read these at import).
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+use_own_temp_dir()

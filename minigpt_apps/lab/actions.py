@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from minigpt_apps.lab.state import LabState, from_storage, initial_state, table_
 from minigpt_apps.lab.text import TEXT
 from minigpt_apps.lab.views import edit_cell, number, rename_inputs, stats
 
+MIN_PACE = 1.0  # the slowest pace (above 0): a run of MAX_STEPS ends within 500 s
 RUN_FRAMES = 20  # chunks of one run of N steps: where it may stop, and the most frames it shows
 FRAME_SECONDS = 0.25  # the least time between two frames of a run (the page renders each one)
 MAX_PACE = 1000.0  # steps a second a learner may ask for (0: as fast as the machine goes)
@@ -23,6 +25,18 @@ MAX_PACE = 1000.0  # steps a second a learner may ask for (0: as fast as the mac
 # values marks a frame of a run that re-renders only the table and the run's own part.
 
 FRAME = "_frame"
+
+
+class Pause(NamedTuple):
+    """Yielded by a run between its frames: the run goes on at `due` (time.monotonic()), and
+    the tab's other events may run meanwhile (one that changes the table stops the run)."""
+
+    due: float
+
+
+# In the widget values: the slider is set anew (by an event that otherwise leaves the slider
+# being dragged alone).
+RESYNC = "_resync"
 
 
 def show_action(state, fields, lang):
@@ -72,7 +86,8 @@ def _renamed_fields(fields: dict, perm_V: np.ndarray) -> dict:
     renamed = {}
     for key in ("lookup_ids", "edit_ids"):
         try:
-            renamed[key] = compute.format_ids(perm_V[compute.parse_ids(fields[key], len(perm_V))])
+            ids_T = compute.read_ids(fields[key], len(perm_V)).ids_T
+            renamed[key] = compute.format_ids(perm_V[ids_T])
         except (compute.LabInputError, KeyError):
             pass
     try:
@@ -87,7 +102,7 @@ def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_sam
     """Sets the edited cell to `value`; when it already holds it, says so, or (`quiet_same`, the
     slider's repeated last event) returns no note, so the note of the change stays shown."""
     words = TEXT[lang]
-    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["edit_ids"], len(state.vocab)).ids_T
     row, dim = edit_cell(state, fields)
     old = float(state.table_VxD[row, dim])
     positions = ", ".join(map(str, np.flatnonzero(ids_T == row))) or "—"
@@ -114,8 +129,17 @@ def _set_value(state: LabState, fields: dict, lang: str, value: float, quiet_sam
 
 
 def slide_action(state: LabState, fields: dict, lang: str):
+    """The slider's value into the chosen cell; when the slider still showed another cell (a
+    key pressed on it before the page had moved it to a new choice: `edit_shown`, set with the
+    slider, says which), nothing is written and the slider moves to the chosen cell."""
     limit = compute.MAX_VALUE
     value = compute.parse_number(fields["edit_slider"], field="value", low=-limit, high=limit)
+    row, dim = edit_cell(state, fields)
+    if fields.get("edit_shown", f"{row},{dim}") != f"{row},{dim}":
+        note = TEXT[lang].f(
+            "edit_slider_moved", row=row, dim=dim, value=float(state.table_VxD[row, dim])
+        )
+        return None, paragraph(note), {RESYNC: True}
     return _set_value(state, fields, lang, value, quiet_same=True)
 
 
@@ -177,21 +201,25 @@ def _run(
             {**last_run, "n": done, "rows": rows},
         )
         due = started_at + size / pace if pace else 0.0  # the chunk's steps at the pace
-        while done < n and time.monotonic() < due and not (stop is not None and stop()):
-            time.sleep(min(0.05, max(0.0, due - time.monotonic())))
         stopped = stop is not None and stop() and done < n
         last = done == n or stopped
-        if not last and time.monotonic() - shown_at < FRAME_SECONDS:
+        if not last and not pace and time.monotonic() - shown_at < FRAME_SECONDS:
             continue  # a frame the page would still be drawing when the next came: skipped
         shown_at = time.monotonic()
         if stopped:
             note = words.f("steps_stopped", done=done, n=n)
         else:
-            note = words.f("steps_running" if not last else "steps_done", done=done, n=n)
+            key = "steps_running" if not last else "step_done" if n == 1 else "steps_done"
+            note = words.f(key, done=done, n=n)
         if learning_rate == 0:
             note += " " + words["step_lr_zero"]
         yield state, paragraph(note, "lab-ok"), {} if last else {FRAME: True}
-        if stopped:
+        if last:
+            return
+        yield Pause(due)  # a paced chunk lasts its steps' time; the tab's events go meanwhile
+        if stop is not None and stop():
+            note = words.f("steps_stopped", done=done, n=n)
+            yield state, paragraph(note, "lab-ok"), {}
             return
 
 
@@ -203,6 +231,10 @@ def steps_action(state: LabState, fields: dict, lang: str, stop=None):
     n = compute.parse_int(fields["step_n"], field="steps", low=1, high=compute.MAX_STEPS)
     learning_rate = _learning_rate(fields, lang)
     pace = number(fields, "step_pace", lang, low=0.0, high=MAX_PACE)
+    if 0 < pace < MIN_PACE:  # 1e-7 a second: a run that would never end on its own
+        raise compute.LabInputError(
+            "pace_too_slow", text=fields["step_pace"].strip(), low=MIN_PACE, high=MAX_PACE
+        )
     return _run(state, n, learning_rate, lang, stop, pace)
 
 

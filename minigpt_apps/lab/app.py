@@ -10,23 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import itertools
 import json
 import logging
 import socket
 import threading
+import time
 import webbrowser
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from minigpt_apps.lab import compute
-from minigpt_apps.lab.actions import FRAME, equal_action, restore_action, show_action
+from minigpt_apps.lab.actions import (
+    FRAME,
+    RESYNC,
+    Pause,
+    equal_action,
+    restore_action,
+    show_action,
+)
 from minigpt_apps.lab.compute import LabInputError
 from minigpt_apps.lab.markup import error_html, shared_table_html, unexpected_html, view
 from minigpt_apps.lab.parts import PARTS, Event, Part, dashed
+from minigpt_apps.lab.serving import Gatekeeper, lab_origins, remove_temp_dir
 from minigpt_apps.lab.state import STORAGE_KEY, LabState, initial_state, to_storage
 from minigpt_apps.lab.text import LANGUAGES, TEXT, Words
 
@@ -67,6 +78,10 @@ button.lab-button { border: 2px solid #4b5563 !important; border-radius: 8px !im
 button.lab-button.secondary { background: #ffffff !important; color: #1f2937 !important; }
 button.lab-button:hover { filter: brightness(0.95); }
 #edit-slider input[type=number] { display: none; }
+/* Gradio's status tracker writes "processing | 0.3s" and "queue: 1/2" in English inside every
+   output of an event (and so inside the live message regions); the lab's messages say what an
+   event is doing in the page's words, so the tracker is neither shown nor read out. */
+[data-testid="status-tracker"] { display: none !important; }
 :focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px; }
 @media (max-width: 600px) {
   .lab-table { font-size: 11px; }
@@ -74,7 +89,9 @@ button.lab-button:hover { filter: brightness(0.95); }
   .lab-table th[scope=row] { white-space: normal; max-width: 7.5em; }
   .lab-big { font-size: 15px; }
   .lab-figures.lab-big { font-size: 13px; }  /* the step figures fit 390 px unscrolled */
-  .lab-figures th[scope=row] { min-width: 0; max-width: 6em; }
+  /* a long label ("softmax(logits)_zamek") breaks inside its cell rather than spilling out
+     (the other tables scroll sideways, and keep their labels whole) */
+  .lab-figures th[scope=row] { min-width: 0; max-width: 6.5em; overflow-wrap: anywhere; }
 }
 """
 
@@ -128,6 +145,7 @@ class Tab:
         self._serving = 0
         self._finished: set[int] = set()
         self._waiting: dict[int, asyncio.Future] = {}
+        self.running = asyncio.Lock()  # held by a run from before its turn to its end
 
     def ticket(self) -> int:
         return next(self._tickets)
@@ -147,6 +165,11 @@ class Tab:
         future = self._waiting.pop(self._serving, None)
         if future is not None and not future.done():
             future.set_result(None)
+
+
+async def _sleep_until(due: float, stopped: Callable[[], bool]) -> None:
+    while (left := due - time.monotonic()) > 0 and not stopped():
+        await asyncio.sleep(min(0.05, left))
 
 
 class Tabs:
@@ -212,25 +235,35 @@ class Page(NamedTuple):
 
     def handler(self, part: Part, event: Event) -> Callable:
         """The Gradio function of one event: action, then views, then outputs by component.
-        The tab's turn lasts the whole event (a run too), so the tab's events apply one after
-        the other; other tabs do not wait (the work runs in threads)."""
+        The tab's turn lasts the whole event, so the tab's events apply one after the other;
+        other tabs do not wait (the work runs in threads). A run gives its turn up between its
+        frames (`Pause`), so the tab's other events answer during it; one that changes the
+        table stops the run first (the run says where it stopped, and its last chunk, computed
+        from the table before the change, is not applied)."""
 
         allowed = set(self.output_components(part, event))
+        changes_table = event.action not in (None, show_action, equal_action) and not event.run
 
         async def handle(values: dict, request: gr.Request = None):
             session = _session(request)
             tab = self.tabs.get(session)
             drop_skipped_copies(self.blocks, session)  # those of the tab's last event
-            if event.stops:
+            if event.stops or changes_table:  # a run in progress ends after its frame
                 tab.stop.set()
             if event.action is None:  # Stop: it writes nothing (the run says where it stopped)
                 yield None
                 return
             fields = self.fields(values)
+            # A run waits for the run in progress (its turn comes after that run's end, not in
+            # one of its pauses); any other event takes its turn in the order it came.
+            running = tab.running if event.run else contextlib.nullcontext()
+            await running.__aenter__()
             ticket = tab.ticket()
+            changed_under = False  # the table was changed by another event during a run's pause
             try:
                 await tab.turn(ticket)
-                tab.stop.clear()
+                if event.run:
+                    tab.stop.clear()
                 state = tab.state
                 if event.run:
                     action = functools.partial(
@@ -241,7 +274,19 @@ class Page(NamedTuple):
                 results = await asyncio.to_thread(action)
                 results = results if isinstance(results, Iterator) else iter([results])
                 while (result := await asyncio.to_thread(next, results, None)) is not None:
+                    if isinstance(result, Pause):  # the tab's other events go meanwhile
+                        tab.release(ticket)
+                        ticket = None
+                        await _sleep_until(result.due, tab.stop.is_set)
+                        ticket = tab.ticket()
+                        await tab.turn(ticket)
+                        if tab.state is not state:  # an event that changed it stopped the run
+                            state, changed_under = tab.state, True
+                            tab.stop.set()
+                        continue
                     new_state, note, extra = result
+                    if changed_under:  # the run's table is older than the tab's: not applied
+                        new_state = None
                     out = await asyncio.to_thread(
                         self.outputs, part, event, state, new_state, note, fields, extra, tab.used
                     )
@@ -255,7 +300,9 @@ class Page(NamedTuple):
                 message = self.components[f"{part.name}_message"]
                 yield {message: unexpected_html(error, self.lang)}
             finally:
-                tab.release(ticket)
+                if ticket is not None:
+                    tab.release(ticket)
+                await running.__aexit__(None, None, None)
                 drop_skipped_copies(self.blocks, session)
 
         if event.queued:
@@ -296,6 +343,7 @@ class Page(NamedTuple):
         used = {} if used is None else used
         extra = dict(extra)
         frame = extra.pop(FRAME, False)
+        keep = () if extra.pop(RESYNC, False) else event.keep
         fields, out = {**fields, **extra}, {}
         if new_state is not None:
             compute.check_finite(new_state.table_VxD)
@@ -315,7 +363,7 @@ class Page(NamedTuple):
         for key, value in extra.items():  # a value set beside a view's update (choices) joins it
             shown = out.get(key)
             out[key] = gr.update(**{**shown, "value": value}) if isinstance(shown, dict) else value
-        out = {key: value for key, value in out.items() if key not in event.keep}
+        out = {key: value for key, value in out.items() if key not in keep}
         if new_state is not None:  # no other part's message outlives the table it spoke of
             out.update({f"{name}_message": "" for name in ("table", *_PART_NAMES)})
         if note is not None:  # None: the message shown stays (a slider event that changed nothing)
@@ -396,9 +444,7 @@ _PAGE_JS = """<script>
       });
     } catch (error) {}
   }
-  const fix = () => {
-    const root = document.documentElement;
-    if (root.lang !== LANG) root.lang = LANG;
+  const fixGroups = () => {  // Gradio renames a radio it re-renders: one group again, at once
     document.querySelectorAll("fieldset").forEach((group, k) => {
       const name = "lab-group-" + (group.id || k);
       group.querySelectorAll("input[type=radio]").forEach((radio) => {
@@ -413,6 +459,11 @@ _PAGE_JS = """<script>
         }
       }
     });
+  };
+  const fix = () => {
+    const root = document.documentElement;
+    if (root.lang !== LANG) root.lang = LANG;
+    fixGroups();
     document.querySelectorAll("[aria-label]").forEach((element) => {
       const label = element.getAttribute("aria-label");
       for (const [english, local] of ARIA) {
@@ -449,7 +500,10 @@ _PAGE_JS = """<script>
     queued = true;
     setTimeout(() => { queued = false; fix(); }, 30);
   };
-  new MutationObserver(later).observe(document.documentElement, {
+  // A key on a radio button moves within its group only while the group's buttons share a
+  // name: the names are mended before the key's default action and after every change.
+  document.addEventListener("keydown", (e) => e.target.type === "radio" && fixGroups(), true);
+  new MutationObserver(() => { fixGroups(); later(); }).observe(document.documentElement, {
     subtree: true, childList: true, characterData: true, attributes: true,
     attributeFilter: ["lang", "name", "aria-label"],
   });
@@ -538,6 +592,9 @@ def serve(lang: str = "en", port: int | None = None) -> tuple[gr.Blocks, str]:
         # 100 events) to the browser's localStorage, on each event: a slider key spent about
         # 70 ms of the page's time there, and the history grew as the learner worked.
         run_history=False,
+        # No file reaches the lab (it has no file input), and no other site's page drives it.
+        app_kwargs={"middleware": [Middleware(Gatekeeper, origins=lab_origins(port))]},
+        max_file_size="1kb",  # Gradio's own bound, should a file route ever pass the gate
     )
     return demo, f"http://127.0.0.1:{port}/"
 
@@ -552,3 +609,4 @@ def launch(*, port: int | None = None, open_browser: bool = False, lang: str = "
         demo.block_thread()
     finally:
         demo.close()
+        remove_temp_dir()

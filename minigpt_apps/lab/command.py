@@ -1,12 +1,14 @@
 """`minigpt-jax lab [--port N] [--open] [--lang en|es]`: the course's embedding lab served on
-127.0.0.1 until Ctrl-C (needs the `lab` extra). Exit status 0 when stopped by Ctrl-C, 1 for a
-port it cannot use or a missing extra (one line on stderr), 128 + the signal's number for a
-signal that came while it started."""
+127.0.0.1 until Ctrl-C (needs the `lab` extra). Exit status 0 when stopped by Ctrl-C, 143 by
+SIGTERM (the server closed and its temp folder removed either way), 1 for a port it cannot use
+or a missing extra (one line on stderr), 128 + the signal's number for a signal that came while
+it started."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from minigpt_jax.runtime.signals import record_signals_while_starting, stop_recording
@@ -46,8 +48,14 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         os._exit(128 + int(early))
     bound_the_log()  # a malformed request's payload would fill it
+    signal.signal(signal.SIGTERM, _terminated)  # the server closes and its files go, as on Ctrl-C
     try:
         launch(port=args.port, open_browser=args.open, lang=args.lang)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _terminated(signum, frame) -> None:
+    del frame
+    raise SystemExit(128 + signum)

@@ -101,6 +101,40 @@ def _check_length(text: str, field: str) -> str:
     return text
 
 
+# Typographic characters read as what they stand for (the documents are typeset): the
+# ellipsis as three dots, the minus sign (U+2212) as a hyphen-minus.
+_TYPOGRAPHY = str.maketrans({"\N{HORIZONTAL ELLIPSIS}": "...", "\N{MINUS SIGN}": "-"})
+_ELLIPSIS = re.compile(r"(?:,\s*)?\.\.\.\s*(?=\]?\s*$)")  # "..." closing the list
+
+
+def typeset(text: str) -> str:
+    """The text with the documents' typographic characters in their plain forms."""
+    return str(text).translate(_TYPOGRAPHY)
+
+
+class ReadIds(NamedTuple):
+    """Ids as read, and how the text differed from a plain list: a closing "..." (the lesson's
+    "and so on") left out, the outer brackets of a batch of one taken off."""
+
+    ids_T: np.ndarray
+    ellipsis: bool = False
+    batch: bool = False
+
+
+def read_ids(text: str, vocab_size: int, **options) -> ReadIds:
+    """`parse_ids` (with its `options`), which also reads the lesson's ways of writing ids:
+    `[76, 299, 412, ...]` (the closing "..." or "…" left out) and `[[76, 299, 412]]` (a batch
+    of one: its one row)."""
+    body = typeset(_check_length(text, options.get("field", "ids"))).strip()
+    batch = bool(re.fullmatch(r"\[\s*\[[^\[\]]*\]\s*\]", body))
+    if batch:
+        body = body[1:-1].strip()
+    ellipsis = bool(_ELLIPSIS.search(body)) and bool(re.search(r"[0-9]", body))
+    if ellipsis:
+        body = _ELLIPSIS.sub("", body)
+    return ReadIds(parse_ids(body, vocab_size, **options), ellipsis, batch)
+
+
 def parse_ids(
     text: str,
     vocab_size: int,
@@ -168,7 +202,8 @@ def parse_number(
     refused, and so is one that rounds to 0 (1e-46: float32's smallest is ≈ 1.4e-45).
     `decimal_comma` also reads 0,4 as 0.4 (the Spanish page)."""
     raw = _check_length(text, field).strip()
-    spelled = raw.replace(",", ".") if decimal_comma and raw.count(",") == 1 else raw
+    plain = typeset(raw)  # "−0.4", typeset with the minus sign, is -0.4
+    spelled = plain.replace(",", ".") if decimal_comma and plain.count(",") == 1 else plain
     try:
         if not spelled.isascii() or "_" in spelled:  # float() takes 1_000, ３ and ٣ as well
             raise ValueError(spelled)
@@ -202,7 +237,7 @@ def parse_int(text, *, field: str, low: int, high: int) -> int:
 
 
 # Around a word, what a sentence quoted from the article or typed as prose may hold.
-_PUNCTUATION = "«»“”„\"'‘’.,;:!?¡¿()"
+_PUNCTUATION = "«»“”„\"'‘’.,;:!?¡¿()…"
 
 
 def read_sentence(text: str, vocab: tuple[str, ...]) -> str:
@@ -474,19 +509,19 @@ class Head(NamedTuple):
     outputs_TxD: np.ndarray
 
 
-def one_head(table_VxD, ids_T) -> Head:
-    """The identity-QKV causal head of the context demo, through the model's attention functions."""
+def one_head(table_VxD, ids_T, *, positions: bool = True, causal: bool = True) -> Head:
+    """The identity-QKV head of the context demo, through the model's attention functions:
+    causal, on embedding + sinusoidal position (`positions` False: the embedding alone;
+    `causal` False: every word sees every word)."""
     tokens_1xT = jnp.asarray(ids_T)[None]
     length = tokens_1xT.shape[1]
-    x_1xTxD = (
-        lookup(jnp.asarray(table_VxD), tokens_1xT)
-        + sinusoidal_positions(length, table_VxD.shape[1])[None]
-    )
+    x_1xTxD = lookup(jnp.asarray(table_VxD), tokens_1xT)
+    if positions:
+        x_1xTxD = x_1xTxD + sinusoidal_positions(length, table_VxD.shape[1])[None]
     positions_1xT = jnp.arange(length)[None, :]
     x_1xTx1xD = x_1xTxD[:, :, None, :]  # one head of width D; the identity projections
-    weights_1x1xTxT = attention_weights(
-        x_1xTx1xD, x_1xTx1xD, causal_mask(positions_1xT, positions_1xT)
-    )
+    mask = causal_mask(positions_1xT, positions_1xT) if causal else None
+    weights_1x1xTxT = attention_weights(x_1xTx1xD, x_1xTx1xD, mask)
     out_1xTx1xD = mix_values(weights_1x1xTxT, x_1xTx1xD)
     return Head(
         np.asarray(x_1xTxD[0]), np.asarray(weights_1x1xTxT[0, 0]), np.asarray(out_1xTx1xD[0, :, 0])
@@ -576,6 +611,20 @@ def lesson_h0(ids_T) -> np.ndarray:
     block_size (W_P has no row for position 64)."""
     tokens_1xT = jnp.asarray(ids_T, jnp.int32)[None]
     return np.asarray(Embeddings(lesson_config()).apply(lesson_params(), tokens_1xT))
+
+
+def lesson_readout(h_1xTxD) -> np.ndarray:
+    """The tied read-out of the lesson's model: logits_1xTxV = h · W_Eᵀ, through the model's
+    own `Embeddings.attend` on the lesson's W_E (no second matrix)."""
+    h_1xTxD = jnp.asarray(h_1xTxD, jnp.float32)
+    logits = Embeddings(lesson_config()).apply(lesson_params(), h_1xTxD, method="attend")
+    return np.asarray(logits)[..., :LESSON_VOCAB]
+
+
+def lesson_distances(ids_T) -> np.ndarray:
+    """‖W_E[i] − W_E[j]‖ for every pair of the ids, on the lesson's W_E: (T, T)."""
+    rows_TxD = np.asarray(lesson_params()["params"]["tok"]["embedding"], np.float64)[list(ids_T)]
+    return np.linalg.norm(rows_TxD[:, None] - rows_TxD[None], axis=-1)
 
 
 def embedding_table_size(vocab_size: int, dim: int) -> int:

@@ -28,6 +28,7 @@ from minigpt_apps.lab.markup import matrix_html, step_words
 from minigpt_apps.lab.text import Words
 from minigpt_apps.lab.views import (
     SLIDER_RANGE,
+    article_html,
     context_view,
     edit_view,
     lookup_view,
@@ -100,6 +101,19 @@ class Slider(NamedTuple):
             elem_id=dashed(self.key),
             buttons=[],
         )
+
+
+class Hidden(NamedTuple):
+    """A value the page keeps beside the widgets, unseen, that the view sets and events read."""
+
+    key: str
+    default: str
+
+    def start(self, lang: str) -> str:
+        return self.default
+
+    def make(self, words: Words):
+        return gr.Textbox(self.default, visible=False, elem_id=dashed(self.key))
 
 
 class Button(NamedTuple):
@@ -191,6 +205,7 @@ PARTS = (
             Event("sizes_length", kind="submit"),
         ),
         reads_table=False,
+        above=article_html,
     ),
     Part(
         "rename",
@@ -209,7 +224,7 @@ PARTS = (
         rename_view,
         (
             Event("rename_button", rename_action),
-            Event("rename_mode", kind="input"),
+            Event("rename_mode", kind="input", trigger_mode=_LIVE),
             Event("rename_ids", kind="submit"),
             Event("rename_perm", kind="submit"),
         ),
@@ -223,6 +238,7 @@ PARTS = (
             ),
             Choice("edit_dim", tuple((str(d), str(d)) for d in range(6)), "3"),
             Slider("edit_slider", float(compute.TABLE_VxD[1, 3])),
+            Hidden("edit_shown", "1,3"),  # the cell whose value the slider holds
             (Field("edit_value", "0.9", decimal=True), Button("edit_button")),
         ),
         edit_view,
@@ -238,8 +254,10 @@ PARTS = (
             ),
             Event("edit_button", type_value_action),
             Event("edit_value", type_value_action, "submit"),
-            Event("edit_row", kind="input"),
-            Event("edit_dim", kind="input"),
+            # always_last: keys pressed while a choice is shown still reach the page (the
+            # default, "once", dropped them, and the slider stayed on the old cell)
+            Event("edit_row", kind="input", trigger_mode=_LIVE),
+            Event("edit_dim", kind="input", trigger_mode=_LIVE),
             Event("edit_ids", kind="submit"),
         ),
     ),
@@ -264,6 +282,7 @@ PARTS = (
             Event("step_lr", step_action, "submit", run=True),
             Event("steps_button", steps_action, trigger_mode="multiple", run=True),
             Event("step_n", steps_action, "submit", run=True),
+            Event("step_pace", steps_action, "submit", run=True),
             Event("stop_button", None, trigger_mode="multiple", stops=True),
             Event("reset_button", reset_action, trigger_mode="multiple", stops=True),
         ),
@@ -276,11 +295,17 @@ PARTS = (
         "context",
         (
             (Field("context_a", compute.SENTENCES[0]), Field("context_b", compute.SENTENCES[1])),
+            Choice(
+                "context_positions",
+                (("context_positions_on", "on"), ("context_positions_off", "off")),
+                "on",
+            ),
             (Button("context_button"), Button("equal_button", primary=False)),
         ),
         context_view,
         (
             Event("context_button"),
+            Event("context_positions", kind="input", trigger_mode=_LIVE),
             Event("equal_button", equal_action),
             Event("context_a", kind="submit"),
             Event("context_b", kind="submit"),

@@ -1,15 +1,40 @@
 """What `minigpt-jax lab` checks and bounds around Gradio's server: the port, before Gradio tries
-it (one line naming the port and the cause), and the log, whose lines a malformed request could
-otherwise fill with its whole payload (Gradio prints the inputs it received in its tracebacks)."""
+it (one line naming the port and the cause); the log, whose lines a malformed request could
+otherwise fill with its whole payload (Gradio prints the inputs it received in its tracebacks);
+and the requests it refuses (`Gatekeeper`: files, and changes asked by another site's page)."""
 
 from __future__ import annotations
 
 import errno
 import io
 import logging
+import os
+import shutil
 import socket
+import tempfile
 
 MAX_LINE_CHARS = 2000  # one write or log record to stderr, at most
+
+# Gradio's routes that store a file sent to them (under the temp folder, served back by
+# /gradio_api/file=): the lab has no file input, so none of them is any use to it.
+FILE_ROUTES = ("/gradio_api/upload", "/gradio_api/process_recording")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Gradio's files go to a folder of this process's own (it stores nothing there while the lab
+# refuses files), which the lab removes when it stops, where they went to the temp folder's
+# gradio/, shared with every other Gradio app, and stayed.
+TEMP_DIR = os.path.join(tempfile.gettempdir(), f"minigpt-jax-lab-{os.getpid()}")
+
+
+def use_own_temp_dir() -> None:
+    """Points Gradio at TEMP_DIR unless GRADIO_TEMP_DIR is set (before gradio is imported:
+    some of its modules read it then)."""
+    os.environ.setdefault("GRADIO_TEMP_DIR", TEMP_DIR)
+
+
+def remove_temp_dir() -> None:
+    """Removes the folder of Gradio's files that the lab made for this process (none other)."""
+    if os.environ.get("GRADIO_TEMP_DIR") == TEMP_DIR:
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
 
 
 def check_port(port: int | None, host: str = "127.0.0.1") -> None:
@@ -94,3 +119,36 @@ def bound_the_log(limit: int = MAX_LINE_CHARS) -> None:
         logger.addFilter(records)
         for handler in logger.handlers:
             handler.addFilter(records)
+
+
+def lab_origins(port: int) -> frozenset[str]:
+    """The origins of the lab's own page: the two names of 127.0.0.1 on its port."""
+    return frozenset({f"http://127.0.0.1:{port}", f"http://localhost:{port}"})
+
+
+class Gatekeeper:
+    """ASGI middleware in front of Gradio's routes: a request to store a file is refused (403),
+    whatever its origin, before its body is read; and so is any request other than GET, HEAD or
+    OPTIONS whose Origin is not the lab's own page (a page of another site in the learner's
+    browser, or a DNS-rebound name, could otherwise drive the lab)."""
+
+    def __init__(self, app, origins: frozenset[str]):
+        self.app, self.origins = app, origins
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope["path"].rstrip("/")
+            origin = dict(scope["headers"]).get(b"origin", b"").decode("latin-1")
+            if path.endswith(FILE_ROUTES):
+                return await _refuse(send, "the lab takes no files: it has no file input.")
+            if scope["method"] not in SAFE_METHODS and origin and origin not in self.origins:
+                return await _refuse(send, f"the lab answers only its own page, not {origin}.")
+        return await self.app(scope, receive, send)
+
+
+async def _refuse(send, text: str) -> None:
+    body = (text[:MAX_LINE_CHARS] + "\n").encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

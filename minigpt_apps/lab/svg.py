@@ -232,8 +232,8 @@ def lines(series, *, title: str, xlabel: str, num, ylim=None) -> str:
     xs_all = [x for _, xs, _ in series for x in xs]
     ys_all = [y for _, _, ys in series for y in ys]
     low_x, high_x = min(xs_all), max(xs_all)
-    if high_x == low_x:
-        low_x, high_x = low_x - 1, high_x + 1
+    if high_x == low_x:  # one point: an axis from it to the next step (never "−1 steps")
+        low_x, high_x = low_x, low_x + 1
     ylim = ylim or (0.0, max(1.0, max(ys_all) * 1.05))
     top = 40 + 13 * (len(textwrap.wrap(title, 52)) - 1)
     axes = _Axes((low_x, high_x), ylim, top, num, integer_x=True)

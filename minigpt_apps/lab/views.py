@@ -49,11 +49,11 @@ def number(fields: dict, key: str, lang: str, **limits) -> float:
     return compute.parse_number(fields[key], field=key, decimal_comma=lang == "es", **limits)
 
 
-def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
+def lookup_ids(text: str, vocab_size: int) -> compute.ReadIds:
     """Part 1's ids; the article's [6, 9, 6] is refused with where it lives (the sizes
     part's fragment), not only as out of range."""
     try:
-        return compute.parse_ids(text, vocab_size)
+        return compute.read_ids(text, vocab_size)
     except LabInputError as error:
         numbers = tuple(int(n) for n in re.findall(r"[0-9]+", str(text)))
         if error.key == "id_out_of_range" and numbers == compute.ARTICLE_IDS:
@@ -66,11 +66,13 @@ def lookup_ids(text: str, vocab_size: int) -> np.ndarray:
 def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
     vocab_size = len(state.vocab)
-    ids_T = lookup_ids(fields["lookup_ids"], vocab_size)
+    read = lookup_ids(fields["lookup_ids"], vocab_size)
+    ids_T = read.ids_T
     x_TxD = np.asarray(compute.lookup(state.table_VxD, ids_T[None]))[0]
     one_hot_TxV = compute.one_hot(ids_T, vocab_size)
     via_one_hot = np.asarray(compute.one_hot_lookup(state.table_VxD, ids_T[None]))[0]
     parts = [
+        *read_notes(read, words),
         side(
             one_hot_html(one_hot_TxV, state.vocab, words["lookup_one_hot_matrix"], words),
             op("·"),
@@ -102,7 +104,7 @@ def lookup_view(state: LabState, fields: dict, lang: str) -> dict:
 
 
 def rename_inputs(state: LabState, fields: dict):
-    ids_T = compute.parse_ids(fields["rename_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["rename_ids"], len(state.vocab)).ids_T
     perm_V = compute.parse_permutation(fields["rename_perm"], len(state.vocab))
     return ids_T, perm_V, fields["rename_mode"]
 
@@ -160,7 +162,7 @@ def shortest(value) -> float:
 
 def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
-    ids_T = compute.parse_ids(fields["edit_ids"], len(state.vocab))
+    ids_T = compute.read_ids(fields["edit_ids"], len(state.vocab)).ids_T
     row, dim = edit_cell(state, fields)
     occurrences = set(np.flatnonzero(ids_T == row).tolist())
     value = float(state.table_VxD[row, dim])
@@ -168,7 +170,7 @@ def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     found = ", ".join(map(str, sorted(occurrences)))
     html_parts = [
         side(
-            table_html(state, words, caption="W_E", cells_hl={(row, dim)}),
+            table_html(state, words, caption=words["edit_table"], cells_hl={(row, dim)}),
             lookup_html(
                 state, ids_T, words.f("edit_lookup", ids=ids, row=row), words, rows_hl=occurrences
             ),
@@ -189,6 +191,7 @@ def edit_view(state: LabState, fields: dict, lang: str) -> dict:
     return {
         "edit_result": view(state, *html_parts),
         "edit_slider": gr.update(value=shortest(value), minimum=low, maximum=high, label=label),
+        "edit_shown": f"{row},{dim}",  # set with the slider: its key's event names its cell
         "edit_row": gr.update(choices=[(name, str(i)) for i, name in enumerate(labels(state))]),
     }
 
@@ -406,13 +409,41 @@ def _context_findings(heads, vocab, words: Words) -> list[str]:
     ]
 
 
+def _reordering(ids_a, ids_b) -> np.ndarray | None:
+    """π with ids_b = ids_a[π] when B's words are A's in another order (None otherwise)."""
+    if len(ids_a) != len(ids_b) or sorted(ids_a.tolist()) != sorted(ids_b.tolist()):
+        return None
+    unused, perm = list(range(len(ids_a))), []
+    for i in ids_b.tolist():
+        k = next(k for k in unused if ids_a[k] == i)
+        unused.remove(k)
+        perm.append(k)
+    return np.array(perm)
+
+
+def _equivariance(state: LabState, heads, words: Words) -> list[str]:
+    """With positions off and B a reordering of A: out_B = out_A[π] for the head without its
+    mask (permutation equivariance), said with the largest difference."""
+    (_, ids_a, _), (_, ids_b, _) = heads
+    perm = _reordering(ids_a, ids_b)
+    if perm is None:
+        return [paragraph(words["context_off_hint"])]
+    out_a = compute.one_head(state.table_VxD, ids_a, positions=False, causal=False).outputs_TxD
+    out_b = compute.one_head(state.table_VxD, ids_b, positions=False, causal=False).outputs_TxD
+    diff = float(np.abs(out_b - out_a[perm]).max())
+    text = words.f("context_equivariant", perm=compute.format_ids(perm), diff=diff)
+    return [paragraph(text, "lab-ok lab-big")]
+
+
 def context_view(state: LabState, fields: dict, lang: str) -> dict:
     words = TEXT[lang]
+    positions = fields.get("context_positions", "on") != "off"
     heads = []
     for key in ("context_a", "context_b"):
         sentence = compute.read_sentence(fields[key], state.vocab)  # as read: shown so
         ids_T = compute.parse_sentence(sentence, state.vocab)
-        heads.append((sentence, ids_T, compute.one_head(state.table_VxD, ids_T)))
+        head = compute.one_head(state.table_VxD, ids_T, positions=positions)
+        heads.append((sentence, ids_T, head))
     inputs_2xD = np.stack([head.inputs_TxD[-1] for _, _, head in heads])
     outputs_2xD = np.stack([head.outputs_TxD[-1] for _, _, head in heads])
     vectors_4xD = np.concatenate([inputs_2xD, outputs_2xD])
@@ -444,7 +475,10 @@ def context_view(state: LabState, fields: dict, lang: str) -> dict:
         figures[f"context_weights_{letter}"] = plot_html(
             figure, f"{title}. {alt}", lang, f"context-weights-{letter}"
         )
-    result = view(state, *_context_findings(heads, state.vocab, words), vectors)
+    findings = _context_findings(heads, state.vocab, words)
+    if not positions:
+        findings += _equivariance(state, heads, words)
+    result = view(state, *findings, vectors)
     return {"context_result": result, **figures}
 
 
@@ -552,19 +586,55 @@ def _grouped(value: int, words: Words) -> str:
     return f"{value:,}".replace(",", words["thousands"])
 
 
-def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
-    """The article's [6, 9, 6] on its fragment of a three-coordinate table; the lesson's
-    V, d = 512, 128 and x = tok_emb(ids), then its h(0) with learned positions up to
-    block_size 64; GPT-2's tied table (V = 50,257, d = 768)."""
-    words = TEXT[lang]
+def article_html(words: Words) -> str:
+    """The article's [6, 9, 6] on its fragment of a three-coordinate W_E, under a heading of
+    its own (above part 2's fields, which read the lesson's table)."""
     article_T = np.asarray(compute.ARTICLE_IDS, np.int32)
-    ids_T = compute.parse_ids(fields["sizes_ids"], compute.LESSON_VOCAB, limit=compute.MAX_IDS)
+    fragment = _fragment_html(
+        ["…", *map(str, compute.FRAGMENT_IDS[:1]), "…", *map(str, compute.FRAGMENT_IDS[1:]), "…"],
+        [None, compute.FRAGMENT_RxD[0], None, compute.FRAGMENT_RxD[1], None],
+        words["sizes_fragment"],
+        words,
+        "sizes-fragment",
+    )
+    article = _fragment_html(
+        [f"t={t}: {i}" for t, i in enumerate(article_T)],
+        compute.fragment_lookup(article_T),
+        words.f("sizes_article", ids=compute.format_ids(article_T), t=len(article_T)),
+        words,
+        "sizes-article",
+    )
+    return (
+        f'<div id="sizes-article-part"><h3>{escape(words["sizes_article_heading"])}</h3>'
+        f"{side(fragment, op('→'), article)}"
+        f"{paragraph(words['sizes_article_note'], 'lab-ok')}"
+        f"<h3>{escape(words['sizes_lesson_heading'])}</h3></div>"
+    )
+
+
+def read_notes(read: compute.ReadIds, words: Words) -> list[str]:
+    """What a list written as the lesson writes it was read as (nothing for a plain list)."""
+    ids = compute.format_ids(read.ids_T)
+    notes = [words.f("ids_read_batch", ids=ids, t=len(read.ids_T))] if read.batch else []
+    if read.ellipsis:
+        notes.append(words.f("ids_read_ellipsis", ids=ids))
+    return [paragraph(note, "lab-ok") for note in notes]
+
+
+def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
+    """The lesson's V, d = 512, 128 and x = tok_emb(ids) on its own table, then its h(0) with
+    learned positions up to block_size 64; GPT-2's tied table (V = 50,257, d = 768). (The
+    article's [6, 9, 6] is above the fields: `article_html`.)"""
+    words = TEXT[lang]
+    read = compute.read_ids(fields["sizes_ids"], compute.LESSON_VOCAB, limit=compute.MAX_IDS)
+    ids_T = read.ids_T
     length = compute.parse_int(
         fields["sizes_length"], field="sizes_length", low=1, high=2 * compute.LESSON_BLOCK
     )
     shown, dim = min(6, compute.LESSON_DIM), compute.LESSON_DIM
     shape = f"(1, {len(ids_T)}, {dim})"
     row_labels = [f"t={t}: {i}" for t, i in enumerate(ids_T)]
+    h0_1xTxD = compute.lesson_h0(ids_T)
     lookups = [
         matrix_html(
             x_1xTxD[0, :, :shown],
@@ -577,46 +647,67 @@ def sizes_view(state: LabState | None, fields: dict, lang: str) -> dict:
         )
         for key, x_1xTxD, table_id in (
             ("sizes_real_result", compute.lesson_lookup(ids_T), "sizes-real"),
-            ("sizes_h0_result", compute.lesson_h0(ids_T), "sizes-h0"),
+            ("sizes_h0_result", h0_1xTxD, "sizes-h0"),
         )
     ]
     try:
         compute.lesson_h0(np.zeros(length, np.int32))
-        beyond = words.f("sizes_fits", t=length, block=compute.LESSON_BLOCK)
+        beyond = words.f("sizes_fits", t=length, last=compute.LESSON_BLOCK - 1)
         beyond_cls = "lab-ok"
     except ValueError:  # the model's own check decides; the page says it in its own words
-        beyond = words.f("sizes_beyond", t=length, block=compute.LESSON_BLOCK)
+        beyond = words.f(
+            "sizes_beyond", t=length, last=compute.LESSON_BLOCK - 1, block=compute.LESSON_BLOCK
+        )
         beyond_cls = "lab-diff"
     tied, untied = _gpt2_counts()
     table_size = compute.embedding_table_size(compute.GPT2_VOCAB, compute.GPT2_DIM)
-    fragment = _fragment_html(
-        ["…", *map(str, compute.FRAGMENT_IDS[:1]), "…", *map(str, compute.FRAGMENT_IDS[1:]), "…"],
-        [None, compute.FRAGMENT_RxD[0], None, compute.FRAGMENT_RxD[1], None],
-        words["sizes_fragment"],
-        words,
-        "sizes-fragment",
+    lesson_size = compute.embedding_table_size(compute.LESSON_VOCAB, compute.LESSON_DIM)
+    same_ids = sorted(set(compute.FRAGMENT_IDS) & set(ids_T.tolist()))
+    other_table = (
+        [paragraph(words.f("sizes_other_table", ids=", ".join(map(str, same_ids))), "lab-diff")]
+        if same_ids
+        else []
     )
-    x_TxD = compute.fragment_lookup(article_T)
-    article = _fragment_html(
-        [f"t={t}: {i}" for t, i in enumerate(article_T)],
-        x_TxD,
-        words.f("sizes_article", ids=compute.format_ids(article_T), t=len(article_T)),
-        words,
-        "sizes-article",
+    distances = matrix_html(
+        compute.lesson_distances(ids_T),
+        row_labels,
+        [str(i) for i in ids_T],
+        words=words,
+        caption=words.f("sizes_distance", ids=compute.format_ids(ids_T)),
+        spec=".4f",
+        table_id="sizes-distance",
+    )
+    near_300, near_7 = compute.lesson_distances((300, 301, 7))[0, 1:]
+    logits_1xTxV = compute.lesson_readout(h0_1xTxD)
+    readout = matrix_html(
+        logits_1xTxV[0, :, :shown],
+        row_labels,
+        [*range(shown)],
+        words=words,
+        caption=words.f(
+            "sizes_readout", t=len(ids_T), vocab=compute.LESSON_VOCAB, shown=shown, dim=dim
+        ),
+        spec="+.4f",
+        table_id="sizes-logits",
     )
     html_parts = [
-        side(fragment, op("→"), article),
-        paragraph(words["sizes_article_note"], "lab-ok"),
+        *read_notes(read, words),
+        *other_table,
         lookups[0],
         paragraph(
             words.f(
                 "sizes_real_note",
                 vocab=_grouped(compute.LESSON_VOCAB, words),
                 dim=compute.LESSON_DIM,
+                params=_grouped(lesson_size, words),
             )
         ),
+        distances,
+        paragraph(words.f("sizes_distance_note", near=float(near_300), far=float(near_7))),
         lookups[1],
         paragraph(words.f("sizes_h0_note", block=compute.LESSON_BLOCK, dim=dim)),
+        readout,
+        paragraph(words.f("sizes_readout_note", vocab=compute.LESSON_VOCAB, dim=dim)),
         paragraph(beyond, beyond_cls),
         paragraph(
             words.f(
