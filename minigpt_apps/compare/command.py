@@ -51,13 +51,14 @@ import time
 from pathlib import Path
 
 from minigpt_apps.compare import plan as plans
-from minigpt_apps.compare import report
+from minigpt_apps.compare import provenance, report
 from minigpt_apps.compare.record import has_ended, read_record
 from minigpt_apps.compare.runs import CompareStop, run_children, run_here
 from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
 from minigpt_jax.runtime.signals import record_signals_while_starting
 
 PROG = "minigpt-jax compare"
+DEFAULT_EVAL_TOKENS = 8192
 HELP = "train arms of a config over paired seeds; is the difference real?"
 
 
@@ -123,15 +124,50 @@ def _parser() -> argparse.ArgumentParser:
         help="the val loss time_to_target times (training seconds to the first evaluation at "
         "or below it)",
     )
+    add(
+        "--sesoi",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the smallest effect of interest, in the metric's units: equivalence within ±X "
+        "(paired TOST) and the seeds that would detect X",
+    )
+    add(
+        "--eval_tokens",
+        type=int,
+        default=DEFAULT_EVAL_TOKENS,
+        metavar="N",
+        help="score every run on at least N val tokens a pass, drawn once with one key "
+        f"whatever the seed (default {DEFAULT_EVAL_TOKENS}; a config that evaluates more keeps "
+        "its size)",
+    )
+    add("--aa", action="store_true", help="A/A: the config against itself on disjoint seeds")
+    add(
+        "--allow_partial",
+        action="store_true",
+        help="exit 0 with a report even when a planned run did not end well (failed, not run)",
+    )
     return parser
 
 
 def _config_flags_as_sets(argv: list[str]) -> list[str]:
-    """`--config.key=value` (the train command's way) as `--set key=value`."""
-    return [
-        f"--set={arg.removeprefix('--config.')}" if arg.startswith("--config.") else arg
-        for arg in argv
-    ]
+    """`--config.key=value` (the train command's way) as `--set key=value`, and a value that
+    starts with "-" joined to its flag (`--seeds -1,2`: argparse would read it as a flag)."""
+    joined, index = [], 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg.startswith("--config."):
+            arg = f"--set={arg.removeprefix('--config.')}"
+        elif arg in _VALUED and index + 1 < len(argv) and argv[index + 1][:1] == "-":
+            following = argv[index + 1]
+            if following[1:2].isdigit() or following[1:2] == ".":
+                arg, index = f"{arg}={following}", index + 1
+        joined.append(arg)
+        index += 1
+    return joined
+
+
+_VALUED = ("--seeds", "--target", "--sesoi", "--eval_tokens", "--workers", "--gpus_per_worker")
 
 
 def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
@@ -141,6 +177,13 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         raise plans.CompareError(f"--workers {args.workers} must be at least 1.")
     if args.gpus_per_worker < 0:
         raise plans.CompareError("--gpus_per_worker must be 0 (share) or a number of GPUs.")
+    if args.sesoi is not None and not args.sesoi > 0:
+        raise plans.CompareError(
+            f"--sesoi {args.sesoi} must be a positive difference in the metric's units, e.g. "
+            "--sesoi 0.02."
+        )
+    if args.eval_tokens < 0:
+        raise plans.CompareError("--eval_tokens must be 0 (the config's own) or a count.")
     if args.from_sweep is None:
         if args.config is None:
             raise plans.CompareError(
@@ -149,10 +192,17 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         if args.study is not None:
             raise plans.CompareError("--study goes with --from_sweep; drop it.")
         comparison = plans.plan(
-            args.config, Path(args.out), args.set, args.arm, args.baseline, args.seeds
+            args.config,
+            Path(args.out),
+            args.set,
+            args.arm,
+            args.baseline,
+            args.seeds,
+            aa=args.aa,
+            eval_tokens=args.eval_tokens,
         )
     else:
-        if args.config is not None or args.arm:
+        if args.config is not None or args.arm or args.aa:
             raise plans.CompareError(
                 "--from_sweep compares the sweep's best trial with --baseline CONFIG; drop "
                 "--config and --arm (or compare them without --from_sweep)."
@@ -162,7 +212,13 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
                 "--from_sweep needs --baseline CONFIG: the config the winner is checked against."
             )
         comparison = plans.plan_from_sweep(
-            Path(args.from_sweep), args.study, args.baseline, Path(args.out), args.set, args.seeds
+            Path(args.from_sweep),
+            args.study,
+            args.baseline,
+            Path(args.out),
+            args.set,
+            args.seeds,
+            args.eval_tokens,
         )
     sweep_metric, sweep_target = None, None  # the sweep's objective, as a metric
     if comparison.sweep_value is not None:
@@ -181,6 +237,10 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         raise plans.CompareError("--target goes with --metric time_to_target; drop one.")
     if args.metric != sweep_metric:
         comparison.sweep_value = None  # not the same measure: nothing to set beside it
+    if args.sesoi is not None and args.metric == "time_to_target":
+        raise plans.CompareError(
+            "--sesoi goes with a loss metric (time_to_target uses a censored sign test); drop it."
+        )
     return comparison, args
 
 
@@ -198,25 +258,65 @@ def _lock(out: Path) -> int:
     return fd
 
 
+def _warnings(comparison: plans.Comparison, metric: str) -> list[str]:
+    """Lines that warn of arms scored unlike the baseline."""
+    lines = []
+    if len(set(comparison.eval_tokens.values())) > 1:
+        sizes = ", ".join(f"{k} {v:,}" for k, v in comparison.eval_tokens.items())
+        lines.append(f"warning: the arms are scored on eval sets of different sizes ({sizes}).")
+    if metric == "best_val_loss" and len(set(comparison.eval_every.values())) > 1:
+        every = ", ".join(f"{k} {v}" for k, v in comparison.eval_every.items())
+        lines.append(
+            f"warning: the arms evaluate at different cadences (eval_every: {every}); the best "
+            "val loss favours the arm that evaluates more often."
+        )
+    return lines
+
+
+def _head(comparison: plans.Comparison, argv, code, warnings: list[str]) -> list[str]:
+    """report.md's first lines: how it was made, the eval set, the warnings."""
+    sizes = sorted(set(comparison.eval_tokens.values()))
+    eval_words = (
+        f"- eval set: {' / '.join(f'{n:,}' for n in sizes)} val tokens a pass, drawn once with "
+        "one key for every arm and seed (--eval_tokens)"
+    )
+    return [
+        *provenance.lines(["minigpt-jax", "compare", *argv], code),
+        eval_words,
+        "",
+        *warnings,
+        "",
+    ]
+
+
 def main(argv: list[str]) -> int:
     """`minigpt-jax compare ARGS`: the exit status (an error is one line on stderr)."""
     wall_start = time.perf_counter()
     try:
         comparison, args = check(argv)
-        resuming = plans.check_out(comparison)
-        comparison.out.mkdir(parents=True, exist_ok=True)
-        lock = _lock(comparison.out)
+        code = provenance.code_version()
+        state = plans.check_out(comparison, code)
+        try:
+            comparison.out.mkdir(parents=True, exist_ok=True)
+            lock = _lock(comparison.out)
+        except OSError as error:
+            raise plans.CompareError(
+                f"--out {comparison.out} cannot be written ({error.strerror or error}); give a "
+                "folder you can write to."
+            ) from None
     except (plans.CompareError, LockHeld) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     record_signals_while_starting()  # until CompareStop takes them (or a run's own stop)
-    if not resuming:
-        plans.write_identity(comparison, [PROG, *argv])
+    if state != "resume":
+        plans.write_identity(comparison, [PROG, *argv], code)
     runs = comparison.runs()
     todo = [(arm, seed) for arm, seed in runs if not has_ended(comparison.run_dir(arm, seed))]
+    grown = " (grown: the new seeds and arms train, the others are read)" * (state == "grow")
     print(
         f"compare: {len(comparison.arms)} arms × {len(comparison.seeds)} seeds = {len(runs)} "
-        f"runs in {comparison.out}: {len(todo)} to run, {len(runs) - len(todo)} already ended",
+        f"runs in {comparison.out}: {len(todo)} to run, {len(runs) - len(todo)} already "
+        f"ended{grown}",
         flush=True,
     )
 
@@ -228,8 +328,8 @@ def main(argv: list[str]) -> int:
             run_here(comparison, todo, stop, say)
         else:
             run_children(comparison, todo, args.workers, args.gpus_per_worker, stop, say)
-    records = [
-        read_record(
+    records = {
+        (arm.name, seed): read_record(
             comparison.run_dir(arm, seed),
             arm.name,
             seed,
@@ -237,27 +337,47 @@ def main(argv: list[str]) -> int:
             args.target,
         )
         for arm, seed in runs
-    ]
+    }
+    warnings = _warnings(comparison, args.metric)
+    for line in warnings:
+        print(line, flush=True)
     lines = report.write(
         comparison.out,
         [(arm.name, arm.described()) for arm in comparison.arms],
-        records,
+        [r for (_, seed), r in records.items() if seed in comparison.seeds],
         comparison.seeds,
         args.metric,
         {(arm.name, seed): str(comparison.run_dir(arm, seed)) for arm, seed in runs},
         comparison.notes,
         None if comparison.sweep_value is None else comparison.sweep_value[1],
+        target=args.target,
+        sesoi=args.sesoi,
+        head=_head(comparison, argv, code, warnings),
+        tuned=[r for (_, seed), r in records.items() if seed in comparison.tuned_seeds],
     )
     for line in lines:
         print(line, flush=True)
     os.close(lock)
     print(f"wall time {time.perf_counter() - wall_start:.1f} s", flush=True)
     if stop.requested():
-        missing = sum(r.status == "not run" for r in records)
+        missing = sum(r.status == "not run" for r in records.values())
         print(
             f"stopped by {stop.signal_name}: {missing} runs have not ended (a stopped one kept "
             "its checkpoint); rerun the same command to resume the comparison.",
             flush=True,
         )
         return 1
+    unfinished = [r for r in records.values() if r.status in ("failed", "not run")]
+    if unfinished and not args.allow_partial:
+        named = ", ".join(f"{r.arm} seed {r.seed} {r.status}" for r in unfinished[:5])
+        more = f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else ""
+        print(
+            f"incomplete: {len(unfinished)} of {len(records)} planned runs did not end well "
+            f"({named}{more}); the report covers the others. Rerun the same command to run "
+            "them again (delete a failed run's compare_end.json first), or pass --allow_partial "
+            "to accept a partial comparison.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 3
     return 0
