@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -540,10 +541,11 @@ ARMS = [
     "--arm", "same:log_every=4",  # bookkeeping only: the same training as the baseline
     "--arm", "lowlr:optim.lr=1e-6,optim.min_lr=0",
     "--config.num_steps=8",
+    "--eval_tokens", "512",  # 8 batches of 4 × 16 tokens: quick on a CPU
 ]  # fmt: skip
 
 
-def _compare(env, out, *extra):
+def _compare(env, out, *extra, status=0):
     result = subprocess.run(
         [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out)]
         + ARMS
@@ -554,8 +556,8 @@ def _compare(env, out, *extra):
         cwd=REPO,
         env=env,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    assert result.returncode == status, result.stdout + result.stderr
+    return result.stdout if status == 0 else result
 
 
 @pytest.fixture(scope="module")
@@ -571,7 +573,7 @@ def compared(env, tmp_path_factory):
 
 
 def _values(out):
-    rows = list(csv.DictReader((Path(out) / "results.csv").open()))
+    rows = list(csv.DictReader((Path(out) / "results-final_val_loss.csv").open()))
     return {(r["arm"], int(r["seed"])): (r["status"], float(r["value"])) for r in rows}
 
 
@@ -583,24 +585,35 @@ def test_cli_identical_arms_agree_and_a_crippled_lr_is_worse(compared):
         stdout
     )
     lowlr = next(line for line in stdout.splitlines() if line.startswith("lowlr vs baseline"))
-    assert lowlr.endswith("(Holm-adjusted) over 3 paired seeds: worse"), lowlr
+    assert lowlr.endswith("(Bonferroni-adjusted over 2 arms) over 3 paired seeds: worse"), lowlr
     values = _values(out)
     for seed in range(3):
         for arm in ("baseline", "same", "lowlr"):
             run_dir = out / arm / f"seed-{seed}"
             last = [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r][-1]
             assert values[(arm, seed)] == ("ok", last)
-            assert f"'seed': {seed}" in (run_dir / "config.py").read_text()
+            config = (run_dir / "config.py").read_text()
+            assert f"'seed': {seed}" in config
+            assert "'eval_seed': 0" in config and "'eval_batches': 8" in config  # the fixed set
         assert values[("same", seed)] == values[("baseline", seed)]  # paired: the same batches
         assert values[("lowlr", seed)][1] > values[("baseline", seed)][1]
     assert len({values[("baseline", s)] for s in range(3)}) == 3  # the seeds differ
     # The report's statistics are scipy's on the recorded values.
     base = [values[("baseline", s)][1] for s in range(3)]
     low = [values[("lowlr", s)][1] for s in range(3)]
-    p = 2 * scipy_stats.ttest_rel(low, base).pvalue  # Holm, the other comparison's p being 1
+    p = 2 * scipy_stats.ttest_rel(low, base).pvalue  # Bonferroni over the 2 arms
     assert p < 0.05
-    assert f"| {p:.3g} |" in (out / "report.md").read_text()
-    assert (out / "figure.png").stat().st_size > 0
+    text = (out / "report-final_val_loss.md").read_text()
+    assert f"| {p:.3g} | 3 |" in text
+    low_ci, high_ci = scipy_stats.t.interval(
+        0.975, 2, loc=np.mean(np.subtract(low, base)),
+        scale=scipy_stats.sem(np.subtract(low, base)),
+    )  # fmt: skip
+    assert f"({low_ci:+.4f} … {high_ci:+.4f})" in text  # the simultaneous interval
+    for said in ("- command: `minigpt-jax compare --config", "commit ", "jax ", "- machine: ",
+                 "- date: ", "- eval set: 512 val tokens a pass"):  # fmt: skip
+        assert said in text, said
+    assert (out / "figure-final_val_loss.png").stat().st_size > 0
 
 
 @pytest.mark.slow
@@ -653,23 +666,84 @@ def test_cli_kill_9_then_a_rerun_resumes_from_the_checkpoints(tmp_path, env):
 
 @pytest.mark.slow
 def test_cli_time_to_target_reads_the_runs_again_without_training(compared, env):
-    """--metric is not the comparison's identity: the same OUT is read again, nothing trains.
-    A run that never reaches the target is named, not dropped silently."""
+    """--metric is not the comparison's identity: the same OUT is read again, nothing trains,
+    into its own report. A run that never reaches the target is censored, not dropped: the arm
+    that never reaches it is slower (issue 51, item 5)."""
     out, _ = compared
+    before = (out / "report-final_val_loss.md").read_text()
     values = _values(out)
     target = max(values[("baseline", s)][1] for s in range(3))  # each baseline run reaches it
     stdout = _compare(env, out, "--metric", "time_to_target", "--target", repr(target))
     assert "0 to run, 9 already ended" in stdout
-    rows = list(csv.DictReader((out / "results.csv").open()))
+    stem = f"time_to_target-{target:g}"
+    rows = list(csv.DictReader((out / f"results-{stem}.csv").open()))
     for row in rows:
         assert row["metric"] == "time_to_target"
         if row["arm"] == "lowlr":  # lr 1e-6: its loss stays near ln(vocab)
-            assert row["value"] == "" and row["seconds_to_target"] == ""
+            assert row["value"] == "" and float(row["train_seconds"]) > 0
         else:
             assert float(row["value"]) > 0 and row["value"] == row["seconds_to_target"]
     lowlr = next(line for line in stdout.splitlines() if line.startswith("lowlr vs baseline"))
-    assert "no test (2 needed)" in lowlr and "lowlr seed 0 did not reach the target" in lowlr
-    assert "target not reached" in (out / "report.md").read_text()
+    assert "reached within budget 0/3 (baseline 3/3); faster at 0, slower at 3, tied at 0" in (
+        lowlr
+    )
+    assert "no test" not in lowlr
+    assert "target not reached (censored)" in (out / f"report-{stem}.md").read_text()
+    assert (out / "report-final_val_loss.md").read_text() == before  # not overwritten
+
+
+@pytest.mark.slow
+def test_cli_an_incomplete_comparison_fails_unless_partial_is_allowed(compared, env, tmp_path):
+    """Issue 51, item 2: a planned run that did not end well used to leave exit 0."""
+    out = tmp_path / "out"
+    shutil.copytree(compared[0], out)
+    (out / "same" / "seed-1" / "compare_end.json").write_text(
+        json.dumps({"status": "failed", "error": "a worker died"}) + "\n"
+    )
+    result = _compare(env, out, status=3)
+    assert "0 to run, 9 already ended" in result.stdout
+    assert result.stderr.startswith(
+        "incomplete: 1 of 9 planned runs did not end well (same seed 1 failed)"
+    ), result.stderr
+    assert "--allow_partial" in result.stderr
+    _compare(env, out, "--allow_partial")
+
+
+@pytest.mark.slow
+def test_cli_seeds_grow_an_existing_comparison(compared, env, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(compared[0], out)
+    old = _values(out)
+    arms = [a if a != "3" else "4" for a in ARMS]
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out),
+         *arms],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 to run, 9 already ended (grown" in result.stdout
+    grown = _values(out)
+    assert {k: v for k, v in grown.items() if k[1] < 3} == old  # the old runs read, not rerun
+    assert sorted(k for k in grown if k[1] == 3) == [("baseline", 3), ("lowlr", 3), ("same", 3)]
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["identity"]["seeds"] == [0, 1, 2, 3] and len(saved["earlier"]) == 1
+    text = (out / "report-final_val_loss.md").read_text()
+    assert "- grown from `minigpt-jax compare --config" in text
+    assert "every arm is now judged against 2 comparisons" in text
+
+
+@pytest.mark.slow
+def test_cli_aa_trains_the_config_against_itself_on_disjoint_seeds(env, tmp_path):
+    out = tmp_path / "aa"
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out),
+         "--aa", "--seeds", "2", "--config.num_steps=8", "--eval_tokens", "512"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in (out / "aa").iterdir()) == [f"seed-{2**30}", f"seed-{2**30 + 1}"]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("aa vs baseline: "))
+    assert "over 2 paired seeds" in line, line
 
 
 def test_fresh_seeds_skip_the_ones_a_sweep_tuned_on():
@@ -690,13 +764,15 @@ def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp
     rows = list(csv.DictReader((sweep_out / "trials.csv").open()))
     best = min(rows, key=lambda r: float(r["value"]))
     recheck = [sys.executable, "-m", "minigpt_jax", "compare", "--from_sweep", str(sweep_out)]
-    recheck += ["--baseline", TINY, "--out", str(out), "--workers", "2"]
+    recheck += ["--baseline", TINY, "--out", str(out), "--workers", "2", "--eval_tokens", "512"]
     refused = subprocess.run(recheck + ["--seeds", "0,1"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and not out.exists()
     assert "seed 0 is one the sweep tuned on" in refused.stderr  # configs/tiny.py's seed
     result = subprocess.run(recheck + ["--seeds", "2"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(p.name for p in (out / "sweep_best").iterdir()) == ["seed-1", "seed-2"]
+    # the fresh seeds 1 and 2, and the tuned seed 0 for the paired winner's-curse check
+    assert sorted(p.name for p in (out / "sweep_best").iterdir()) == ["seed-0", "seed-1", "seed-2"]
+    assert sorted(p.name for p in (out / "baseline").iterdir()) == ["seed-0", "seed-1", "seed-2"]
     winner = (out / "sweep_best" / "seed-1" / "config.py").read_text()
     baseline = (out / "baseline" / "seed-1" / "config.py").read_text()
     lr = best["params_optim.lr"] if "params_optim.lr" in best else best["optim.lr"]
@@ -704,5 +780,22 @@ def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp
     assert "'num_steps': 6" in winner and "'num_steps': 6" in baseline  # the sweep's --set
     sweep_value = float(best["value"])
     assert f"best val loss {sweep_value:.4f} in the sweep" in result.stdout
-    assert "rerun here on fresh seeds 1, 2" in result.stdout
+    assert "rerun here on fresh seeds 1, 2; both arms also at its seed 0" in result.stdout
     assert "sweep_best vs baseline:" in result.stdout
+    rows = {
+        (r["arm"], int(r["seed"])): float(r["value"])
+        for r in csv.DictReader((out / "results-best_val_loss.csv").open())
+    }
+    assert set(rows) == {(a, s) for a in ("baseline", "sweep_best") for s in (1, 2)}
+    fresh = [rows[("sweep_best", s)] - rows[("baseline", s)] for s in (1, 2)]
+    tuned = [
+        min(r["val_loss"] for r in read_metrics(out / arm / "seed-0") if "val_loss" in r)
+        for arm in ("sweep_best", "baseline")
+    ]
+    tuned_diff = tuned[0] - tuned[1]
+    optimism = np.mean(fresh) - tuned_diff
+    assert f"paired difference from the baseline is {tuned_diff:+.4f} nats" in result.stdout
+    assert f"a paired selection optimism of {optimism:+.4f} nats" in result.stdout
+    half = scipy_stats.t.ppf(0.975, 1) * np.std(fresh, ddof=1) * math.sqrt(1 + 1 / 2)
+    low, high = np.mean(fresh) - half, np.mean(fresh) + half
+    assert f"would lie in {low:+.4f} … {high:+.4f} (95% prediction interval)" in result.stdout

@@ -4,48 +4,61 @@ their difference from the baseline is real (paired statistics over the seeds).
     minigpt-jax compare --config configs/tiny.py --out compares/norm --seeds 5 \\
         --arm rmsnorm:model.norm=rmsnorm [--arm NAME:key=value[,key=value] ...] \\
         [--baseline NAME] [--set key=value ...] [--config.key=value ...] [--workers K] \\
-        [--metric final_val_loss|best_val_loss|time_to_target --target LOSS]
+        [--metric final_val_loss|best_val_loss|time_to_target --target LOSS] [--sesoi X] \\
+        [--eval_tokens N] [--allow_partial]
+    minigpt-jax compare --config configs/tiny.py --out compares/aa --seeds 10 --aa
     minigpt-jax compare --from_sweep SWEEP_OUT [--study NAME] --baseline configs/X.py \\
         --out compares/recheck --seeds 5
 
 Arms: the baseline is the --config unchanged (named `baseline`), unless --baseline names one of
 the --arm arms (an --arm NAME with no settings is the config unchanged). --set (or
---config.key=value) applies to every arm. Seeds: `--seeds 5` is seeds 0..4, `--seeds 3,7,11`
-those; config.seed fixes the initialisation, the data order and dropout, so every arm at seed S
-sees the same batches: the differences are paired.
+--config.key=value) applies to every arm. --aa: the config against itself (arm aa) on seeds
+2**30 above the baseline's, to see how often identical arms differ. Seeds: `--seeds 5` is seeds
+0..4, `--seeds 3,7,11` those, each checked against the config before anything trains;
+config.seed fixes the initialisation, the data order and dropout, so every arm at seed S sees
+the same batches: the differences are paired. Every run is scored on one fixed eval set: at
+least --eval_tokens val tokens a pass (default 8192), drawn with one key (config.eval_seed 0)
+whatever the seed.
 
 A sweep's winner (--from_sweep): its best trial's config (arm sweep_best) against --baseline
 CONFIG (arm baseline), both with the sweep's own fixed settings (its --set), on seeds none of
-its trials used (`--seeds 5`: the five smallest such; a list naming a tuned seed is refused);
-the metric is the sweep's objective, and the report sets the winner's value in the sweep beside
-its mean on the fresh seeds (how much of the win was the tuned seed's luck).
+its trials used (`--seeds 5`: the five smallest such; a list naming a tuned seed is refused),
+and both at the winner's tuned seed too: the report gives the paired selection optimism (the
+fresh seeds' mean paired difference minus the tuned seed's) with its interval, and whether the
+tuned seed's difference lies in the 95% prediction interval of one fresh seed's.
 
 Each arm at each seed is an ordinary run directory, OUT/ARM/seed-S/ (config.py, metrics.jsonl,
 checkpoints: `minigpt-jax sample --workdir` reads it), trained one after another in this process
 or, with --workers K, in K `minigpt-jax train` processes at once. OUT/compare.json records the
-comparison (the config, --set, the arms, the baseline, the seeds): the same command run again
-resumes it, training only the runs that have not ended (a stopped one from its checkpoint); any
-other is refused, naming what differs. A run that fails or diverges is recorded as such, shown
-in the verdicts and the tables, and left out of the pairs; delete its compare_end.json to run
-it again.
+comparison (the config, --set, the arms, the baseline, the seeds, the eval set) and the code
+version: the same command run again resumes it, training only the runs that have not ended (a
+stopped one from its checkpoint); more --seeds or more --arm grow it (the new runs train, the
+others are read); any other command, or other code, is refused, naming what differs. A run that
+fails or diverges is recorded as such, shown in the verdicts and the tables, and left out of the
+pairs; delete its compare_end.json to run it again.
 
-Written into OUT: report.md (a verdict per arm, then the tables: per arm the mean, its 95% t
-interval and the seed-to-seed std; against the baseline the paired difference, its 95% interval,
-the paired t-test's p, Holm-adjusted with two or more arms, the Wilcoxon signed-rank p beside
-it, and when not significant the seeds a paired t-test needs to detect the observed difference
-with 80% power at alpha 0.05), results.csv (one row per arm and seed) and figure.png (the
-val-loss curves, mean and a band of one std per arm, and the per-seed differences; skipped with
-a note without matplotlib). --metric is not part of the comparison: a rerun with another reads
-the same runs again (time_to_target: the training seconds to the first evaluation at or below
---target, start-up, compilation and evaluation left out; a run that never reaches it is named).
-Exit status 0 once every run has ended (failed ones included), 1
-when a signal stopped the comparison (rerun to resume it), 2 for a refused command.
+Written into OUT, one set per metric: report-METRIC.md (the command, versions, commit, machine,
+date and eval set; a verdict per arm; a compact table arm | Δ (CI) | % of baseline | d_z | p_adj
+| n; the arms' means, intervals and seed std), results-METRIC.csv (one row per arm and seed) and
+figure-METRIC.png (skipped with a note without matplotlib). With m arms against the baseline each
+is judged at alpha 0.05/m: its paired t-test's p times m (Bonferroni) beside its simultaneous
+1 - 0.05/m interval, so the verdict never contradicts the interval. When not significant: the
+minimum detectable effect at the seeds run; with --sesoi X, the paired TOST verdict "equivalent
+within ±X" or "not shown equivalent" with its 1 - 2α interval, and the seeds that would detect
+X. time_to_target (training seconds to the first evaluation at or below --target, start-up,
+compilation and evaluation left out): a run that never reaches it is censored at its training
+time; "reached within budget k/n" per arm and a paired sign test. --metric is not part of the
+comparison: a rerun with another reads the same runs again into its own files.
+Exit status 0 once every run has ended well (a diverged run counts: it is a result), 1 when a
+signal stopped the comparison (rerun to resume it), 2 for a refused command, 3 when a planned
+run failed or did not end (a killed worker) unless --allow_partial.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -78,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser()
     add = parser.add_argument
     add("--config", default=None, help="the base config file[:arg], e.g. configs/tiny.py")
-    add("--out", required=True, help="the comparison's folder: ARM/seed-S/, report.md, ...")
+    add("--out", required=True, help="the comparison's folder: ARM/seed-S/, report-METRIC.md, ...")
     add(
         "--arm",
         action="append",
@@ -280,13 +293,16 @@ def _head(comparison: plans.Comparison, argv, code, warnings: list[str]) -> list
         f"- eval set: {' / '.join(f'{n:,}' for n in sizes)} val tokens a pass, drawn once with "
         "one key for every arm and seed (--eval_tokens)"
     )
-    return [
-        *provenance.lines(["minigpt-jax", "compare", *argv], code),
-        eval_words,
-        "",
-        *warnings,
-        "",
-    ]
+    grown = []
+    for earlier in plans.earlier_commands(comparison):
+        identity = earlier["identity"]
+        grown.append(
+            f"- grown from `{shlex.join(earlier['command'])}` (seeds {identity['seeds']}, arms "
+            f"{', '.join(identity['arms'])}); every arm is now judged against "
+            f"{len(comparison.arms) - 1} comparisons"
+        )
+    command = ["minigpt-jax", "compare", *argv]
+    return [*provenance.lines(command, code), eval_words, *grown, "", *warnings, ""]
 
 
 def main(argv: list[str]) -> int:

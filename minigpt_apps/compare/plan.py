@@ -598,6 +598,12 @@ def _code_words(code: dict[str, str]) -> str:
     return f"minigpt_jax {code.get('minigpt_jax')} at commit {code.get('commit') or 'unknown'}"
 
 
+def earlier_commands(comparison: Comparison) -> list[dict]:
+    """The commands (and identities) a growth of OUT replaced, oldest first."""
+    path = comparison.out / IDENTITY_FILE
+    return json.loads(path.read_text()).get("earlier", []) if path.exists() else []
+
+
 def write_identity(comparison: Comparison, command: list[str], code: dict[str, str]) -> None:
     """OUT/compare.json: the identity, the code version, the command that made it (to rerun
     it) and the earlier commands a growth replaced."""
