@@ -515,6 +515,32 @@ def test_every_run_is_scored_on_one_fixed_eval_set(tmp_path):
     assert aa.run_dir(aa.arms[1], 1).name == f"seed-{1 + 2**30}"  # disjoint from the baseline's
 
 
+def test_an_in_process_stop_is_said_on_the_terminal_not_in_the_runs_log(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 51, item 9: the stop line went to the run's train.log (stdout was redirected)."""
+    import types
+
+    from minigpt_apps.compare import runs
+    from minigpt_jax.train import loop
+
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2", "--arm", "x:log_every=3"]
+    )[0]
+
+    def stopped(config, workdir, progress):
+        print("the run's own output")
+        return types.SimpleNamespace(interrupted_by="SIGTERM", step=3)
+
+    monkeypatch.setattr(loop, "train_and_evaluate", stopped)
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)  # the command's own say
+    said = capsys.readouterr().out
+    assert said == "baseline seed 0: stopped by SIGTERM at step 3, checkpoint kept\n"
+    log = (tmp_path / "o" / "baseline" / "seed-0" / "train.log").read_text()
+    assert log == "the run's own output\n"
+
+
 def test_another_comparison_in_out_is_refused_naming_what_differs(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()

@@ -325,7 +325,7 @@ def main(argv: list[str]) -> int:
         return 2
     record_signals_while_starting()  # until CompareStop takes them (or a run's own stop)
     if state != "resume":
-        plans.write_identity(comparison, [PROG, *argv], code)
+        plans.write_identity(comparison, ["minigpt-jax", "compare", *argv], code)
     runs = comparison.runs()
     todo = [(arm, seed) for arm, seed in runs if not has_ended(comparison.run_dir(arm, seed))]
     grown = " (grown: the new seeds and arms train, the others are read)" * (state == "grow")
