@@ -825,3 +825,16 @@ def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp
     half = scipy_stats.t.ppf(0.975, 1) * np.std(fresh, ddof=1) * math.sqrt(1 + 1 / 2)
     low, high = np.mean(fresh) - half, np.mean(fresh) + half
     assert f"would lie in {low:+.4f} … {high:+.4f} (95% prediction interval)" in result.stdout
+
+
+def test_arms_evaluating_at_other_cadences_are_warned_of_under_best_val_loss(tmp_path):
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2",
+         "--arm", "often:eval_every=10", "--metric", "best_val_loss"]
+    )[0]  # fmt: skip
+    warned = command._warnings(comparison, "best_val_loss")
+    assert warned == [
+        "warning: the arms evaluate at different cadences (eval_every: baseline 20, often 10); "
+        "the best val loss favours the arm that evaluates more often."
+    ]
+    assert command._warnings(comparison, "final_val_loss") == []
