@@ -714,7 +714,7 @@ def test_cli_time_to_target_reads_the_runs_again_without_training(compared, env)
         lowlr
     )
     assert "no test" not in lowlr
-    assert "target not reached (censored)" in (out / f"report-{stem}.md").read_text()
+    assert "| not reached (censored at " in (out / f"report-{stem}.md").read_text()
     assert (out / "report-final_val_loss.md").read_text() == before  # not overwritten
 
 

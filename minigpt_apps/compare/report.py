@@ -263,7 +263,7 @@ def _run_cell(record: RunRecord, metric: str) -> str:
     if record.value(metric) is not None:
         return f"{record.value(metric):.4f}"
     if record.status == "ok":
-        return "target not reached (censored)"
+        return f"not reached (censored at {record.train_seconds:.1f} s)"
     step = f" after step {record.last_step}" if record.last_step else ""
     return f"{record.status}{step}"
 
@@ -318,7 +318,8 @@ def markdown(
             "A run that trained to its end without reaching the target is censored at its "
             "training time: slower than every run that reached it, tied with another that did "
             "not. The paired sign test (scipy's exact binomial test) counts the seeds where the "
-            f"arm came first; p_adj is Bonferroni's over the {m} arms, significant below 0.05.",
+            f"arm came first; p_adj is Bonferroni's over the {m} arm{'s' * (m != 1)}, significant "
+            "below 0.05.",
         ]
     else:
         lines += [
@@ -471,7 +472,9 @@ def figures(
             base = base_evals.get(rec.seed, {})
             both = [(s, v - base[s]) for s, v in rec.evals if s in base]
             if both:
-                over_steps.plot(*zip(*both, strict=True), color=color, alpha=0.6, lw=1)
+                over_steps.plot(
+                    *zip(*both, strict=True), color=color, alpha=0.6, lw=1, marker="o", ms=3
+                )
     if target is not None:
         curves.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
     curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
