@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from minigpt_apps.compare import command, plan, provenance, report, stats
+from minigpt_apps.compare import command, plan, report, stats
 from minigpt_apps.compare.record import RunRecord
 from minigpt_jax.train.metrics import read_metrics
 
@@ -457,7 +457,7 @@ def test_an_unusable_out_is_one_line(tmp_path, capsys):
 def _saved(out, arguments, code=None):
     comparison = command.check(["--config", TINY, "--out", str(out), *arguments])[0]
     out.mkdir(exist_ok=True)
-    plan.write_identity(comparison, ["x"], code or provenance.code_version())
+    plan.write_identity(comparison, ["x"], code or plan.code_version())
     return comparison
 
 
@@ -478,7 +478,7 @@ def test_seeds_and_arms_may_grow_but_not_across_code_versions(tmp_path):
             "y:log_every=7",
         ]
     )[0]
-    code = provenance.code_version()
+    code = plan.code_version()
     assert plan.check_out(grown, code) == "grow"
     fewer = command.check(
         ["--config", TINY, "--out", str(out), "--seeds", "0,1", "--arm", "x:log_every=3"]
@@ -546,7 +546,7 @@ def test_another_comparison_in_out_is_refused_naming_what_differs(tmp_path, caps
     out.mkdir()
     arms = ["--arm", "x:log_every=3"]
     identity = command.check(["--config", TINY, "--out", str(out), "--seeds", "3", *arms])[0]
-    code = provenance.code_version()
+    code = plan.code_version()
     (out / "compare.json").write_text(json.dumps({"identity": identity.identity, "code": code}))
     before = sorted(p.name for p in out.iterdir())
     status = command.main(["--config", TINY, "--out", str(out), "--seeds", "0,1", *arms])

@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 from minigpt_apps.compare import plan as plans
-from minigpt_apps.compare import provenance, report
+from minigpt_apps.compare import report
 from minigpt_apps.compare.record import has_ended, read_record
 from minigpt_apps.compare.runs import CompareStop, run_children, run_here
 from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
@@ -302,7 +302,7 @@ def _head(comparison: plans.Comparison, argv, code, warnings: list[str]) -> list
             f"{len(comparison.arms) - 1} comparisons"
         )
     command = ["minigpt-jax", "compare", *argv]
-    return [*provenance.lines(command, code), eval_words, *grown, "", *warnings, ""]
+    return [*report.provenance_lines(command, code), eval_words, *grown, "", *warnings, ""]
 
 
 def main(argv: list[str]) -> int:
@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
     wall_start = time.perf_counter()
     try:
         comparison, args = check(argv)
-        code = provenance.code_version()
+        code = plans.code_version()
         state = plans.check_out(comparison, code)
         try:
             comparison.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """What a comparison is: its arms (the base config with each arm's overrides, typed and checked
 like the sweep's --set), its seeds, where each run lives (OUT/ARM/seed-S/, config.seed = S) and
-its identity, recorded in OUT/compare.json so a rerun of the same command resumes it and any
-other command is refused, naming what differs. Every problem is a CompareError of one line,
+its identity, recorded in OUT/compare.json with the code version so a rerun of the same
+command resumes it (or, with more seeds or arms, grows it) and any other command, or other code,
+is refused, naming what differs. Every problem is a CompareError of one line,
 raised before anything is written."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -509,6 +511,33 @@ def plan_from_sweep(
     comparison.identity["sweep"] = {"out": str(sweep_out.resolve()), "study": winner.study}
     comparison.sweep_value = (winner.objective, winner.value)
     return comparison
+
+
+# ----------------------------------------------------------------------------- code version
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def code_version() -> dict[str, str]:
+    """{"minigpt_jax": its version, "commit": the checkout's commit ("+changes" when the
+    library or the apps differ from it; "" outside a git checkout)}."""
+    from minigpt_jax import __version__
+
+    commit = _git("rev-parse", "HEAD")
+    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", "minigpt_jax",
+                       "minigpt_apps"):  # fmt: skip
+        commit += "+changes"
+    return {"minigpt_jax": __version__, "commit": commit}
 
 
 def _plain(value: Any) -> Any:

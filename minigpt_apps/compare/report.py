@@ -2,7 +2,8 @@
 tables, in OUT/report-METRIC.md (one per metric: another --metric never overwrites it); one row
 per arm and seed in OUT/results-METRIC.csv; the curves and the paired differences in
 OUT/figure-METRIC.png when matplotlib is installed. A run that failed, diverged or has not run is
-named in the verdicts and the tables, never dropped silently.
+named in the verdicts and the tables, never dropped silently. The report starts with how it was
+made: the command, the versions, the commit, the machine and the date.
 
 With m arms against the baseline each is judged at level alpha/m (Bonferroni): its p is adjusted
 by m and printed beside its simultaneous 1 - alpha/m interval, so the verdict and the interval
@@ -16,8 +17,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
+import importlib.metadata
 import io
 import os
+import platform
+import shlex
 from pathlib import Path
 
 from minigpt_apps.compare import stats
@@ -423,6 +428,47 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
                 ]
             )
     return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _accelerator() -> str:
+    import jax
+
+    devices = jax.devices()
+    return f"{len(devices)} × {devices[0].device_kind} ({jax.default_backend()})"
+
+
+def provenance_lines(command: list[str], code: dict[str, str]) -> list[str]:
+    """report.md's provenance: one line each for the command, versions, commit, machine, date."""
+    versions = ", ".join(
+        f"{name} {_version(name)}" for name in ("jax", "flax", "optax", "numpy", "scipy")
+    )
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        f"- command: `{shlex.join(command)}`",
+        f"- minigpt_jax {code['minigpt_jax']}, commit {code['commit'] or 'unknown'}; {versions}",
+        f"- machine: {_cpu()}; devices {_accelerator()}; python {platform.python_version()}",
+        f"- date: {now}",
+    ]
 
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
