@@ -838,3 +838,19 @@ def test_arms_evaluating_at_other_cadences_are_warned_of_under_best_val_loss(tmp
         "the best val loss favours the arm that evaluates more often."
     ]
     assert command._warnings(comparison, "final_val_loss") == []
+
+
+def test_a_planned_run_that_never_ended_fails_the_command(tmp_path, monkeypatch, capsys):
+    """Issue 51, item 2: a killed worker left its run without an end, and the command still
+    exited 0 with a verdict over the others."""
+    monkeypatch.setattr(command, "run_here", lambda *args: None)  # every worker killed
+    out = tmp_path / "out"
+    args = ["--config", TINY, "--out", str(out), "--seeds", "2", "--arm", "x:log_every=3"]
+    assert command.main(args) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "incomplete: 4 of 4 planned runs did not end well (baseline seed 0 not run, x seed 0 "
+        "not run, baseline seed 1 not run, x seed 1 not run)"
+    ), err
+    assert (out / "report-final_val_loss.md").exists()  # the report says what there is
+    assert command.main([*args, "--allow_partial"]) == 0

@@ -524,7 +524,8 @@ def figures(
     if target is not None:
         curves.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
     curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
-    curves.legend(fontsize=8)
+    if curves.get_legend_handles_labels()[0]:  # no run evaluated yet: no legend
+        curves.legend(fontsize=8)
     over_steps.axhline(0.0, color="grey", lw=0.8)
     over_steps.set(
         xlabel="step", ylabel="arm − baseline, val loss (nats)", title="per-seed paired differences"
