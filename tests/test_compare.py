@@ -838,6 +838,13 @@ def test_arms_evaluating_at_other_cadences_are_warned_of_under_best_val_loss(tmp
         "the best val loss favours the arm that evaluates more often."
     ]
     assert command._warnings(comparison, "final_val_loss") == []
+    sized = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "s"), "--seeds", "2",
+         "--arm", "big:eval_batches=200", "--eval_tokens", "512"]
+    )[0]  # fmt: skip
+    assert command._warnings(sized, "final_val_loss") == [
+        "warning: the arms are scored on eval sets of different sizes (baseline 512, big 12,800)."
+    ]
 
 
 def test_a_planned_run_that_never_ended_fails_the_command(tmp_path, monkeypatch, capsys):
