@@ -23,8 +23,8 @@ the flags, each command's call, its errors as one line and its exit statuses.
                      [--arm ...] [--baseline NAME] [--set key=value ...] [--workers K]
                      [--metric final_val_loss|best_val_loss|time_to_target --target LOSS]
   minigpt-jax compare --from_sweep SWEEP_OUT --baseline configs/X.py --out DIR --seeds 5
-                     (arms over paired seeds: verdicts with paired tests, report.md,
-                      results.csv; its own flags: minigpt-jax compare --help)
+                     (arms over paired seeds: verdicts with paired tests, report-METRIC.md,
+                      results-METRIC.csv; its own flags: minigpt-jax compare --help)
   minigpt-jax lab    [--port 7860] [--open] [--lang en|es]      (needs the `lab` extra)
 
 `sweep`, `compare` and `lab` live outside the library, in minigpt_apps/: they are the entry

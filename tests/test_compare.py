@@ -8,6 +8,8 @@ import csv
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,23 +86,120 @@ def test_paired_refuses_unpaired_or_single_values():
         stats.summarize([1.0])
 
 
-def test_holm_on_a_hand_worked_example():
-    # Sorted: 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> made
-    # non-decreasing: 0.02, 0.03, 0.06, 0.06; back in the input order:
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert stats.holm([0.5, 0.9]) == [1.0, 1.0]  # 2 x 0.5, capped at 1
-    assert stats.holm([0.2]) == [0.2]
+def test_bonferroni_matches_statsmodels_and_the_hand_worked_values():
+    from statsmodels.stats.multitest import multipletests
+
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert stats.bonferroni(p) == pytest.approx([0.04, 0.16, 0.12, 0.02])  # 4 × p
+    assert stats.bonferroni(p) == pytest.approx(list(multipletests(p, method="bonferroni")[1]))
+    assert stats.bonferroni([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+    assert stats.bonferroni([0.2]) == [0.2]
 
 
 def test_power_of_the_paired_t_test_matches_the_textbook():
     # G*Power's manual, matched pairs: d_z = 0.5, alpha 0.05 two-tailed, power 0.80 -> 34
     # pairs, actual power 0.8078.
-    assert stats.seeds_to_detect(0.5, 1.0) == 34
+    assert stats.seeds_for_effect(0.5, 1.0) == 34
     assert stats.paired_t_power(0.5, 34) == pytest.approx(0.8078, abs=5e-5)
     assert stats.paired_t_power(0.5, 33) < 0.80
-    assert stats.seeds_to_detect(-0.004, 0.008) == 34  # the sign and the units do not matter
-    assert stats.seeds_to_detect(0.0, 1.0) is None
-    assert stats.seeds_to_detect(1e-4, 1.0) is None  # beyond MAX_SEEDS
+    assert stats.seeds_for_effect(-0.004, 0.008) == 34  # the sign and the units do not matter
+    assert stats.seeds_for_effect(0.0, 1.0) is None
+    assert stats.seeds_for_effect(1e-4, 1.0) is None  # beyond MAX_SEEDS
+
+
+def test_power_agrees_with_statsmodels_at_the_arms_level():
+    from statsmodels.stats.power import TTestPower
+
+    for effect, n, alpha in [(0.5, 34, 0.05), (1.2, 6, 0.025), (2.0, 4, 0.05 / 3), (0.3, 80, 0.01)]:
+        expected = TTestPower().power(effect, n, alpha, alternative="two-sided")
+        assert stats.paired_t_power(effect, n, alpha) == pytest.approx(expected, abs=1e-6)
+    # A stricter level needs more seeds for the same effect.
+    assert stats.seeds_for_effect(0.5, 1.0, alpha=0.025) > stats.seeds_for_effect(0.5, 1.0)
+
+
+def test_power_where_scipy_gives_nan_is_not_read_as_enough():
+    """The issue's case: +0.6333 nats, differences' std 0.0990, 2 seeds (d_z 6.40). scipy's
+    noncentral t gives nan there; the power is about 0.52 (a simulation agrees) and 3 seeds
+    are needed, not 2."""
+    d_z = 0.6333153247833252 / 0.09902048024107062
+    critical = scipy_stats.t.ppf(0.975, 1)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = scipy_stats.nct.sf(critical, 1, d_z * math.sqrt(2)) + scipy_stats.nct.cdf(
+            -critical, 1, d_z * math.sqrt(2)
+        )
+    assert math.isnan(raw)
+    rng = np.random.default_rng(0)
+    draws = rng.standard_normal((400_000, 2)) + d_z
+    t = draws.mean(1) / (draws.std(1, ddof=1) / math.sqrt(2))
+    simulated = float(np.mean(np.abs(t) > critical))
+    assert stats.paired_t_power(d_z, 2) == pytest.approx(simulated, abs=0.005)
+    assert stats.seeds_for_effect(0.6333153247833252, 0.09902048024107062) == 3
+
+
+def test_minimum_detectable_effect_has_the_power_asked_for():
+    from statsmodels.stats.power import TTestPower
+
+    expected = TTestPower().solve_power(nobs=10, alpha=0.05, power=0.8)  # in d_z
+    assert stats.detectable_effect(10, 0.02) == pytest.approx(expected * 0.02, rel=1e-6)
+    mde = stats.detectable_effect(2, 1.0)  # where statsmodels' own search would hit nan
+    assert stats.paired_t_power(mde, 2) == pytest.approx(0.80, abs=1e-6)
+    assert stats.detectable_effect(34, 1.0) < 0.5 < stats.detectable_effect(33, 1.0, alpha=0.01)
+
+
+def test_tost_matches_statsmodels_and_the_textbook_formula():
+    from statsmodels.stats.weightstats import ttost_paired
+
+    arm = [4.021, 4.105, 3.998, 4.087, 4.050, 4.012]
+    base = [4.020, 4.100, 4.010, 4.080, 4.061, 4.000]
+    result = stats.tost(arm, base, 0.03)
+    assert result.p == pytest.approx(ttost_paired(np.array(arm), np.array(base), -0.03, 0.03)[0])
+    # Schuirmann's two one-sided tests by hand: t = (mean ± margin) / se on n - 1 df.
+    diff = np.subtract(arm, base)
+    se = diff.std(ddof=1) / math.sqrt(6)
+    p_low = scipy_stats.t.sf((diff.mean() + 0.03) / se, 5)
+    p_high = scipy_stats.t.cdf((diff.mean() - 0.03) / se, 5)
+    assert result.p == pytest.approx(max(p_low, p_high), rel=1e-9)
+    half = scipy_stats.t.ppf(0.95, 5) * se  # the 90% interval of TOST at alpha 0.05
+    assert (result.ci_low, result.ci_high) == pytest.approx(
+        (diff.mean() - half, diff.mean() + half)
+    )
+    assert result.equivalent and result.confidence == pytest.approx(0.90)
+    assert not stats.tost(arm, base, 0.005).equivalent
+
+
+def test_tost_and_its_interval_always_agree():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        base = rng.normal(4.0, 0.1, n)
+        arm = base + rng.normal(rng.normal(0, 0.02), rng.uniform(0.001, 0.05), n)
+        margin, alpha = float(rng.uniform(0.005, 0.06)), float(rng.choice([0.05, 0.025]))
+        e = stats.tost(arm, base, margin, alpha)
+        assert e.equivalent == (-margin < e.ci_low and e.ci_high < margin)
+
+
+def test_censored_sign_test_counts_a_miss_as_slowest():
+    # A textbook sign test: 9 of 10 pairs one way, p = 2 × 11/1024 = 0.0215.
+    arm = [1.0] * 9 + [3.0]
+    base = [2.0] * 10
+    result = stats.censored_sign_test(arm, base)
+    assert (result.faster, result.slower, result.ties) == (9, 1, 0)
+    assert result.p == pytest.approx(2 * 11 / 1024)
+    # None: never reached (censored at its training time): slower than any reached time.
+    result = stats.censored_sign_test([1.0, None, None, 5.0], [2.0, 9.0, None, 4.0])
+    assert (result.faster, result.slower, result.ties) == (1, 2, 1)
+    assert result.p == pytest.approx(scipy_stats.binomtest(1, 3).pvalue)
+
+
+def test_prediction_interval_matches_statsmodels_ols():
+    import statsmodels.api as sm
+
+    values = [0.12, 0.08, 0.15, 0.11, 0.05]
+    fit = sm.OLS(values, np.ones(5)).fit()
+    frame = fit.get_prediction(np.ones(1)).summary_frame(alpha=0.05)
+    low, high = stats.prediction_interval(values)
+    assert (low, high) == pytest.approx((frame["obs_ci_lower"][0], frame["obs_ci_upper"][0]))
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -114,7 +213,7 @@ def _records(arm: str, values: list, statuses: dict | None = None) -> list[RunRe
     ]
 
 
-def test_verdicts_say_better_worse_or_how_many_seeds_with_holm():
+def test_verdicts_read_the_bonferroni_p_beside_its_simultaneous_interval():
     base = [4.10, 4.20, 4.15, 4.05, 4.12]
     better = [v - d for v, d in zip(base, [0.02, 0.025, 0.018, 0.022, 0.021], strict=True)]
     noisy = [v + d for v, d in zip(base, [0.01, -0.012, 0.02, -0.004, 0.006], strict=True)]
@@ -122,24 +221,119 @@ def test_verdicts_say_better_worse_or_how_many_seeds_with_holm():
     results = report.analyse(
         [("baseline", "-"), ("better", "a"), ("noisy", "b")], records, "final_val_loss"
     )
-    raw = [
-        scipy_stats.ttest_rel(better, base).pvalue,
-        scipy_stats.ttest_rel(noisy, base).pvalue,
-    ]
-    # Holm by hand for two p-values: the smaller doubled, the larger max(itself, that)
-    low, high = sorted(raw)
-    holm = {low: 2 * low, high: max(high, 2 * low)}
-    assert results[1].p == pytest.approx(holm[raw[0]])
-    assert results[2].p == pytest.approx(holm[raw[1]])
-    assert results[1].verdict.startswith("better vs baseline: -0.0212 nats (95% CI ")
-    assert results[1].verdict.endswith("(Holm-adjusted) over 5 paired seeds: better")
-    diff = np.subtract(noisy, base)
-    expected_n = stats.seeds_to_detect(diff.mean(), diff.std(ddof=1))
-    assert results[2].verdict.endswith(
-        f": no difference detectable at 5 seeds; about {expected_n} would detect "
-        f"{abs(diff.mean()):.4f}"
+    raw = [scipy_stats.ttest_rel(better, base).pvalue, scipy_stats.ttest_rel(noisy, base).pvalue]
+    assert [results[1].p, results[2].p] == pytest.approx([min(1, 2 * p) for p in raw])
+    assert results[1].verdict.startswith("better vs baseline: -0.0212 nats (97.5% CI, ")
+    assert results[1].verdict.endswith(
+        "(Bonferroni-adjusted over 2 arms) over 5 paired seeds: better"
     )
-    assert f"p = {holm[raw[1]]:.3f} (Holm-adjusted)" in results[2].verdict
+    diff = np.subtract(noisy, base)
+    low, high = scipy_stats.t.interval(
+        0.975, 4, loc=diff.mean(), scale=diff.std(ddof=1) / math.sqrt(5)
+    )
+    assert f"(97.5% CI, simultaneous over 2 arms {low:+.4f} … {high:+.4f})" in results[2].verdict
+    mde = stats.detectable_effect(5, diff.std(ddof=1), alpha=0.025)
+    assert results[2].verdict.endswith(
+        f"no difference detected at 5 seeds; at 5 seeds only a difference of ±{mde:.4f} nats or "
+        "more is detected with 80% power (--sesoi X tests equivalence within ±X)"
+    )
+    assert "would detect" not in results[2].verdict  # no observed power
+
+
+def test_the_issues_two_seed_case_never_says_two_would_detect():
+    """Issue 51, item 1: +0.6333 nats at 2 seeds, p = 0.070, used to say "about 2 would
+    detect 0.6333"."""
+    base = [4.0, 4.1]
+    half = 0.09902048024107062 / math.sqrt(2)
+    slow = [4.0 + 0.6333153247833252 - half, 4.1 + 0.6333153247833252 + half]
+    records = _records("baseline", base) + _records("slow", slow)
+    arms = [("baseline", "-"), ("slow", "x")]
+    verdict = report.analyse(arms, records, "final_val_loss")[1].verdict
+    assert "p = 0.070 over 2 paired seeds: no difference detected at 2 seeds" in verdict
+    assert "about 2" not in verdict
+    verdict = report.analyse(arms, records, "final_val_loss", sesoi=0.6333)[1].verdict
+    assert "not shown equivalent within ±0.6333 nats" in verdict
+    assert verdict.endswith("about 3 seeds would detect ±0.6333 with 80% power")
+
+
+def test_an_interval_excluding_zero_is_never_beside_no_difference():
+    """Issue 51, item 3 (an unadjusted interval beside a Holm p), over many synthetic cases:
+    better/worse exactly when the printed interval excludes 0; "equivalent" exactly when the
+    printed TOST interval lies inside ±sesoi."""
+    rng = np.random.default_rng(2)
+    pattern = re.compile(r"CI(?:, simultaneous over \d+ arms)? ([+-][\d.]+) … ([+-][\d.]+)\)")
+    for case in range(60):
+        n, arms = int(rng.integers(2, 9)), int(rng.integers(1, 4))
+        base = list(rng.normal(4.0, 0.1, n))
+        records = _records("baseline", base)
+        names = [("baseline", "-")]
+        for index in range(arms):
+            shift = rng.normal(0, 0.03)
+            values = [b + shift + rng.normal(0, rng.uniform(0.002, 0.04)) for b in base]
+            records += _records(f"a{index}", values)
+            names.append((f"a{index}", "x"))
+        sesoi = float(rng.uniform(0.01, 0.05)) if case % 2 else None
+        for result in report.analyse(names, records, "final_val_loss", sesoi)[1:]:
+            low, high = (float(x) for x in pattern.search(result.verdict).groups())
+            excludes = result.paired.ci_low > 0 or result.paired.ci_high < 0
+            decided = result.verdict.endswith((": better", ": worse")) or (
+                " by less than ±" in result.verdict
+            )
+            assert decided == excludes, result.verdict
+            assert (low, high) == (round(result.paired.ci_low, 4), round(result.paired.ci_high, 4))
+            if sesoi is not None:
+                e = result.equivalence
+                inside = -sesoi < e.ci_low and e.ci_high < sesoi
+                said = "equivalent within" in result.verdict and "not shown" not in result.verdict
+                assert inside == e.equivalent == (said or " by less than ±" in result.verdict)
+
+
+def test_equivalence_is_said_within_the_sesoi():
+    base = [4.10, 4.20, 4.15, 4.05, 4.12, 4.18]
+    same = [v + d for v, d in zip(base, [0.001, -0.002, 0.0015, -0.001, 0.0005, 0.0], strict=True)]
+    records = _records("baseline", base) + _records("same", same)
+    result = report.analyse([("baseline", "-"), ("same", "x")], records, "final_val_loss", 0.01)[1]
+    e = stats.tost(same, base, 0.01)
+    assert e.equivalent
+    assert result.verdict.endswith(
+        f"; equivalent within ±0.01 nats (TOST 90% CI {e.ci_low:+.4f} … {e.ci_high:+.4f}, "
+        f"{'p < 0.001' if e.p < 0.001 else f'p = {e.p:.3f}'})"
+    )
+
+
+def test_time_to_target_counts_misses_as_censored_and_never_calls_the_misser_faster():
+    """Issue 51, item 5: an arm that missed at 2 of 4 seeds was reported faster over its 2
+    remaining pairs; one that never reached the target got "no test"."""
+
+    def timed(arm, times, train_seconds=10.0):
+        return [
+            RunRecord(arm, seed, "ok", [(100, 1.0)], 100, "", t, train_seconds)
+            for seed, t in enumerate(times)
+        ]
+
+    records = timed("baseline", [5.0, 5.1, 5.2, 5.3]) + timed("miss", [4.9, None, 5.0, None])
+    records += timed("never", [None] * 4)
+    results = report.analyse(
+        [("baseline", "-"), ("miss", "x"), ("never", "y")], records, "time_to_target"
+    )
+    miss, never = results[1].verdict, results[2].verdict
+    assert "reached within budget 2/4 (baseline 4/4); faster at 2, slower at 2, tied at 0" in miss
+    assert miss.endswith(": no difference detected")
+    assert "reached within budget 0/4 (baseline 4/4); faster at 0, slower at 4" in never
+    assert "no test" not in never
+    p = min(1.0, 2 * scipy_stats.binomtest(0, 4).pvalue)
+    assert f"sign test p = {p:.3f} (Bonferroni-adjusted over 2 arms)" in never
+
+
+def test_a_diverged_arm_is_worse_and_named():
+    base = [4.10, 4.20, 4.15]
+    records = _records("baseline", base) + _records(
+        "hot", [None] * 3, dict.fromkeys(range(3), "diverged")
+    )
+    verdict = report.analyse([("baseline", "-"), ("hot", "x")], records, "final_val_loss")[
+        1
+    ].verdict
+    assert verdict.startswith("hot vs baseline: worse (diverged at 3/3 seeds)"), verdict
 
 
 def test_a_diverged_run_is_named_and_left_out_of_the_pairs(tmp_path):
@@ -159,17 +353,31 @@ def test_a_diverged_run_is_named_and_left_out_of_the_pairs(tmp_path):
     p = 2 * scipy_stats.t.sf(0.425 / (math.sqrt(0.05**2 / 2) / math.sqrt(2)), 1)
     assert lines[0].startswith("hot vs baseline: +0.4250 nats (95% CI ")
     assert lines[0].endswith(
-        f"p = {p:.3f} over 2 paired seeds: worse; left out of the pairs: hot seed 1 diverged"
+        f"p = {p:.3f} over 2 paired seeds: worse, and diverged at 1/3 seeds; left out of the "
+        "pairs: hot seed 1 diverged"
     ), lines[0]
-    text = (tmp_path / "report.md").read_text()
+    text = (tmp_path / "report-final_val_loss.md").read_text()
     assert "| 1 | 4.2000 | diverged after step 100 |" in text
     assert "- hot seed 1: diverged: non-finite training loss nan at step 3" in text
-    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert "At 2 seeds the exact Wilcoxon p cannot go below 0.5 (2/2^n)" in text
+    rows = list(csv.DictReader((tmp_path / "results-final_val_loss.csv").open()))
     assert [(r["arm"], r["seed"], r["status"], r["value"]) for r in rows[3:]] == [
         ("hot", "0", "ok", "4.5"),
         ("hot", "1", "diverged", ""),
         ("hot", "2", "ok", "4.6"),
     ]
+
+
+def test_one_report_per_metric(tmp_path):
+    records = _records("baseline", [4.1, 4.2, 4.15]) + _records("x", [4.0, 4.1, 4.1])
+    args = ([("baseline", "-"), ("x", "y")], records, [0, 1, 2])
+    dirs = {(r.arm, r.seed): "d" for r in records}
+    report.write(tmp_path, *args, "final_val_loss", dirs)
+    first = (tmp_path / "report-final_val_loss.md").read_text()
+    report.write(tmp_path, *args, "best_val_loss", dirs)
+    assert (tmp_path / "report-final_val_loss.md").read_text() == first
+    assert (tmp_path / "report-best_val_loss.md").exists()
+    assert (tmp_path / "results-best_val_loss.csv").exists()
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -211,6 +419,18 @@ def test_arms_keep_a_comma_inside_a_value_and_the_named_baseline_comes_first(tmp
         (["--seeds", "3"], "a comparison needs two arms"),
         (["--seeds", "3", "--arm", "x:seed=1"], "--arm x sets seed"),
         (["--seeds", "3", "--arm", "x:optim.lr=1e-6"], "--arm x (optim.lr=1e-06): config."),
+        (
+            ["--seeds", "0,2147483648", "--arm", "x:log_every=3"],
+            "--seeds: config.seed=2147483648 is out of range: it must be an integer >= 0 and "
+            "< 2147483648. Give seeds the config accepts.",
+        ),
+        (["--seeds", "-1,2", "--arm", "x:log_every=3"], "--seeds -1,2: seeds are 0 or more"),
+        (
+            ["--seeds", "10000000000", "--arm", "x:log_every=3"],
+            "--seeds 10000000000: 10,000,000,000 seeds is more than 100,000",
+        ),
+        (["--seeds", "3", "--arm", "x:log_every=3", "--sesoi", "-0.1"], "--sesoi -0.1 must be"),
+        (["--seeds", "3", "--aa", "--arm", "x:log_every=3"], "--aa compares the config with"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):
@@ -223,19 +443,118 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
     assert not out.exists()
 
 
+def test_an_unusable_out_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out"
+    status = command.main(
+        ["--config", TINY, "--out", str(out), "--seeds", "2", "--arm", "x:log_every=3"]
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"minigpt-jax compare: error: --out {out} cannot be written"), err
+
+
+def _saved(out, arguments, code=None):
+    comparison = command.check(["--config", TINY, "--out", str(out), *arguments])[0]
+    out.mkdir(exist_ok=True)
+    plan.write_identity(comparison, ["x"], code or plan.code_version())
+    return comparison
+
+
+def test_seeds_and_arms_may_grow_but_not_across_code_versions(tmp_path):
+    out = tmp_path / "out"
+    _saved(out, ["--seeds", "3", "--arm", "x:log_every=3"])
+    grown = command.check(
+        [
+            "--config",
+            TINY,
+            "--out",
+            str(out),
+            "--seeds",
+            "5",
+            "--arm",
+            "x:log_every=3",
+            "--arm",
+            "y:log_every=7",
+        ]
+    )[0]
+    code = plan.code_version()
+    assert plan.check_out(grown, code) == "grow"
+    fewer = command.check(
+        ["--config", TINY, "--out", str(out), "--seeds", "0,1", "--arm", "x:log_every=3"]
+    )[0]
+    with pytest.raises(plan.CompareError, match="holds another comparison: --seeds"):
+        plan.check_out(fewer, code)
+    with pytest.raises(plan.CompareError, match="was trained by minigpt_jax 0.1.0 at commit old"):
+        _saved(out, ["--seeds", "3", "--arm", "x:log_every=3"], {**code, "commit": "old"})
+        plan.check_out(grown, code)
+
+
+def test_every_run_is_scored_on_one_fixed_eval_set(tmp_path):
+    comparison = command.check(
+        [
+            "--config",
+            TINY,
+            "--out",
+            str(tmp_path / "o"),
+            "--seeds",
+            "2",
+            "--arm",
+            "x:log_every=3",
+            "--eval_tokens",
+            "500",
+        ]
+    )[0]
+    for arm in comparison.arms:
+        for seed in comparison.seeds:
+            values = comparison.values(arm, seed)
+            assert values["eval_seed"] == 0 and values["eval_batches"] == 8  # 500 / (4 × 16)
+    assert comparison.eval_tokens == {"baseline": 512, "x": 512}
+    aa = command.check(["--config", TINY, "--out", str(tmp_path / "a"), "--seeds", "2", "--aa"])[0]
+    assert [arm.name for arm in aa.arms] == ["baseline", "aa"]
+    assert aa.run_dir(aa.arms[1], 1).name == f"seed-{1 + 2**30}"  # disjoint from the baseline's
+
+
+def test_an_in_process_stop_is_said_on_the_terminal_not_in_the_runs_log(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 51, item 9: the stop line went to the run's train.log (stdout was redirected)."""
+    import types
+
+    from minigpt_apps.compare import runs
+    from minigpt_jax.train import loop
+
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2", "--arm", "x:log_every=3"]
+    )[0]
+
+    def stopped(config, workdir, progress):
+        print("the run's own output")
+        return types.SimpleNamespace(interrupted_by="SIGTERM", step=3)
+
+    monkeypatch.setattr(loop, "train_and_evaluate", stopped)
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)  # the command's own say
+    said = capsys.readouterr().out
+    assert said == "baseline seed 0: stopped by SIGTERM at step 3, checkpoint kept\n"
+    log = (tmp_path / "o" / "baseline" / "seed-0" / "train.log").read_text()
+    assert log == "the run's own output\n"
+
+
 def test_another_comparison_in_out_is_refused_naming_what_differs(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     arms = ["--arm", "x:log_every=3"]
     identity = command.check(["--config", TINY, "--out", str(out), "--seeds", "3", *arms])[0]
-    (out / "compare.json").write_text(json.dumps({"identity": identity.identity}))
+    code = plan.code_version()
+    (out / "compare.json").write_text(json.dumps({"identity": identity.identity, "code": code}))
     before = sorted(p.name for p in out.iterdir())
-    status = command.main(["--config", TINY, "--out", str(out), "--seeds", "4", *arms])
+    status = command.main(["--config", TINY, "--out", str(out), "--seeds", "0,1", *arms])
     err = capsys.readouterr().err
     assert status == 2
     assert err == (
         f"minigpt-jax compare: error: --out {out} holds another comparison: --seeds ([0, 1, 2] "
-        f"then, [0, 1, 2, 3] now); rerun its own command (in {out / 'compare.json'}) to resume "
+        f"then, [0, 1] now); rerun its own command (in {out / 'compare.json'}) to resume "
         "it, or give another --out.\n"
     )
     assert sorted(p.name for p in out.iterdir()) == before
@@ -248,10 +567,11 @@ ARMS = [
     "--arm", "same:log_every=4",  # bookkeeping only: the same training as the baseline
     "--arm", "lowlr:optim.lr=1e-6,optim.min_lr=0",
     "--config.num_steps=8",
+    "--eval_tokens", "512",  # 8 batches of 4 × 16 tokens: quick on a CPU
 ]  # fmt: skip
 
 
-def _compare(env, out, *extra):
+def _compare(env, out, *extra, status=0):
     result = subprocess.run(
         [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out)]
         + ARMS
@@ -262,8 +582,8 @@ def _compare(env, out, *extra):
         cwd=REPO,
         env=env,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    assert result.returncode == status, result.stdout + result.stderr
+    return result.stdout if status == 0 else result
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +599,7 @@ def compared(env, tmp_path_factory):
 
 
 def _values(out):
-    rows = list(csv.DictReader((Path(out) / "results.csv").open()))
+    rows = list(csv.DictReader((Path(out) / "results-final_val_loss.csv").open()))
     return {(r["arm"], int(r["seed"])): (r["status"], float(r["value"])) for r in rows}
 
 
@@ -291,24 +611,35 @@ def test_cli_identical_arms_agree_and_a_crippled_lr_is_worse(compared):
         stdout
     )
     lowlr = next(line for line in stdout.splitlines() if line.startswith("lowlr vs baseline"))
-    assert lowlr.endswith("(Holm-adjusted) over 3 paired seeds: worse"), lowlr
+    assert lowlr.endswith("(Bonferroni-adjusted over 2 arms) over 3 paired seeds: worse"), lowlr
     values = _values(out)
     for seed in range(3):
         for arm in ("baseline", "same", "lowlr"):
             run_dir = out / arm / f"seed-{seed}"
             last = [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r][-1]
             assert values[(arm, seed)] == ("ok", last)
-            assert f"'seed': {seed}" in (run_dir / "config.py").read_text()
+            config = (run_dir / "config.py").read_text()
+            assert f"'seed': {seed}" in config
+            assert "'eval_seed': 0" in config and "'eval_batches': 8" in config  # the fixed set
         assert values[("same", seed)] == values[("baseline", seed)]  # paired: the same batches
         assert values[("lowlr", seed)][1] > values[("baseline", seed)][1]
     assert len({values[("baseline", s)] for s in range(3)}) == 3  # the seeds differ
     # The report's statistics are scipy's on the recorded values.
     base = [values[("baseline", s)][1] for s in range(3)]
     low = [values[("lowlr", s)][1] for s in range(3)]
-    p = 2 * scipy_stats.ttest_rel(low, base).pvalue  # Holm, the other comparison's p being 1
+    p = 2 * scipy_stats.ttest_rel(low, base).pvalue  # Bonferroni over the 2 arms
     assert p < 0.05
-    assert f"| {p:.3g} |" in (out / "report.md").read_text()
-    assert (out / "figure.png").stat().st_size > 0
+    text = (out / "report-final_val_loss.md").read_text()
+    assert f"| {p:.3g} | 3 |" in text
+    low_ci, high_ci = scipy_stats.t.interval(
+        0.975, 2, loc=np.mean(np.subtract(low, base)),
+        scale=scipy_stats.sem(np.subtract(low, base)),
+    )  # fmt: skip
+    assert f"({low_ci:+.4f} … {high_ci:+.4f})" in text  # the simultaneous interval
+    for said in ("- command: `minigpt-jax compare --config", "commit ", "jax ", "- machine: ",
+                 "- date: ", "- eval set: 512 val tokens a pass"):  # fmt: skip
+        assert said in text, said
+    assert (out / "figure-final_val_loss.png").stat().st_size > 0
 
 
 @pytest.mark.slow
@@ -361,23 +692,84 @@ def test_cli_kill_9_then_a_rerun_resumes_from_the_checkpoints(tmp_path, env):
 
 @pytest.mark.slow
 def test_cli_time_to_target_reads_the_runs_again_without_training(compared, env):
-    """--metric is not the comparison's identity: the same OUT is read again, nothing trains.
-    A run that never reaches the target is named, not dropped silently."""
+    """--metric is not the comparison's identity: the same OUT is read again, nothing trains,
+    into its own report. A run that never reaches the target is censored, not dropped: the arm
+    that never reaches it is slower (issue 51, item 5)."""
     out, _ = compared
+    before = (out / "report-final_val_loss.md").read_text()
     values = _values(out)
     target = max(values[("baseline", s)][1] for s in range(3))  # each baseline run reaches it
     stdout = _compare(env, out, "--metric", "time_to_target", "--target", repr(target))
     assert "0 to run, 9 already ended" in stdout
-    rows = list(csv.DictReader((out / "results.csv").open()))
+    stem = f"time_to_target-{target:g}"
+    rows = list(csv.DictReader((out / f"results-{stem}.csv").open()))
     for row in rows:
         assert row["metric"] == "time_to_target"
         if row["arm"] == "lowlr":  # lr 1e-6: its loss stays near ln(vocab)
-            assert row["value"] == "" and row["seconds_to_target"] == ""
+            assert row["value"] == "" and float(row["train_seconds"]) > 0
         else:
             assert float(row["value"]) > 0 and row["value"] == row["seconds_to_target"]
     lowlr = next(line for line in stdout.splitlines() if line.startswith("lowlr vs baseline"))
-    assert "no test (2 needed)" in lowlr and "lowlr seed 0 did not reach the target" in lowlr
-    assert "target not reached" in (out / "report.md").read_text()
+    assert "reached within budget 0/3 (baseline 3/3); faster at 0, slower at 3, tied at 0" in (
+        lowlr
+    )
+    assert "no test" not in lowlr
+    assert "| not reached (censored at " in (out / f"report-{stem}.md").read_text()
+    assert (out / "report-final_val_loss.md").read_text() == before  # not overwritten
+
+
+@pytest.mark.slow
+def test_cli_an_incomplete_comparison_fails_unless_partial_is_allowed(compared, env, tmp_path):
+    """Issue 51, item 2: a planned run that did not end well used to leave exit 0."""
+    out = tmp_path / "out"
+    shutil.copytree(compared[0], out)
+    (out / "same" / "seed-1" / "compare_end.json").write_text(
+        json.dumps({"status": "failed", "error": "a worker died"}) + "\n"
+    )
+    result = _compare(env, out, status=3)
+    assert "0 to run, 9 already ended" in result.stdout
+    assert result.stderr.startswith(
+        "incomplete: 1 of 9 planned runs did not end well (same seed 1 failed)"
+    ), result.stderr
+    assert "--allow_partial" in result.stderr
+    _compare(env, out, "--allow_partial")
+
+
+@pytest.mark.slow
+def test_cli_seeds_grow_an_existing_comparison(compared, env, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(compared[0], out)
+    old = _values(out)
+    arms = [a if a != "3" else "4" for a in ARMS]
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out),
+         *arms],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 to run, 9 already ended (grown" in result.stdout
+    grown = _values(out)
+    assert {k: v for k, v in grown.items() if k[1] < 3} == old  # the old runs read, not rerun
+    assert sorted(k for k in grown if k[1] == 3) == [("baseline", 3), ("lowlr", 3), ("same", 3)]
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["identity"]["seeds"] == [0, 1, 2, 3] and len(saved["earlier"]) == 1
+    text = (out / "report-final_val_loss.md").read_text()
+    assert "- grown from `minigpt-jax compare --config" in text
+    assert "every arm is now judged against 2 comparisons" in text
+
+
+@pytest.mark.slow
+def test_cli_aa_trains_the_config_against_itself_on_disjoint_seeds(env, tmp_path):
+    out = tmp_path / "aa"
+    result = subprocess.run(
+        [sys.executable, "-m", "minigpt_jax", "compare", "--config", TINY, "--out", str(out),
+         "--aa", "--seeds", "2", "--config.num_steps=8", "--eval_tokens", "512"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in (out / "aa").iterdir()) == [f"seed-{2**30}", f"seed-{2**30 + 1}"]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("aa vs baseline: "))
+    assert "over 2 paired seeds" in line, line
 
 
 def test_fresh_seeds_skip_the_ones_a_sweep_tuned_on():
@@ -398,13 +790,15 @@ def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp
     rows = list(csv.DictReader((sweep_out / "trials.csv").open()))
     best = min(rows, key=lambda r: float(r["value"]))
     recheck = [sys.executable, "-m", "minigpt_jax", "compare", "--from_sweep", str(sweep_out)]
-    recheck += ["--baseline", TINY, "--out", str(out), "--workers", "2"]
+    recheck += ["--baseline", TINY, "--out", str(out), "--workers", "2", "--eval_tokens", "512"]
     refused = subprocess.run(recheck + ["--seeds", "0,1"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and not out.exists()
     assert "seed 0 is one the sweep tuned on" in refused.stderr  # configs/tiny.py's seed
     result = subprocess.run(recheck + ["--seeds", "2"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(p.name for p in (out / "sweep_best").iterdir()) == ["seed-1", "seed-2"]
+    # the fresh seeds 1 and 2, and the tuned seed 0 for the paired winner's-curse check
+    assert sorted(p.name for p in (out / "sweep_best").iterdir()) == ["seed-0", "seed-1", "seed-2"]
+    assert sorted(p.name for p in (out / "baseline").iterdir()) == ["seed-0", "seed-1", "seed-2"]
     winner = (out / "sweep_best" / "seed-1" / "config.py").read_text()
     baseline = (out / "baseline" / "seed-1" / "config.py").read_text()
     lr = best["params_optim.lr"] if "params_optim.lr" in best else best["optim.lr"]
@@ -412,5 +806,58 @@ def test_cli_from_sweep_reruns_the_winner_on_fresh_seeds_beside_the_baseline(tmp
     assert "'num_steps': 6" in winner and "'num_steps': 6" in baseline  # the sweep's --set
     sweep_value = float(best["value"])
     assert f"best val loss {sweep_value:.4f} in the sweep" in result.stdout
-    assert "rerun here on fresh seeds 1, 2" in result.stdout
+    assert "rerun here on fresh seeds 1, 2; both arms also at its seed 0" in result.stdout
     assert "sweep_best vs baseline:" in result.stdout
+    rows = {
+        (r["arm"], int(r["seed"])): float(r["value"])
+        for r in csv.DictReader((out / "results-best_val_loss.csv").open())
+    }
+    assert set(rows) == {(a, s) for a in ("baseline", "sweep_best") for s in (1, 2)}
+    fresh = [rows[("sweep_best", s)] - rows[("baseline", s)] for s in (1, 2)]
+    tuned = [
+        min(r["val_loss"] for r in read_metrics(out / arm / "seed-0") if "val_loss" in r)
+        for arm in ("sweep_best", "baseline")
+    ]
+    tuned_diff = tuned[0] - tuned[1]
+    optimism = np.mean(fresh) - tuned_diff
+    assert f"paired difference from the baseline is {tuned_diff:+.4f} nats" in result.stdout
+    assert f"a paired selection optimism of {optimism:+.4f} nats" in result.stdout
+    half = scipy_stats.t.ppf(0.975, 1) * np.std(fresh, ddof=1) * math.sqrt(1 + 1 / 2)
+    low, high = np.mean(fresh) - half, np.mean(fresh) + half
+    assert f"would lie in {low:+.4f} … {high:+.4f} (95% prediction interval)" in result.stdout
+
+
+def test_arms_evaluating_at_other_cadences_are_warned_of_under_best_val_loss(tmp_path):
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2",
+         "--arm", "often:eval_every=10", "--metric", "best_val_loss"]
+    )[0]  # fmt: skip
+    warned = command._warnings(comparison, "best_val_loss")
+    assert warned == [
+        "warning: the arms evaluate at different cadences (eval_every: baseline 20, often 10); "
+        "the best val loss favours the arm that evaluates more often."
+    ]
+    assert command._warnings(comparison, "final_val_loss") == []
+    sized = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "s"), "--seeds", "2",
+         "--arm", "big:eval_batches=200", "--eval_tokens", "512"]
+    )[0]  # fmt: skip
+    assert command._warnings(sized, "final_val_loss") == [
+        "warning: the arms are scored on eval sets of different sizes (baseline 512, big 12,800)."
+    ]
+
+
+def test_a_planned_run_that_never_ended_fails_the_command(tmp_path, monkeypatch, capsys):
+    """Issue 51, item 2: a killed worker left its run without an end, and the command still
+    exited 0 with a verdict over the others."""
+    monkeypatch.setattr(command, "run_here", lambda *args: None)  # every worker killed
+    out = tmp_path / "out"
+    args = ["--config", TINY, "--out", str(out), "--seeds", "2", "--arm", "x:log_every=3"]
+    assert command.main(args) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "incomplete: 4 of 4 planned runs did not end well (baseline seed 0 not run, x seed 0 "
+        "not run, baseline seed 1 not run, x seed 1 not run)"
+    ), err
+    assert (out / "report-final_val_loss.md").exists()  # the report says what there is
+    assert command.main([*args, "--allow_partial"]) == 0

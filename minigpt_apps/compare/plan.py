@@ -1,7 +1,8 @@
 """What a comparison is: its arms (the base config with each arm's overrides, typed and checked
 like the sweep's --set), its seeds, where each run lives (OUT/ARM/seed-S/, config.seed = S) and
-its identity, recorded in OUT/compare.json so a rerun of the same command resumes it and any
-other command is refused, naming what differs. Every problem is a CompareError of one line,
+its identity, recorded in OUT/compare.json with the code version so a rerun of the same
+command resumes it (or, with more seeds or arms, grows it) and any other command, or other code,
+is refused, naming what differs. Every problem is a CompareError of one line,
 raised before anything is written."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,10 @@ BASELINE = "baseline"  # the unchanged config's arm, unless --baseline names ano
 IDENTITY_FILE = "compare.json"
 LOCK_FILE = ".compare.lock"  # one command at a time on OUT
 METRICS = ("final_val_loss", "best_val_loss", "time_to_target")
+MAX_SEED_COUNT = 100_000  # --seeds N: more runs than any comparison trains
+AA_ARM = "aa"  # --aa: the config unchanged again, on seeds AA_SEED_OFFSET above the baseline's
+AA_SEED_OFFSET = 2**30  # disjoint from every seed of the baseline's (< 2**30), however many
+EVAL_KEY = 0  # config.eval_seed of every run: one fixed eval set across arms and seeds
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _NEXT_SETTING = re.compile(r",(?=\s*[A-Za-z_][\w.]*\s*=)")  # a comma that starts key=value
 
@@ -39,8 +45,11 @@ class Arm:
     overrides: dict[str, Any]
     config_spec: str  # the config file[:arg] the overrides apply to
     about: str = ""  # where the arm comes from, when not from --arm
+    seed_offset: int = 0  # trained at seed S + this for the pair at seed S (--aa)
 
     def described(self) -> str:
+        if self.seed_offset:
+            return f"the config unchanged, on seeds S + {self.seed_offset} (A/A)"
         shown = ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
         if self.about:
             return f"{self.about}: {shown}" if shown else self.about
@@ -59,27 +68,35 @@ class Comparison:
     num_steps: int
     identity: dict[str, Any]
     tokens_per_step: dict[str, int]  # by arm name: batch_size × block_size
+    eval_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # by arm, per pass
+    eval_every: dict[str, int] = dataclasses.field(default_factory=dict)  # by arm name
+    eval_values: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by arm
     notes: tuple[str, ...] = ()  # lines the report gives first (a sweep winner's origin)
     sweep_value: tuple[str, float] | None = None  # (the sweep's objective, the winner's value)
+    tuned_seeds: list[int] = dataclasses.field(default_factory=list)  # the winner's own seed
 
     @property
     def baseline(self) -> Arm:
         return self.arms[0]
 
     def values(self, arm: Arm, seed: int) -> dict[str, Any]:
-        """The dotted keys the run of `arm` at `seed` sets over the base config."""
-        return {**self.fixed, **arm.overrides, "seed": seed}
+        """The dotted keys the run of `arm` at (pair) `seed` sets over the base config."""
+        own = {**self.fixed, **arm.overrides, **self.eval_values.get(arm.name, {})}
+        return {**own, "seed": seed + arm.seed_offset}
 
     def run_dir(self, arm: Arm, seed: int) -> Path:
-        return self.out / arm.name / f"seed-{seed}"
+        return self.out / arm.name / f"seed-{seed + arm.seed_offset}"
 
     def runs(self) -> list[tuple[Arm, int]]:
-        """Every (arm, seed), seed by seed, so the first runs to finish are whole pairs."""
-        return [(arm, seed) for seed in self.seeds for arm in self.arms]
+        """Every (arm, seed), seed by seed, so the first runs to finish are whole pairs; then
+        both arms at a sweep winner's tuned seed (the paired winner's-curse check)."""
+        seeds = [*self.seeds, *self.tuned_seeds]
+        return [(arm, seed) for seed in seeds for arm in self.arms]
 
 
 def parse_seeds(text: str) -> list[int]:
-    """`--seeds 5` (seeds 0..4) or `--seeds 0,1,2` (those): at least 2, none repeated."""
+    """`--seeds 5` (seeds 0..4) or `--seeds 0,1,2` (those): at least 2, none repeated, at most
+    MAX_SEED_COUNT."""
     words = [w.strip() for w in text.split(",")]
     try:
         numbers = [int(w) for w in words]
@@ -87,13 +104,18 @@ def parse_seeds(text: str) -> list[int]:
         raise CompareError(
             f"--seeds {text!r}: give a count (--seeds 5: seeds 0..4) or a list (--seeds 0,1,2)."
         ) from None
+    if len(numbers) == 1 and numbers[0] > MAX_SEED_COUNT:
+        raise CompareError(
+            f"--seeds {text}: {numbers[0]:,} seeds is more than {MAX_SEED_COUNT:,} (every arm "
+            "trains once per seed); give a count such as --seeds 10."
+        )
     seeds = list(range(numbers[0])) if len(numbers) == 1 else numbers
     if len(seeds) < 2:
         raise CompareError(
             f"--seeds {text}: a paired test needs at least 2 seeds; give --seeds 5 or more."
         )
     if any(s < 0 for s in seeds):
-        raise CompareError(f"--seeds {text}: seeds are 0 or more.")
+        raise CompareError(f"--seeds {text}: seeds are 0 or more; give e.g. --seeds 0,2.")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
         raise CompareError(f"--seeds {text} repeats {repeated[0]}; list each seed once.")
@@ -148,8 +170,11 @@ def plan(
     arm_arguments: list[str],
     baseline: str | None,
     seeds_text: str,
+    aa: bool = False,
+    eval_tokens: int = 0,
 ) -> Comparison:
-    """The checked comparison: every arm's config complete and checked, no two arms alike."""
+    """The checked comparison: every arm's config complete and checked, no two arms alike;
+    with `aa`, the config against itself on disjoint seeds (A/A: the false-positive rate)."""
     if out.exists() and not out.is_dir():
         raise CompareError(f"--out {out} is a file; name a folder for the comparison.")
     config_spec = config_file_of(config_spec)
@@ -166,6 +191,21 @@ def plan(
             set_texts[key] = text
     fixed = _typed(config_spec, set_texts, "--set")
     parsed = [parse_arm(argument) for argument in arm_arguments]
+    if aa:
+        if parsed or baseline is not None:
+            raise CompareError(
+                "--aa compares the config with itself on other seeds; drop --arm and --baseline."
+            )
+        if max(seeds) >= AA_SEED_OFFSET:
+            raise CompareError(
+                f"--seeds: with --aa each seed is below {AA_SEED_OFFSET} (the A/A arm trains "
+                f"at seed S + {AA_SEED_OFFSET})."
+            )
+        arms = [
+            Arm(BASELINE, {}, config_spec),
+            Arm(AA_ARM, {}, config_spec, seed_offset=AA_SEED_OFFSET),
+        ]
+        return _checked(config_spec, out, fixed, arms, seeds, eval_tokens=eval_tokens)
     if baseline is None:
         parsed.insert(0, (BASELINE, {}))
     names = [name for name, _ in parsed]
@@ -192,7 +232,7 @@ def plan(
             raise CompareError(f"{where} and --set both set {both[0]}; keep it in one of them.")
         typed = _typed(config_spec, {**set_texts, **texts}, where)  # --set may pick an entry
         arms.append(Arm(name, {key: typed[key] for key in texts}, config_spec))
-    return _checked(config_spec, out, fixed, arms, seeds)
+    return _checked(config_spec, out, fixed, arms, seeds, eval_tokens=eval_tokens)
 
 
 def _checked(
@@ -202,21 +242,39 @@ def _checked(
     arms: list[Arm],
     seeds: list[int],
     notes: tuple[str, ...] = (),
+    eval_tokens: int = 0,
 ) -> Comparison:
-    """The comparison of `arms` (the baseline first): each arm's config completed and checked,
-    no two alike, and the identity a rerun must match."""
-    configs = {}
+    """The comparison of `arms` (the baseline first): each arm's config completed and checked
+    (at its smallest and largest seed), no two alike, each scored on the fixed eval set (at
+    least `eval_tokens` tokens a pass, drawn with one key whatever the seed), and the identity
+    a rerun must match."""
+    configs, eval_values = {}, {}
     for arm in arms:
+        values = {**fixed, **arm.overrides}
         try:
-            configs[arm.name] = check_experiment_config(
-                spaces.config_with(arm.config_spec, {**fixed, **arm.overrides})
-            )
+            config = check_experiment_config(spaces.config_with(arm.config_spec, values))
+            if "eval_seed" not in values:  # the user's own eval key is kept
+                values["eval_seed"] = EVAL_KEY
+            per_batch = config.batch_size // config.grad_accum_steps * config.model.block_size
+            wanted = -(-eval_tokens // per_batch)
+            if "eval_batches" not in values and wanted > config.eval_batches:
+                values["eval_batches"] = wanted
+            for seed in sorted({min(seeds), max(seeds)}):  # every seed, before anything trains
+                check_experiment_config(
+                    spaces.config_with(arm.config_spec, {**values, "seed": seed + arm.seed_offset})
+                )
+            configs[arm.name] = check_experiment_config(spaces.config_with(arm.config_spec, values))
         except ValueError as error:
+            if "config.seed=" in str(error):  # checked before anything trains
+                raise CompareError(f"--seeds: {error} Give seeds the config accepts.") from None
             raise CompareError(f"--arm {arm.name} ({arm.described()}): {error}") from None
+        eval_values[arm.name] = {
+            k: v for k, v in values.items() if k not in fixed and k not in arm.overrides
+        }
     flat = {name: flat_config(_plain(config.to_dict())) for name, config in configs.items()}
-    for i, first in enumerate(arms):
-        for second in arms[i + 1 :]:
-            if flat[first.name] == flat[second.name]:
+    for index, first in enumerate(arms):
+        for second in arms[index + 1 :]:
+            if flat[first.name] == flat[second.name] and not second.seed_offset:
                 raise CompareError(
                     f"arms {first.name} and {second.name} differ in nothing (the same config "
                     "once defaults are filled in); drop one or change a setting."
@@ -232,6 +290,7 @@ def _checked(
         "baseline": arms[0].name,
         "seeds": seeds,
         "plugins": plugins,
+        "eval": eval_values,
     }
     own_files = {
         a.name: spaces.file_digest(a.config_spec) for a in arms if a.config_spec != config_spec
@@ -249,6 +308,15 @@ def _checked(
         tokens_per_step={
             name: config.batch_size * config.model.block_size for name, config in configs.items()
         },
+        eval_tokens={
+            name: config.eval_batches
+            * config.batch_size
+            // config.grad_accum_steps
+            * config.model.block_size
+            for name, config in configs.items()
+        },
+        eval_every={name: config.eval_every for name, config in configs.items()},
+        eval_values=eval_values,
         notes=notes,
     )
 
@@ -271,6 +339,7 @@ class SweepWinner:
     value: float
     objective: str
     tuned_seeds: frozenset[int]
+    seed: int  # the best trial's own
 
 
 def _trial_config(config_file: Path) -> tuple[str, dict[str, Any]]:
@@ -331,7 +400,7 @@ def sweep_winner(sweep_out: Path, study_name: str | None) -> SweepWinner:
         )
     best = study.best_trial
     base_seeds: dict[str, int] = {}
-    tuned, best_config = set(), None
+    tuned, best_config, best_seed = set(), None, 0
     for trial in study.get_trials(deepcopy=False):
         run_dir = trial.user_attrs.get("run_dir")
         if run_dir is None or not (sweep_out / run_dir / "config.py").is_file():
@@ -342,6 +411,7 @@ def sweep_winner(sweep_out: Path, study_name: str | None) -> SweepWinner:
         tuned.add(int(values.get("seed", base_seeds.get(base, 0))))
         if trial.number == best.number:
             best_config = (base, values)
+            best_seed = int(values.get("seed", base_seeds.get(base, 0)))
     if best_config is None:
         raise CompareError(
             f"the best trial ({best.number}) of study {study_name!r} has no config.py in "
@@ -362,6 +432,7 @@ def sweep_winner(sweep_out: Path, study_name: str | None) -> SweepWinner:
         value=float(best.value),
         objective=study.user_attrs.get("objective", "best val loss"),
         tuned_seeds=frozenset(tuned),
+        seed=best_seed,
     )
 
 
@@ -392,6 +463,7 @@ def plan_from_sweep(
     out: Path,
     sets: list[str],
     seeds_text: str,
+    eval_tokens: int = 0,
 ) -> Comparison:
     """The comparison of a sweep's best trial (arm `sweep_best`) with `baseline_spec` (arm
     `baseline`) on seeds the sweep did not tune on; --set applies to both."""
@@ -430,12 +502,42 @@ def plan_from_sweep(
     notes = (
         f"{SWEEP_WINNER}: {about}, {winner.objective} {winner.value:.4f} in the sweep, whose "
         f"trials used seed{'s' * (len(winner.tuned_seeds) != 1)} {tuned}; rerun here on fresh "
-        f"seeds {', '.join(map(str, seeds))}.",
+        f"seeds {', '.join(map(str, seeds))}; both arms also at its seed {winner.seed} (the "
+        "paired winner's-curse check).",
     )
-    comparison = _checked(baseline_spec, out, fixed, arms, seeds, notes)
+    comparison = _checked(baseline_spec, out, fixed, arms, seeds, notes, eval_tokens)
+    comparison.tuned_seeds = [winner.seed]
+    comparison.identity["tuned_seeds"] = [winner.seed]
     comparison.identity["sweep"] = {"out": str(sweep_out.resolve()), "study": winner.study}
     comparison.sweep_value = (winner.objective, winner.value)
     return comparison
+
+
+# ----------------------------------------------------------------------------- code version
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def code_version() -> dict[str, str]:
+    """{"minigpt_jax": its version, "commit": the checkout's commit ("+changes" when the
+    library or the apps differ from it; "" outside a git checkout)}."""
+    from minigpt_jax import __version__
+
+    commit = _git("rev-parse", "HEAD")
+    if commit and _git("status", "--porcelain", "--untracked-files=no", "--", "minigpt_jax",
+                       "minigpt_apps"):  # fmt: skip
+        commit += "+changes"
+    return {"minigpt_jax": __version__, "commit": commit}
 
 
 def _plain(value: Any) -> Any:
@@ -459,6 +561,8 @@ def differences(saved: dict, mine: dict) -> str:
             words.append(f"--arm {name} ({old[name]!r} then, {new[name]!r} now)")
     if saved.get("plugins") != mine.get("plugins"):
         words.append("the source of plug-in modules")
+    if saved.get("eval") != mine.get("eval"):
+        words.append(f"the eval set ({saved.get('eval')!r} then, {mine.get('eval')!r} now)")
     if not words:
         before, after = flat_config(saved.get("config", {})), flat_config(mine.get("config", {}))
         changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
@@ -467,9 +571,25 @@ def differences(saved: dict, mine: dict) -> str:
     return "; ".join(words) or "its settings"
 
 
-def check_out(comparison: Comparison) -> bool:
-    """Whether OUT already holds this comparison; refuses one holding another (or a folder
-    that is not a comparison's and is not empty)."""
+def _grows(saved: dict, mine: dict) -> bool:
+    """Whether `mine` is `saved` with seeds or arms added (the old ones unchanged)."""
+    rest = ("seeds", "arms", "eval")
+    if {k: v for k, v in saved.items() if k not in rest} != {
+        k: v for k, v in mine.items() if k not in rest
+    }:
+        return False
+    old_arms, new_arms = saved.get("arms", {}), mine.get("arms", {})
+    return (
+        set(saved.get("seeds", [])) <= set(mine.get("seeds", []))
+        and all(new_arms.get(name) == value for name, value in old_arms.items())
+        and all(mine.get("eval", {}).get(a) == saved.get("eval", {}).get(a) for a in old_arms)
+    )
+
+
+def check_out(comparison: Comparison, code: dict[str, str]) -> str:
+    """ "new" (OUT is new or empty), "resume" (OUT holds this comparison) or "grow" (OUT holds it
+    with fewer seeds or arms: the new ones train, the old ones are read); refuses OUT holding
+    another comparison, one trained by another code version, or a folder of other things."""
     out = comparison.out
     path = out / IDENTITY_FILE
     if not path.exists():
@@ -478,25 +598,51 @@ def check_out(comparison: Comparison) -> bool:
                 f"--out {out} is a folder of other things (no {IDENTITY_FILE}); give a new or "
                 "empty folder."
             )
-        return False
+        return "new"
     try:
-        saved = json.loads(path.read_text())["identity"]
+        document = json.loads(path.read_text())
+        saved = document["identity"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise CompareError(
             f"{path} is unreadable ({type(error).__name__}); give another --out."
         ) from None
-    if saved != comparison.identity:
+    saved_code = document.get("code")
+    if saved_code != code:
+        then = "an unrecorded version" if saved_code is None else _code_words(saved_code)
         raise CompareError(
-            f"--out {out} holds another comparison: {differences(saved, comparison.identity)}; "
-            f"rerun its own command (in {path}) to resume it, or give another --out."
+            f"--out {out} was trained by {then} and this is {_code_words(code)}: a resume would "
+            "mix the two; rerun with that code, or give another --out."
         )
-    return True
+    if saved == comparison.identity:
+        return "resume"
+    if _grows(saved, comparison.identity):
+        return "grow"
+    raise CompareError(
+        f"--out {out} holds another comparison: {differences(saved, comparison.identity)}; "
+        f"rerun its own command (in {path}) to resume it, or give another --out."
+    )
 
 
-def write_identity(comparison: Comparison, command: list[str]) -> None:
-    """OUT/compare.json: the identity, and the command that made it (to rerun it)."""
+def _code_words(code: dict[str, str]) -> str:
+    return f"minigpt_jax {code.get('minigpt_jax')} at commit {code.get('commit') or 'unknown'}"
+
+
+def earlier_commands(comparison: Comparison) -> list[dict]:
+    """The commands (and identities) a growth of OUT replaced, oldest first."""
     path = comparison.out / IDENTITY_FILE
-    text = json.dumps({"command": command, "identity": comparison.identity}, indent=1)
+    return json.loads(path.read_text()).get("earlier", []) if path.exists() else []
+
+
+def write_identity(comparison: Comparison, command: list[str], code: dict[str, str]) -> None:
+    """OUT/compare.json: the identity, the code version, the command that made it (to rerun
+    it) and the earlier commands a growth replaced."""
+    path = comparison.out / IDENTITY_FILE
+    earlier = []
+    if path.exists():
+        before = json.loads(path.read_text())
+        earlier = [*before.get("earlier", []), {k: before[k] for k in ("command", "identity")}]
+    document = {"command": command, "identity": comparison.identity, "code": code}
+    text = json.dumps({**document, "earlier": earlier} if earlier else document, indent=1)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     tmp.write_text(text + "\n")
     os.replace(tmp, path)

@@ -29,6 +29,7 @@ class RunRecord:
     last_step: int = 0
     error: str = ""
     seconds_to_target: float | None = None  # training seconds to the first val <= --target
+    train_seconds: float = 0.0  # all its training seconds (a censored time_to_target's)
 
     @property
     def final_val_loss(self) -> float | None:
@@ -77,4 +78,5 @@ def read_record(
     if status == "ok" and not evals:
         status, error = "failed", "the run recorded no val loss"
     seconds = result.seconds_to_target if result else None
-    return RunRecord(arm, seed, status, evals, last_step, error, seconds)
+    total = result.train_seconds if result else 0.0
+    return RunRecord(arm, seed, status, evals, last_step, error, seconds, total)

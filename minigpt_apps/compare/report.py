@@ -1,16 +1,28 @@
 """What a person reads of a comparison: a verdict line per arm against the baseline, then the
-tables, in OUT/report.md; one row per arm and seed in OUT/results.csv; the val-loss curves
-(mean and a band of one seed-to-seed std per arm) and the per-seed paired differences as
-figures when matplotlib is installed. A run that failed, diverged or has not run is named in
-the verdicts and the tables, never dropped silently: the paired statistics use the seeds at
-which both the arm and the baseline trained to their end."""
+tables, in OUT/report-METRIC.md (one per metric: another --metric never overwrites it); one row
+per arm and seed in OUT/results-METRIC.csv; the curves and the paired differences in
+OUT/figure-METRIC.png when matplotlib is installed. A run that failed, diverged or has not run is
+named in the verdicts and the tables, never dropped silently. The report starts with how it was
+made: the command, the versions, the commit, the machine and the date.
+
+With m arms against the baseline each is judged at level alpha/m (Bonferroni): its p is adjusted
+by m and printed beside its simultaneous 1 - alpha/m interval, so the verdict and the interval
+always agree. A non-significant arm gets the minimum detectable effect at its seeds (not the
+observed power), and, with a smallest effect of interest (--sesoi X), the paired equivalence
+test (TOST) and the seeds that would detect X. time_to_target counts a run that never reached
+the target as censored at its training time (slower than any that reached it): a paired sign
+test, and "reached within budget k/n" per arm."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
+import importlib.metadata
 import io
 import os
+import platform
+import shlex
 from pathlib import Path
 
 from minigpt_apps.compare import stats
@@ -27,9 +39,9 @@ UNITS = {"final_val_loss": "nats", "best_val_loss": "nats", "time_to_target": "s
 @dataclasses.dataclass
 class ArmResult:
     """An arm's values over its seeds and, for an arm other than the baseline, its paired
-    comparison with the baseline: `p` is the p-value the verdict reads (Holm-adjusted when
-    there are several comparisons), `seeds_needed` the seeds for 80% power when not
-    significant."""
+    comparison with the baseline at its level `alpha` (ALPHA / m): `p` is the adjusted p the
+    verdict reads, `detectable` the minimum detectable effect at its seeds, `seeds_for_sesoi`
+    the seeds that detect the smallest effect of interest, `equivalence` its TOST."""
 
     name: str
     settings: str
@@ -37,9 +49,25 @@ class ArmResult:
     summary: stats.Summary | None = None
     paired: stats.Paired | None = None
     paired_seeds: list[int] = dataclasses.field(default_factory=list)
+    alpha: float = stats.ALPHA
     p: float | None = None
-    seeds_needed: int | None = None
+    detectable: float | None = None
+    seeds_for_sesoi: int | None = None
+    equivalence: stats.Equivalence | None = None
+    sign: stats.SignTest | None = None  # time_to_target
     verdict: str = ""
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.records)
+
+    def reached(self) -> int:
+        """Runs that trained to the end and reached the target (time_to_target)."""
+        return sum(r.time_to_target is not None for r in self.records)
+
+
+def file_stem(metric: str, target: float | None) -> str:
+    """The metric's part of its files' names: report-STEM.md, results-STEM.csv, figure-STEM.png."""
+    return metric if target is None else f"{metric}-{target:g}"
 
 
 def _ok_values(records: list[RunRecord], metric: str) -> dict[int, float]:
@@ -50,36 +78,69 @@ def _why_left_out(record: RunRecord, metric: str) -> str | None:
     """Why a run's value is not in its arm's figures (None when it is)."""
     if record.status != "ok":
         return record.status
+    if metric == "time_to_target":
+        return None  # censored, not left out
     return "did not reach the target" if record.value(metric) is None else None
 
 
-def analyse(arms: list[tuple[str, str]], records: list[RunRecord], metric: str) -> list[ArmResult]:
+def analyse(
+    arms: list[tuple[str, str]],
+    records: list[RunRecord],
+    metric: str,
+    sesoi: float | None = None,
+) -> list[ArmResult]:
     """The arms' results, the baseline first. `arms`: (name, its settings in words), the
-    baseline first; `records`: every arm at every seed."""
+    baseline first; `records`: every arm at every seed of the pairs."""
     by_arm = {name: [r for r in records if r.arm == name] for name, _ in arms}
     results = [ArmResult(name, words, by_arm[name]) for name, words in arms]
+    m = max(1, len(arms) - 1)  # the comparisons planned, whatever ended
     for result in results:
         values = list(_ok_values(result.records, metric).values())
         result.summary = stats.summarize(values) if len(values) >= 2 else None
+        result.alpha = stats.ALPHA / m
+    if metric == "time_to_target":
+        _analyse_times(results, m)
+    else:
+        _analyse_values(results, metric, m, sesoi)
+    for result in results[1:]:
+        result.verdict = _verdict(result, results[0], m, metric, sesoi)
+    return results
+
+
+def _analyse_values(results: list[ArmResult], metric: str, m: int, sesoi: float | None):
     base = _ok_values(results[0].records, metric)
     for result in results[1:]:
         mine = _ok_values(result.records, metric)
         result.paired_seeds = [seed for seed in mine if seed in base]
-        if len(result.paired_seeds) >= 2:
-            result.paired = stats.paired(
-                [mine[s] for s in result.paired_seeds], [base[s] for s in result.paired_seeds]
+        if len(result.paired_seeds) < 2:
+            continue
+        arm_values = [mine[s] for s in result.paired_seeds]
+        base_values = [base[s] for s in result.paired_seeds]
+        paired = stats.paired(arm_values, base_values, confidence=1 - result.alpha)
+        result.paired = paired
+        result.p = stats.bonferroni([paired.t_p] * m)[0]
+        if sesoi is not None:
+            result.equivalence = stats.tost(arm_values, base_values, sesoi, alpha=result.alpha)
+        if result.p < stats.ALPHA or paired.identical:
+            continue  # decided: no power to report
+        result.detectable = stats.detectable_effect(paired.n, paired.std_diff, alpha=result.alpha)
+        if sesoi is not None and not result.equivalence.equivalent:
+            result.seeds_for_sesoi = stats.seeds_for_effect(
+                sesoi, paired.std_diff, alpha=result.alpha
             )
-    tested = [r for r in results[1:] if r.paired is not None]
-    adjusted = stats.holm([r.paired.t_p for r in tested]) if len(tested) >= 2 else None
-    for index, result in enumerate(tested):
-        result.p = adjusted[index] if adjusted else result.paired.t_p
-        if result.p >= stats.ALPHA:
-            result.seeds_needed = stats.seeds_to_detect(
-                result.paired.mean_diff, result.paired.std_diff
-            )
+
+
+def _analyse_times(results: list[ArmResult], m: int):
+    ok = {r.seed: r for r in results[0].records if r.status == "ok"}
     for result in results[1:]:
-        result.verdict = _verdict(result, results[0], adjusted is not None, metric)
-    return results
+        pairs = [(r, ok[r.seed]) for r in result.records if r.status == "ok" and r.seed in ok]
+        result.paired_seeds = [mine.seed for mine, _ in pairs]
+        if not pairs:
+            continue
+        result.sign = stats.censored_sign_test(
+            [mine.time_to_target for mine, _ in pairs], [base.time_to_target for _, base in pairs]
+        )
+        result.p = stats.bonferroni([result.sign.p] * m)[0]
 
 
 def _number(value: float) -> str:
@@ -88,6 +149,10 @@ def _number(value: float) -> str:
 
 def _p(value: float) -> str:
     return "p < 0.001" if value < 0.001 else f"p = {value:.3f}"
+
+
+def _percent(level: float) -> str:
+    return f"{100 * level:.4g}%"
 
 
 def _left_out(result: ArmResult, baseline: ArmResult, metric: str) -> str:
@@ -101,30 +166,94 @@ def _left_out(result: ArmResult, baseline: ArmResult, metric: str) -> str:
     return f"; left out of the pairs: {', '.join(why)}" if why else ""
 
 
-def _verdict(result: ArmResult, baseline: ArmResult, holm: bool, metric: str) -> str:
+def _adjusted(p: float, m: int) -> str:
+    return _p(p) + (f" (Bonferroni-adjusted over {m} arms)" if m > 1 else "")
+
+
+def _diverged(result: ArmResult, baseline: ArmResult) -> str:
+    k, n = result.count("diverged"), len(result.records)
+    return f"diverged at {k}/{n} seeds" if k > baseline.count("diverged") else ""
+
+
+def _verdict(
+    result: ArmResult, baseline: ArmResult, m: int, metric: str, sesoi: float | None
+) -> str:
     head = f"{result.name} vs {baseline.name}: "
-    paired, n = result.paired, len(result.paired_seeds)
     left_out = _left_out(result, baseline, metric)
+    diverged = _diverged(result, baseline)
+    if metric == "time_to_target":
+        return head + _time_verdict(result, baseline, m) + left_out
+    paired, n = result.paired, len(result.paired_seeds)
     if paired is None:
+        if diverged:
+            return head + f"worse ({diverged})" + left_out
         return (
             head + f"{n} paired seed{'s' * (n != 1)} trained to the end: no test (2 needed)"
         ) + left_out
     if paired.identical:
         return head + f"the same value at every one of {n} paired seeds: no difference" + left_out
-    corrected = " (Holm-adjusted)" if holm else ""
+    unit = UNITS[metric]
+    simultaneous = f", simultaneous over {m} arms" if m > 1 else ""
+    text = head + (
+        f"{_number(paired.mean_diff)} {unit} ({_percent(paired.confidence)} CI"
+        f"{simultaneous} {_number(paired.ci_low)} … {_number(paired.ci_high)}), "
+        f"{_adjusted(result.p, m)} over {n} paired seeds"
+    )
+    if result.p < result.alpha * m:  # the adjusted p against alpha: the interval excludes 0
+        text += ": better" if paired.mean_diff < 0 else ": worse"
+        if diverged:
+            text += f", and {diverged}"
+        if result.equivalence is not None and result.equivalence.equivalent:
+            text += f" by less than ±{sesoi:g} {unit} ({_equivalence(result.equivalence)})"
+        return text + left_out
+    text += f": no difference detected at {n} seeds"
+    if diverged:
+        text += f", but {diverged}"
+    if result.equivalence is None:
+        text += (
+            f"; at {n} seeds only a difference of ±{result.detectable:.4f} {unit} or more is "
+            "detected with 80% power (--sesoi X tests equivalence within ±X)"
+        )
+        return text + left_out
+    e = result.equivalence
+    if e.equivalent:
+        text += f"; equivalent within ±{sesoi:g} {unit} ({_equivalence(e)})"
+    else:
+        text += f"; not shown equivalent within ±{sesoi:g} {unit} ({_equivalence(e)})"
+        needed = result.seeds_for_sesoi
+        if needed is None:
+            text += f"; more than {stats.MAX_SEEDS:,} seeds would be needed to detect ±{sesoi:g}"
+        elif needed > n:
+            text += f"; about {needed} seeds would detect ±{sesoi:g} with 80% power"
+        else:
+            text += f"; these {n} seeds had 80% power to detect ±{sesoi:g}"
+    return text + left_out
+
+
+def _equivalence(e: stats.Equivalence) -> str:
+    return f"TOST {_percent(e.confidence)} CI {_number(e.ci_low)} … {_number(e.ci_high)}, {_p(e.p)}"
+
+
+def _time_verdict(result: ArmResult, baseline: ArmResult, m: int) -> str:
+    n_arm, n_base = len(result.records), len(baseline.records)
+    reached = (
+        f"reached within budget {result.reached()}/{n_arm} (baseline {baseline.reached()}/{n_base})"
+    )
+    sign, n = result.sign, len(result.paired_seeds)
+    if sign is None:
+        return reached + "; no seed where both trained to the end: no test"
     text = (
-        head + f"{_number(paired.mean_diff)} {UNITS[metric]} (95% CI {_number(paired.ci_low)} … "
-        f"{_number(paired.ci_high)}), {_p(result.p)}{corrected} over {n} paired seeds"
+        f"{reached}; faster at {sign.faster}, slower at {sign.slower}, tied at {sign.ties} of "
+        f"{n} paired seeds (a run that never reached the target is censored at its training "
+        f"time, slower than any that did), sign test {_adjusted(result.p, m)}"
     )
-    if result.p < stats.ALPHA:
-        return text + (": better" if paired.mean_diff < 0 else ": worse") + left_out
-    size = f"{abs(paired.mean_diff):.4f}"
-    needed = (
-        f"about {result.seeds_needed} would detect {size}"
-        if result.seeds_needed is not None
-        else f"more than {stats.MAX_SEEDS:,} would be needed to detect {size}"
-    )
-    return text + f": no difference detectable at {n} seeds; {needed}" + left_out
+    if result.p >= result.alpha * m:
+        return text + ": no difference detected"
+    if sign.slower > sign.faster:
+        return text + ": slower"
+    if result.reached() < baseline.reached():
+        return text + ": faster where it reaches the target, but it reaches it less often"
+    return text + ": faster"
 
 
 def _cell(value: float | None) -> str:
@@ -139,59 +268,113 @@ def _run_cell(record: RunRecord, metric: str) -> str:
     if record.value(metric) is not None:
         return f"{record.value(metric):.4f}"
     if record.status == "ok":
-        return "target not reached"
+        return f"not reached (censored at {record.train_seconds:.1f} s)"
     step = f" after step {record.last_step}" if record.last_step else ""
     return f"{record.status}{step}"
 
 
-def _seeds_needed(result: ArmResult) -> str:
-    if result.paired is None or result.p < stats.ALPHA:
-        return ""
-    if result.paired.identical:
-        return "none differ"
-    return str(result.seeds_needed or f"> {stats.MAX_SEEDS:,}")
+def _compact_row(r: ArmResult, baseline: ArmResult, metric: str) -> list[str]:
+    """arm | Δ (CI) | % of baseline | d_z | p_adj | n for a loss metric."""
+    d = r.paired
+    if d is None:
+        return [r.name, _diverged(r, baseline) or "no test", "", "", "", str(len(r.paired_seeds))]
+    base = _ok_values(baseline.records, metric)
+    base_mean = sum(base[s] for s in r.paired_seeds) / len(r.paired_seeds)
+    percent = f"{100 * d.mean_diff / base_mean:+.2f}%" if base_mean else ""
+    return [
+        r.name,
+        f"{_number(d.mean_diff)} ({_number(d.ci_low)} … {_number(d.ci_high)})",
+        percent,
+        f"{d.d_z:+.2f}",
+        f"{r.p:.3g}",
+        str(d.n),
+    ]
 
 
-def markdown(results: list[ArmResult], metric: str, seeds: list[int], title: str) -> str:
-    """report.md: the verdicts, the table of arms, the table of runs, failures' errors."""
-    holm = sum(r.paired is not None for r in results[1:]) >= 2
-    words = METRIC_WORDS[metric]
-    lines = [f"# {title}", "", f"Metric: {words} ({UNITS[metric]}; lower is better).", ""]
+def markdown(
+    results: list[ArmResult],
+    metric: str,
+    seeds: list[int],
+    title: str,
+    head: list[str] = (),
+) -> str:
+    """The report: `head` (provenance, notes, warnings), the verdicts, the compact table, the
+    table of arms, the table of runs, failures' errors."""
+    m = max(1, len(results) - 1)
+    words, unit = METRIC_WORDS[metric], UNITS[metric]
+    lines = [f"# {title}", "", *head, f"Metric: {words} ({unit}; lower is better).", ""]
     lines += [f"- {r.verdict}" for r in results[1:]]
-    lines += [
-        "",
-        "p: the paired t-test's two-sided p"
-        + (
-            f", Holm-adjusted for the {sum(r.paired is not None for r in results[1:])} "
-            "comparisons with the baseline"
-            if holm
+    level = _percent(1 - stats.ALPHA / m)
+    if metric == "time_to_target":
+        lines += [
+            "",
+            "| arm | reached within budget | faster / slower / tied | p_adj (sign test) | n |",
+            "|---|---|---|---|---|",
+        ]
+        for r in results:
+            s = r.sign
+            lines.append(
+                f"| {r.name} | {r.reached()}/{len(r.records)} | "
+                + (f"{s.faster} / {s.slower} / {s.ties} | {r.p:.3g} |" if s else " | |")
+                + f" {len(r.paired_seeds) if r is not results[0] else ''} |"
+            )
+        lines += [
+            "",
+            "A run that trained to its end without reaching the target is censored at its "
+            "training time: slower than every run that reached it, tied with another that did "
+            "not. The paired sign test (scipy's exact binomial test) counts the seeds where the "
+            f"arm came first; p_adj is Bonferroni's over the {m} arm{'s' * (m != 1)}, significant "
+            "below 0.05.",
+        ]
+    else:
+        lines += [
+            "",
+            f"| arm | Δ vs baseline ({level} CI) | % of baseline | d_z | p_adj | n |",
+            "|---|---|---|---|---|---|",
+        ]
+        rows = [_compact_row(r, results[0], metric) for r in results[1:]]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        small = min((r.paired.n for r in results[1:] if r.paired), default=None)
+        floor = (
+            f" At {small} seeds the exact Wilcoxon p cannot go below "
+            f"{stats.wilcoxon_floor(small):.4g} (2/2^n), so it cannot be significant at 5 or "
+            "fewer seeds whatever the effect."
+            if small is not None and small <= 5
             else ""
         )
-        + "; significant below 0.05. Seeds for 80% power: a paired t-test at alpha 0.05 "
-        "detecting the observed mean difference with the observed spread.",
-        "",
-        "| arm | settings | runs ok | mean | 95% CI | seed std | diff vs baseline | diff 95% CI "
-        "| p (t) | " + ("p (Holm) | " if holm else "") + "p (Wilcoxon) | seeds for 80% power |",
-        "|---" * (11 + holm) + "|",
-    ]
-    for r in results:
-        ok = sum(rec.value(metric) is not None for rec in r.records)
-        s, d = r.summary, r.paired
-        row = [
-            r.name + (" (baseline)" if r is results[0] and r.name != "baseline" else ""),
-            r.settings,
-            f"{ok}/{len(r.records)}",
-            _cell(s.mean if s else None),
-            f"{s.ci_low:.4f} … {s.ci_high:.4f}" if s else "",
-            _cell(s.std if s else None),
-            _number(d.mean_diff) if d else "",
-            f"{_number(d.ci_low)} … {_number(d.ci_high)}" if d else "",
-            f"{d.t_p:.3g}" if d else "",
-            *([f"{r.p:.3g}" if d else ""] if holm else []),
-            f"{d.wilcoxon_p:.3g}" if d else "",
-            _seeds_needed(r),
+        lines += [
+            "",
+            f"Δ: the arm's mean paired difference from the baseline, with its {level} t interval"
+            + (f" (simultaneous over the {m} arms: Bonferroni's 1 − 0.05/{m})" if m > 1 else "")
+            + "; p_adj: the paired t-test's two-sided p"
+            + (f" times {m} (Bonferroni)" if m > 1 else "")
+            + ", significant below 0.05 exactly when the interval excludes 0; d_z: Δ in "
+            "standard deviations of the paired differences. Not significant: the minimum "
+            "detectable effect is the smallest true difference a paired t-test at the arm's "
+            "level detects with 80% power at the seeds run and the spread seen; with --sesoi "
+            "X, TOST (two one-sided paired t-tests, statsmodels' ttost_paired) shows "
+            "equivalence within ±X when its 1 − 2α interval lies inside ±X." + floor,
+            "",
+            "| arm | settings | runs ok | mean | 95% CI | seed std | p (t, unadjusted) | "
+            "p (Wilcoxon) | min. detectable Δ | seeds for ±sesoi |",
+            "|---" * 10 + "|",
         ]
-        lines.append("| " + " | ".join(row) + " |")
+        for r in results:
+            ok = sum(rec.value(metric) is not None for rec in r.records)
+            s, d = r.summary, r.paired
+            row = [
+                r.name + (" (baseline)" if r is results[0] and r.name != "baseline" else ""),
+                r.settings,
+                f"{ok}/{len(r.records)}",
+                _cell(s.mean if s else None),
+                f"{s.ci_low:.4f} … {s.ci_high:.4f}" if s else "",
+                _cell(s.std if s else None),
+                f"{d.t_p:.3g}" if d else "",
+                f"{d.wilcoxon_p:.3g}" if d else "",
+                _cell(r.detectable),
+                str(r.seeds_for_sesoi or "") if r.equivalence else "",
+            ]
+            lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"{words} of each run:", "", "| seed | " + " | ".join(r.name for r in results)]
     lines[-1] += " |"
     lines.append("|---" * (len(results) + 1) + "|")
@@ -206,7 +389,8 @@ def markdown(results: list[ArmResult], metric: str, seeds: list[int], title: str
 
 
 def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
-    """results.csv: one row per arm and seed, its status and values (exact; empty unless ok)."""
+    """results-METRIC.csv: one row per arm and seed, its status and values (exact; empty unless
+    ok)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
@@ -219,6 +403,7 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
             "final_val_loss",
             "best_val_loss",
             "seconds_to_target",
+            "train_seconds",
             "last_step",
             "run_dir",
             "error",
@@ -236,6 +421,7 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
                     _exact(rec.final_val_loss),
                     _exact(rec.best_val_loss),
                     _exact(rec.time_to_target),
+                    _exact(rec.train_seconds if rec.status == "ok" else None),
                     rec.last_step,
                     run_dirs[(rec.arm, rec.seed)],
                     rec.error,
@@ -244,16 +430,65 @@ def results_csv(results: list[ArmResult], metric: str, run_dirs: dict) -> str:
     return buffer.getvalue()
 
 
+# ----------------------------------------------------------------------------- provenance
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _accelerator() -> str:
+    import jax
+
+    devices = jax.devices()
+    return f"{len(devices)} × {devices[0].device_kind} ({jax.default_backend()})"
+
+
+def provenance_lines(command: list[str], code: dict[str, str]) -> list[str]:
+    """report.md's provenance: one line each for the command, versions, commit, machine, date."""
+    versions = ", ".join(
+        f"{name} {_version(name)}" for name in ("jax", "flax", "optax", "numpy", "scipy")
+    )
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        f"- command: `{shlex.join(command)}`",
+        f"- minigpt_jax {code['minigpt_jax']}, commit {code['commit'] or 'unknown'}; {versions}",
+        f"- machine: {_cpu()}; devices {_accelerator()}; python {platform.python_version()}",
+        f"- date: {now}",
+    ]
+
+
 def _atomic_write(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     tmp.write_bytes(data) if isinstance(data, bytes) else tmp.write_text(data)
     os.replace(tmp, path)
 
 
-def figures(results: list[ArmResult], metric: str, out: Path) -> tuple[list[Path], str]:
-    """(the PNGs written, a note when they were skipped): the val-loss curves, mean and a band
-    of one std over the seeds that trained to the end, per arm; and each arm's per-seed
-    difference from the baseline."""
+def figures(
+    results: list[ArmResult],
+    metric: str,
+    path: Path,
+    target: float | None = None,
+    tuned_diff: float | None = None,
+) -> tuple[list[Path], str]:
+    """(the PNGs written, a note when they were skipped): the val-loss curves (mean and one
+    std over the seeds that trained to the end, the target as a line), each seed's paired
+    val-loss difference from the baseline over the steps, and the metric's per-seed paired
+    differences (jittered points, their mean and interval at the same place, the sweep
+    winner's own tuned-seed difference as a star)."""
     try:
         import matplotlib
 
@@ -263,47 +498,67 @@ def figures(results: list[ArmResult], metric: str, out: Path) -> tuple[list[Path
         return [], "figures skipped: matplotlib is not installed (pip install matplotlib)"
     import numpy as np
 
-    figure, (curves, diffs) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (curves, over_steps, diffs) = plt.subplots(1, 3, figsize=(15, 4.4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    base_evals = {rec.seed: dict(rec.evals) for rec in results[0].records if rec.status == "ok"}
     for index, r in enumerate(results):
         color = colors[index % len(colors)]
         ok = [rec for rec in r.records if rec.status == "ok"]
         steps = sorted({s for rec in ok for s, _ in rec.evals})
-        mean, std = [], []
-        for step in steps:
-            at = [v for rec in ok for s, v in rec.evals if s == step]
-            mean.append(float(np.mean(at)))
-            std.append(float(np.std(at, ddof=1)) if len(at) > 1 else 0.0)
         if steps:
-            mean_a, std_a = np.asarray(mean), np.asarray(std)
+            at = [[v for rec in ok for s, v in rec.evals if s == step] for step in steps]
+            mean_a = np.asarray([np.mean(a) for a in at])
+            std_a = np.asarray([np.std(a, ddof=1) if len(a) > 1 else 0.0 for a in at])
             label = f"{r.name} ({len(ok)} seeds)"
             curves.plot(steps, mean_a, marker="o", ms=3, color=color, label=label)
             curves.fill_between(steps, mean_a - std_a, mean_a + std_a, alpha=0.2, color=color)
-    curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
-    curves.legend(fontsize=8)
-    for index, r in enumerate(results[1:]):
-        if r.paired is None:
+        if index == 0:
             continue
+        for rec in ok:
+            base = base_evals.get(rec.seed, {})
+            both = [(s, v - base[s]) for s, v in rec.evals if s in base]
+            if both:
+                over_steps.plot(
+                    *zip(*both, strict=True), color=color, alpha=0.6, lw=1, marker="o", ms=3
+                )
+    if target is not None:
+        curves.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
+    if curves.get_legend_handles_labels()[0]:  # no run evaluated yet: no legend
+        curves.legend(fontsize=8)
+    over_steps.axhline(0.0, color="grey", lw=0.8)
+    over_steps.set(
+        xlabel="step", ylabel="arm − baseline, val loss (nats)", title="per-seed paired differences"
+    )
+    rng = np.random.default_rng(0)  # the same jitter on every redraw
+    labels = []
+    for index, r in enumerate(results[1:]):
         color = colors[(index + 1) % len(colors)]
+        diverged = _diverged(r, results[0])
+        labels.append(r.name + (f"\n({diverged})" if diverged else ""))
         base = _ok_values(results[0].records, metric)
         mine = _ok_values(r.records, metric)
-        d = [mine[s] - base[s] for s in r.paired_seeds]
-        diffs.scatter([index] * len(d), d, s=14, color=color)
-        diffs.errorbar(
-            [index + 0.15],
-            [r.paired.mean_diff],
-            fmt="k_",
-            ms=12,
-            yerr=[[r.paired.mean_diff - r.paired.ci_low], [r.paired.ci_high - r.paired.mean_diff]],
-        )
+        d = [mine[s] - base[s] for s in r.paired_seeds if s in mine and s in base]
+        if d:
+            jitter = rng.uniform(-0.12, 0.12, len(d))
+            diffs.scatter(index + jitter, d, s=16, color=color, alpha=0.8)
+        if r.paired is not None:
+            low, high = r.paired.mean_diff - r.paired.ci_low, r.paired.ci_high - r.paired.mean_diff
+            diffs.errorbar([index], [r.paired.mean_diff], yerr=[[low], [high]], fmt="k_", ms=18,
+                           capsize=4)  # fmt: skip
+    if tuned_diff is not None:
+        diffs.scatter([len(results) - 2], [tuned_diff], marker="*", s=120, color="k",
+                      label="at the sweep's tuned seed", zorder=3)  # fmt: skip
+        diffs.legend(fontsize=8)
     diffs.axhline(0.0, color="grey", lw=0.8)
-    diffs.set_xticks(range(len(results) - 1), [r.name for r in results[1:]], rotation=20)
+    diffs.set_xticks(range(len(results) - 1), labels, rotation=20)
+    diffs.set_xlim(-0.6, len(results) - 1.4)
+    m = max(1, len(results) - 1)
     diffs.set(
         ylabel=f"{METRIC_WORDS[metric]} − baseline's ({UNITS[metric]})",
-        title="per-seed paired differences, mean and 95% CI",
+        title=f"per-seed paired differences, mean and {_percent(1 - stats.ALPHA / m)} CI",
     )
     figure.tight_layout()
-    path = out / "figure.png"
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
@@ -311,22 +566,42 @@ def figures(results: list[ArmResult], metric: str, out: Path) -> tuple[list[Path
     return [path], ""
 
 
-def _recheck(winner: ArmResult, metric: str, sweep_value: float) -> str:
-    """A sweep winner's value in the sweep next to its value on fresh seeds."""
+def recheck(
+    winner: ArmResult, baseline: ArmResult, metric: str, sweep_value: float, tuned: list[RunRecord]
+) -> tuple[str, float | None]:
+    """(the words, the tuned-seed paired difference) of a sweep winner's paired winner's-curse
+    check: at the sweep's tuned seed both arms were trained here too; the paired selection
+    optimism is the fresh seeds' mean paired difference minus the tuned seed's, and the tuned
+    seed's difference is judged against the 95% prediction interval of one fresh seed's."""
+    unit = UNITS[metric]
     head = f"{winner.name}: {METRIC_WORDS[metric]} {sweep_value:.4f} in the sweep"
-    s = winner.summary
-    if s is None:
-        return head + "; too few fresh seeds ended well to say what it is on others"
-    below = s.mean > sweep_value
-    inside = s.ci_low <= sweep_value <= s.ci_high
-    return (
-        head + f", {s.mean:.4f} (95% CI {s.ci_low:.4f} … {s.ci_high:.4f}) over {s.n} fresh "
-        f"seeds: the sweep's figure is {abs(s.mean - sweep_value):.4f} {UNITS[metric]} "
-        + ("below" if below else "above")
-        + " their mean, "
-        + ("inside their interval" if inside else "outside their interval")
-        + (" (the win held luck of the tuned seed)" if below and not inside else "")
+    mine = {r.seed: r.value(metric) for r in tuned if r.arm == winner.name}
+    base = {r.seed: r.value(metric) for r in tuned if r.arm == baseline.name}
+    seeds = [s for s in mine if mine[s] is not None and base.get(s) is not None]
+    if winner.paired is None or not seeds or metric == "time_to_target":
+        return head + "; too few runs ended well for the paired winner's-curse check", None
+    tuned_diff = sum(mine[s] - base[s] for s in seeds) / len(seeds)
+    base_values = _ok_values(baseline.records, metric)
+    arm_values = _ok_values(winner.records, metric)
+    fresh = [arm_values[s] - base_values[s] for s in winner.paired_seeds]
+    p = winner.paired
+    optimism = stats.summarize(fresh)  # the fresh mean's interval, shifted by the tuned diff
+    low, high = stats.prediction_interval(fresh)
+    inside = low <= tuned_diff <= high
+    words = (
+        head + f"; at its tuned seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))} the "
+        f"paired difference from the baseline is {_number(tuned_diff)} {unit}, on the fresh "
+        f"seeds {_number(p.mean_diff)} (95% CI {_number(optimism.ci_low)} … "
+        f"{_number(optimism.ci_high)}): a paired selection optimism of "
+        f"{_number(p.mean_diff - tuned_diff)} {unit} (95% CI "
+        f"{_number(optimism.ci_low - tuned_diff)} … {_number(optimism.ci_high - tuned_diff)}); "
+        f"one fresh seed's difference would lie in {_number(low)} … {_number(high)} (95% "
+        "prediction interval), which "
+        + ("holds" if inside else "does not hold")
+        + " the tuned seed's"
+        + ("" if inside else " (the win held luck of the tuned seed)")
     )
+    return words, tuned_diff
 
 
 def write(
@@ -338,25 +613,32 @@ def write(
     run_dirs: dict,
     notes: tuple[str, ...] = (),
     sweep_value: float | None = None,
+    *,
+    target: float | None = None,
+    sesoi: float | None = None,
+    head: list[str] = (),
+    tuned: list[RunRecord] = (),
 ) -> list[str]:
-    """Writes report.md, results.csv and the figure; returns the lines to print: the
-    verdicts (after `notes`, lines that say what the comparison is of), then what was
-    written."""
-    results = analyse(arms, records, metric)
+    """Writes report-STEM.md, results-STEM.csv and the figure (STEM: the metric, and the
+    target); returns the lines to print: `notes` (what the comparison is of), the verdicts,
+    then what was written. `head`: provenance and warnings, for the report only; `tuned`: both
+    arms' records at a sweep winner's tuned seed."""
+    results = analyse(arms, records, metric, sesoi)
+    tuned_diff = None
     if sweep_value is not None:
-        notes = (*notes, _recheck(results[-1], metric, sweep_value))
+        words, tuned_diff = recheck(results[-1], results[0], metric, sweep_value, list(tuned))
+        notes = (*notes, words)
+    stem = file_stem(metric, target)
     title = f"Comparison in {out}: {len(arms)} arms × {len(seeds)} seeds"
-    written, note = figures(results, metric, out)
-    text = markdown(results, metric, seeds, title)
-    if notes:
-        head, rest = text.split("\n\n", 1)
-        text = head + "\n\n" + "".join(f"{line}\n\n" for line in notes) + rest
+    written, note = figures(results, metric, out / f"figure-{stem}.png", target, tuned_diff)
+    text = markdown(results, metric, seeds, title, [*head, *(f"{n}\n" for n in notes)])
     text += "".join(f"\n![{p.stem}]({p.name})\n" for p in written) or f"\n({note})\n"
-    _atomic_write(out / "report.md", text)
-    _atomic_write(out / "results.csv", results_csv(results, metric, run_dirs))
+    report, table = out / f"report-{stem}.md", out / f"results-{stem}.csv"
+    _atomic_write(report, text)
+    _atomic_write(table, results_csv(results, metric, run_dirs))
     lines = [*notes, *(r.verdict for r in results[1:])]
     lines.append(
-        f"wrote {out / 'report.md'}, {out / 'results.csv'}"
+        f"wrote {report}, {table}"
         + "".join(f", {p}" for p in written)
         + (f" ({note})" if note else "")
     )

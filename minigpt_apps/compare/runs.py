@@ -91,7 +91,12 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
             return
         started, config_file = time.perf_counter(), prepare(comparison, arm, seed)
         run_dir = config_file.parent
-        status = "ok"
+        status, summary = "ok", None
+        checkpoints = RunDir(run_dir).checkpoints
+        resumed = checkpoints.is_dir() and any(checkpoints.iterdir())
+        if resumed:
+            say(f"{arm.name} seed {seed}: resuming from its checkpoint")
+        # The run's own output goes to its train.log; this command's lines to the terminal.
         with (
             open(run_dir / "train.log", "a") as log,
             contextlib.redirect_stdout(log),
@@ -105,15 +110,15 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
                 line = _first_line(error)
                 print(f"{type(error).__name__}: {line}", file=log)
                 status = _end_of_error(run_dir, line, isinstance(error, FloatingPointError))
-            else:
-                if summary.interrupted_by:  # its checkpoint saved: resumed by a rerun
-                    stop.on_signal(signal.Signals[summary.interrupted_by])
-                    say(
-                        f"{arm.name} seed {seed}: stopped by {summary.interrupted_by} at step "
-                        f"{summary.step}, checkpoint kept"
-                    )
-                    return
-                write_end(run_dir, "ok")
+        if summary is not None and summary.interrupted_by:  # checkpoint saved: a rerun resumes
+            stop.on_signal(signal.Signals[summary.interrupted_by])
+            say(
+                f"{arm.name} seed {seed}: stopped by {summary.interrupted_by} at step "
+                f"{summary.step}, checkpoint kept"
+            )
+            return
+        if summary is not None:
+            write_end(run_dir, "ok")
         say(f"[{number}/{len(jobs)}] " + _said(comparison, arm, seed, status, started))
 
 

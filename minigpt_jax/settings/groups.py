@@ -362,6 +362,14 @@ class Loop(Group):
         low=1,
         high=STEP_LIMIT,
     )
+    eval_seed: int = setting(
+        -1,
+        "the key the fixed eval batches are drawn with (-1: the run's seed); one value scores "
+        "runs of different seeds on the same tokens",
+        BOOKKEEPING,
+        low=-1,
+        high=2**31,
+    )
     step_metrics: str = setting(
         "",
         "comma-separated per-step metrics of the gradients and updates, logged beside the "

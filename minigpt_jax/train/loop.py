@@ -205,7 +205,7 @@ class Trainer:
                 num_batches=run.config.eval_batches,
                 batch_size=run.config.micro_batch_size,  # what fits in memory
                 block_size=run.config.model.block_size,
-                seed=run.config.seed,
+                seed=run.config.seed if run.config.eval_seed < 0 else run.config.eval_seed,
                 split=split,
                 mesh=run.mesh,
                 should_stop=should_stop,
