@@ -73,6 +73,13 @@ class Comparison:
     def run_dir(self, arm: Arm, seed: int) -> Path:
         return self.out / arm.name / f"seed-{seed}"
 
+    def run_doc(self, arm: Arm, seed: int) -> str:
+        """The docstring of the run's config.py: what the run is part of."""
+        return (
+            f"Arm {arm.name} at seed {seed} of the comparison in {self.out} (minigpt-jax "
+            f"compare): {arm.described()}."
+        )
+
     def runs(self) -> list[tuple[Arm, int]]:
         """Every (arm, seed), seed by seed, so the first runs to finish are whole pairs."""
         return [(arm, seed) for seed in self.seeds for arm in self.arms]
