@@ -84,18 +84,22 @@ class Vertex:
     loss_opt: float
 
 
-def vertex(budget: float, n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> Vertex:
+def vertex(
+    budget: float, n: np.ndarray, d: np.ndarray, loss: np.ndarray, span: np.ndarray | None = None
+) -> Vertex:
     """The IsoFLOP minimum of one budget's runs; NotIdentified unless 3 sizes or more give a
-    parabola open upward whose vertex lies among the sizes trained."""
+    parabola open upward whose vertex lies among the sizes trained (`span`: the sizes of the
+    whole budget, when `n` is a bootstrap draw of them)."""
     x, logd = np.log(n), np.log(d)
+    span = x if span is None else np.log(span)
     if len(np.unique(x)) < 3:
         raise NotIdentified(f"budget {budget:.3g}: {len(np.unique(x))} sizes; a parabola needs 3")
     c2, c1, c0 = np.polyfit(x, loss, 2)
     if not c2 > 0:
         raise NotIdentified(f"budget {budget:.3g}: the loss is not convex in ln N (no minimum)")
     x_opt = -c1 / (2 * c2)
-    if not x.min() <= x_opt <= x.max():
-        side = "smallest" if x_opt < x.min() else "largest"
+    if not span.min() <= x_opt <= span.max():
+        side = "smallest" if x_opt < span.min() else "largest"
         raise NotIdentified(
             f"budget {budget:.3g}: the minimum lies beyond the {side} size trained; widen sizes"
         )
@@ -128,9 +132,14 @@ class Frontier:
         return _interval(float(value), draws, self.a.requested)
 
 
-def _vertices(budgets, n, d, loss) -> list[Vertex]:
-    return [vertex(c, n[budgets == c], d[budgets == c], loss[budgets == c]) for c in
-            np.unique(budgets)]  # fmt: skip
+def _draw(rng, rows: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """`rows` drawn with replacement, drawn again (up to 100 times) until they hold 3 sizes:
+    the bootstrap conditioned on draws a parabola can be fitted to."""
+    for _ in range(100):
+        drawn = rng.choice(rows, size=len(rows))
+        if len(np.unique(n[drawn])) >= 3:
+            break
+    return drawn
 
 
 def _power_laws(vertices: list[Vertex]) -> tuple[float, float, float, float]:
@@ -162,11 +171,20 @@ def fit_frontier(
     groups = [np.flatnonzero(budgets == v.budget) for v in vertices]
     draws = []
     for _ in range(bootstrap):
-        rows = np.concatenate([rng.choice(g, size=len(g)) for g in groups])
         try:
-            draws.append(_power_laws(_vertices(budgets[rows], n[rows], d[rows], loss[rows])))
+            drawn = []
+            for v, g in zip(vertices, groups, strict=True):
+                rows = _draw(rng, g, n)
+                drawn.append(vertex(v.budget, n[rows], d[rows], loss[rows], span=n[g]))
+            draws.append(_power_laws(drawn))
         except NotIdentified:
-            continue  # a draw with two sizes left, or a vertex off the grid: counted as lost
+            continue  # a draw whose parabola has no minimum among the sizes: counted as lost
+    if len(draws) < bootstrap / 2:
+        notes.append(
+            f"N_opt(C) not identified: only {len(draws)} of {bootstrap} bootstrap draws found "
+            "a minimum among the sizes in every budget"
+        )
+        return None, notes
     frontier = Frontier(
         vertices,
         _interval(a, [r[0] for r in draws], bootstrap),
@@ -304,12 +322,17 @@ def fit_parametric(n, d, loss, *, bootstrap: int = 200, seed: int = 0) -> Parame
     rng = np.random.default_rng(seed)
     replicates, residuals = [], []
     for _ in range(bootstrap):
-        rows = rng.choice(len(loss), size=len(loss))
-        if len(np.unique(n[rows])) < 3 or len(np.unique(d[rows])) < 3:
+        rows = _draw(rng, np.arange(len(loss)), n)
+        if len(np.unique(d[rows])) < 3:
             continue
         t = _fit_theta(log_n[rows], log_d[rows], log_l[rows], starts)
         replicates.append(t)
         residuals.append(log_l[rows] - np.log(law(t, n[rows], d[rows])))
+    if len(replicates) < bootstrap / 2:
+        raise NotIdentified(
+            f"L(N, D) not identified: only {len(replicates)} of {bootstrap} bootstrap draws "
+            "held 3 sizes and 3 token counts"
+        )
     values = np.exp(theta[:3]).tolist() + theta[3:].tolist()
     columns = np.array([np.r_[np.exp(t[:3]), t[3:]] for t in replicates]).reshape(-1, 5)
     params = {

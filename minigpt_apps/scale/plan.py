@@ -121,10 +121,15 @@ def parse_budgets(text: str, base: float | None) -> list[float]:
         if not (math.isfinite(base) and base > 0):
             raise ScaleError(f"--base_budget {base} must be a positive number of FLOPs.")
         values = [v * base for v in values]
-    if len(values) < 1 or not all(math.isfinite(v) and v > 0 for v in values):
+    if not all(math.isfinite(v) and v > 0 for v in values):
         raise ScaleError(f"--budgets {text!r}: each budget is a positive number of FLOPs.")
     if len(set(values)) != len(values):
         raise ScaleError(f"--budgets {text!r} repeats a budget; list each once.")
+    if len(values) < 3:
+        raise ScaleError(
+            f"--budgets {text!r}: the N_opt(C) frontier needs 3 budgets (a line through 2 shows "
+            "no scatter); give 3 or more."
+        )
     return sorted(values)
 
 

@@ -256,7 +256,8 @@ def write_figures(out: Path, findings: Findings) -> list[str]:
         ax.text(0.5, 0.5, "N_opt(C) not identified", ha="center", transform=ax.transAxes)
     ax.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt")
     ax.set_title("compute-optimal size")
-    ax.legend(fontsize=8)
+    if findings.frontier is not None:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=120)
     plt.close(fig)
