@@ -343,3 +343,27 @@ def test_cli_rerun_trains_nothing_twice(studied, env):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 to run, 9 already ended" in result.stdout
     assert {p: p.read_bytes() for p in metrics} == metrics
+
+
+def test_the_check_run_is_the_ladder_shape_nearest_n_opt_chosen_once(tmp_path):
+    """The check trains the ladder shape whose N is nearest N_opt in log, on the predicted
+    budget; the choice is kept in OUT/check.json, so a refit that moves N_opt trains no other."""
+    from minigpt_apps.scale import report
+
+    out = tmp_path / "out"
+    study, args = command.check(["--config", TINY, "--out", str(out), *GRID])
+    out.mkdir()
+    findings = report.Findings([], None, None, [], 8e8, 2.0)
+    findings.n_opt = fit.Interval(60_000.0, 40_000.0, 90_000.0, 50, 50)
+    point = command._check_point(study, findings, args)
+    # The ladder at aspect 16 (tiny: D 32 over 2 layers), heads of 16: N = L·(12D² + 13D) + 2D
+    # + 103·D (the embedded corpus has 103 distinct characters).
+    ladder = {depth: depth * (12 * (16 * depth) ** 2 + 13 * 16 * depth) for depth in range(1, 9)}
+    counted = {d: n + 2 * 16 * d + 103 * 16 * d for d, n in ladder.items()}
+    nearest = min(counted, key=lambda d: abs(np.log(counted[d] / 60_000)))
+    assert point.shape == plans.Shape(nearest, 16 * nearest, nearest)
+    assert point.params == counted[nearest]
+    assert point.name == f"check_C8e08_L{nearest}-D{16 * nearest}"
+    assert point.flops <= 8e8 and point.num_steps == int(8e8 / point.flops_per_token / 64)
+    findings.n_opt = fit.Interval(5_000.0, 4_000.0, 6_000.0, 50, 50)  # a refit elsewhere
+    assert command._check_point(study, findings, args) == point
