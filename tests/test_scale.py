@@ -121,7 +121,7 @@ def test_frontier_not_identified_with_two_budgets_or_a_minimum_off_the_grid():
     c, n, d, loss = _isoflop_grid(np.random.default_rng(0), budgets=(1e15, 1e16))
     frontier, notes = fit.fit_frontier(c, n, d, loss, bootstrap=20)
     assert frontier is None
-    assert notes == ["N_opt(C) not identified: 2 budgets with a minimum; it needs 3"]
+    assert notes == ["N_opt(C) not identified: 2 of the budgets have a minimum; it needs 3"]
     # Each budget's sizes 2× to 8× its optimum: the parabola's vertex lies below them all.
     c, n, d, loss = _isoflop_grid(np.random.default_rng(0), factors=(2, 4, 8))
     frontier, notes = fit.fit_frontier(c, n, d, loss, bootstrap=20)
@@ -315,7 +315,8 @@ def studied(env, tmp_path_factory):
 @pytest.mark.slow
 def test_cli_kill_9_then_a_rerun_trains_each_step_once(studied):
     out, stdout = studied
-    assert "9 runs in" in stdout and "0 already ended" not in stdout.splitlines()[0][-20:]
+    first = stdout.splitlines()[0]
+    assert "3 budgets, 9 runs in" in first and ": 0 to run" not in first, first
     assert "resumed from step" in (out / "runs" / "C1e08_L1-D16" / "train.log").read_text()
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) >= 9

@@ -267,7 +267,7 @@ def _summary(findings: report.Findings) -> list[str]:
     if findings.parametric is not None:
         shown = ", ".join(f"{k} {v.text()}" for k, v in findings.parametric.params.items())
         lines.append(f"L(N, D): {shown}")
-    lines += [f"not identified: {note}" for note in findings.notes]
+    lines += [f"note: {note}" for note in findings.notes]
     if findings.n_opt is not None:
         lines.append(
             f"prediction at C = {findings.predict_budget:.3g}: N_opt {findings.n_opt.text()}, "

@@ -44,10 +44,12 @@ class Findings:
     measured: Result | None = None  # the check run, when trained
 
     def verdict(self) -> str | None:
-        if self.measured is None or self.check_loss is None:
+        if self.measured is None:
             return None
         if self.measured.status != "ok":
             return f"the check run {self.measured.status}: {self.measured.error}"
+        if self.check_loss is None:
+            return f"measured {self.measured.loss:.4f}; no prediction (L(N, D) not identified)"
         inside = self.check_loss.holds(self.measured.loss)
         return f"measured {self.measured.loss:.4f}, predicted {self.check_loss.text('.4f')}: " + (
             "inside the interval" if inside else "OUTSIDE the interval"
