@@ -159,6 +159,7 @@ def test_parametric_fit_recovers_the_law_without_noise():
         assert p.params[name].value == pytest.approx(value, rel=1e-3), name
 
 
+@pytest.mark.slow  # about 8 s alone, 30 s on a loaded 2-core CPU
 def test_parametric_fit_holds_the_truth_in_its_intervals_with_noise():
     n, d, loss = _chinchilla_grid(np.random.default_rng(3))
     p = fit.fit_parametric(n, d, loss, bootstrap=100)

@@ -162,7 +162,9 @@ def fit_frontier(
         except NotIdentified as why:
             notes.append(str(why))
     if len(vertices) < 3:
-        notes.append(f"N_opt(C) not identified: {len(vertices)} budgets with a minimum; it needs 3")
+        notes.append(
+            f"N_opt(C) not identified: {len(vertices)} of the budgets have a minimum; it needs 3"
+        )
         return None, notes
     kept = np.isin(budgets, [v.budget for v in vertices])
     budgets, n, d, loss = budgets[kept], n[kept], d[kept], loss[kept]
