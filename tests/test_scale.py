@@ -157,6 +157,7 @@ def test_parametric_fit_recovers_the_law_without_noise():
     p = fit.fit_parametric(n, d, loss, bootstrap=20)
     for name, value in TRUE.items():
         assert p.params[name].value == pytest.approx(value, rel=1e-3), name
+    assert p.exponent().value == pytest.approx(0.28 / (0.34 + 0.28), rel=1e-3)
 
 
 @pytest.mark.slow  # about 8 s alone, 30 s on a loaded 2-core CPU

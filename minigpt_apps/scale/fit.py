@@ -282,6 +282,12 @@ class Parametric:
         ]
         return _interval(float(law(self.theta, n, d)), draws, self.params["E"].requested)
 
+    def exponent(self) -> Interval:
+        """a = β/(α+β) of N_opt ∝ C^a under C = 6ND, with its interval."""
+        draws = [float(t[4] / (t[3] + t[4])) for t in self.replicates]
+        value = float(self.theta[4] / (self.theta[3] + self.theta[4]))
+        return _interval(value, draws, self.params["E"].requested)
+
     def optimum(self, budget: float) -> tuple[float, float]:
         """(N_opt, D_opt) of this law at `budget` under C = 6·N·D (Hoffmann et al., eq. 4)."""
         e, a, b, alpha, beta = self.theta

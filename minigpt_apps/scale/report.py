@@ -173,6 +173,10 @@ def markdown(study: Study, findings: Findings, command: list[str]) -> str:
             f"L(N, D) = E + A/N^α + B/D^β (Huber δ = {fit.HUBER_DELTA:g} on log residuals, "
             f"BFGS from the best {fit.N_STARTS} of {len(fit.START_GRID):,} grid starts): {shown}; "
             f"rms log residual {rms:.4f}; {p.params['E'].replicates} bootstrap fits.",
+            "",
+            f"Its own frontier (C = 6ND): N_opt ∝ C^(β/(α+β)), a = {p.exponent().text()}. The "
+            "IsoFLOP a's interval holds the runs' scatter, not the parabola's misfit where the "
+            "curves are not symmetric in ln N; where the two a's disagree, suspect that misfit.",
         ]
     if findings.notes:
         lines += ["", "Not identified or left out:", ""] + [f"- {n}" for n in findings.notes]
@@ -208,6 +212,10 @@ def markdown(study: Study, findings: Findings, command: list[str]) -> str:
 # ----------------------------------------------------------------------------- figures
 
 
+def _ndl(r: Result) -> tuple[float, float, float]:
+    return r.point.params, r.point.tokens, r.loss
+
+
 def write_figures(out: Path, findings: Findings) -> list[str]:
     """The three figures; returns notes for those skipped."""
     try:
@@ -220,7 +228,15 @@ def write_figures(out: Path, findings: Findings) -> list[str]:
     ok = [r for r in findings.results if r.status == "ok"]
     budgets = sorted({r.point.budget for r in ok})
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(budgets), 1)))
-    vertices = {v.budget: v for v in (findings.frontier.vertices if findings.frontier else [])}
+    vertices = {}  # each budget's own parabola, drawn whether or not the frontier is identified
+    for c in budgets:
+        rs = [r for r in ok if r.point.budget == c]
+        try:
+            vertices[c] = fit.vertex(
+                c, *(np.array(v, dtype=float) for v in zip(*[_ndl(r) for r in rs], strict=True))
+            )
+        except fit.NotIdentified:
+            pass
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for color, c in zip(colors, budgets, strict=True):
