@@ -129,6 +129,7 @@ class LayoutTest(chex.TestCase):
                 "lab": "minigpt_apps.lab.command:main",
                 "sweep": "minigpt_apps.sweep.command:main",
                 "compare": "minigpt_apps.compare.command:main",
+                "scale": "minigpt_apps.scale.command:main",
             },
         )
 

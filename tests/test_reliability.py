@@ -527,7 +527,8 @@ def test_help_lists_every_command_and_exits_0():
         assert result.returncode == 0, result.stderr
         listed = result.stdout.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
         # the apps' commands (minigpt_apps, entry points) after the built-in ones, by name
-        assert [line.split()[0] for line in listed] == built_in + ["compare", "lab", "sweep"]
+        apps = ["compare", "lab", "scale", "sweep"]
+        assert [line.split()[0] for line in listed] == built_in + apps
         assert all(len(line.split()) > 2 for line in listed)  # each with its one line
 
 

@@ -87,6 +87,13 @@ class Comparison:
     def run_dir(self, arm: Arm, seed: int) -> Path:
         return self.out / arm.name / f"seed-{seed + arm.seed_offset}"
 
+    def run_doc(self, arm: Arm, seed: int) -> str:
+        """The docstring of the run's config.py: what the run is part of."""
+        return (
+            f"Arm {arm.name} at seed {seed} of the comparison in {self.out} (minigpt-jax "
+            f"compare): {arm.described()}."
+        )
+
     def runs(self) -> list[tuple[Arm, int]]:
         """Every (arm, seed), seed by seed, so the first runs to finish are whole pairs; then
         both arms at a sweep winner's tuned seed (the paired winner's-curse check)."""

@@ -44,10 +44,7 @@ def prepare(comparison: Comparison, arm: Arm, seed: int) -> Path:
     a run lock a killed command's child may still hold while it saves. Returns config.py."""
     run_dir = comparison.run_dir(arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    doc = (
-        f"Arm {arm.name} at seed {seed} of the comparison in {comparison.out} (minigpt-jax "
-        f"compare): {arm.described()}."
-    )
+    doc = comparison.run_doc(arm, seed)
     text = spaces.config_file_text(arm.config_spec, comparison.values(arm, seed), doc)
     config_file = run_dir / "config.py"
     if not config_file.exists() or config_file.read_text() != text:
