@@ -30,6 +30,22 @@ if TYPE_CHECKING:  # a low layer: the type only
 
 _log = logging.getLogger(__name__)
 
+# The keys a record writes of its own: the step, the training step's values (its loss is
+# recorded as train_loss) and the timing; an evaluation's are val_<name> and eval_train_<name>.
+# A plug-in's value (a step metric, a loss term) may take none of them: it would overwrite the
+# run's own record, or be overwritten by it.
+RECORD_KEYS = ("step", "train_loss", "loss", "cross_entropy", "grad_norm", "lr", "tokens_per_sec")
+EVALUATION_PREFIXES = ("val_", "eval_train_")
+
+
+def reserved_key(name: str) -> str | None:
+    """What the run's own record writes under `name` (in words), or None when it is free."""
+    if name in RECORD_KEYS:
+        return "the training step's own value" if name != "step" else "the step number"
+    if name.startswith(EVALUATION_PREFIXES):
+        return "an evaluation's value (val_<name>, eval_train_<name>)"
+    return None
+
 
 def _summary_writer_class() -> type:
     """tensorboardX's SummaryWriter, imported without torch: its writer module imports torch

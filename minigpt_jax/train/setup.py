@@ -36,6 +36,7 @@ from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.step import (
     TrainState,
@@ -308,6 +309,13 @@ def _checked_metrics(
     """config.eval.metrics resolved and probed against their contract (shapes only), before
     anything is written; a name clashing with a loss term's is refused."""
     metrics = parse_metrics(config.eval.metrics)
+    for key, _ in terms:
+        what = reserved_key(term_name(key))
+        if what is not None:
+            raise ValueError(
+                f"config.loss.terms: {key!r} is logged as {term_name(key)!r}, a key the run's "
+                f"record writes ({what}); rename the term (its attr in module:attr)."
+            )
     taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in terms)}
     for key in metrics:
         if metric_name(key) in taken:

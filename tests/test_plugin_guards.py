@@ -1,0 +1,283 @@
+"""Plug-ins that hang, exit or lie (issue 57), each through the command line with a plug-in file
+of its own outside the package: a step metric may not log a key of the run's own record; a
+hook's sys.exit(), Ctrl-C, non-bool answer or hang loses no trained step and ends non-zero with
+a line naming it; an early stop says how to go on; the samples prompt is checked before
+training. Every run that trains here leaves a metrics.jsonl of the step's own keys only."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, cli_in, pydoc_text, steps
+
+from minigpt_jax.train.metrics import read_metrics
+
+pytestmark = pytest.mark.slow  # trainings through the CLI
+
+TINY = str(REPO / "configs" / "tiny.py")
+# 20 steps, checkpoints every 10 (the issue's probe), one evaluation at the end.
+SETTINGS = {
+    "data.corpus": "text",
+    "data.path": "corpus.txt",
+    "num_steps": 20,
+    "steps_per_call": 1,
+    "eval_every": 20,
+    "checkpoint_every": 10,
+    "eval_batches": 1,
+}
+# What a training record of tiny.py holds: the step's own keys, nothing a plug-in put there.
+TRAINING_KEYS = {"step", "train_loss", "grad_norm", "lr", "tokens_per_sec"}
+EVALUATION_KEYS = {"step", "val_loss", "eval_train_loss"}
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    (tmp_path / "corpus.txt").write_text(pydoc_text())
+    return tmp_path
+
+
+def _write(folder: Path, name: str, source: str) -> None:
+    (folder / name).write_text(textwrap.dedent(source))
+
+
+def _args(*extra: str, **settings) -> list[str]:
+    flags = [f"--config.{k}={v}" for k, v in {**SETTINGS, **settings}.items()]
+    return ["train", "--config", TINY, "--workdir", "run", "--progress=false", *flags, *extra]
+
+
+def _train(folder: Path, *extra: str, **settings) -> subprocess.CompletedProcess:
+    return cli_in(folder, *_args(*extra, **settings), check=False)
+
+
+def _lines(stderr: str) -> list[str]:
+    """stderr without absl's log lines (W1203 ..., I1203 ...)."""
+    return [line for line in stderr.splitlines() if not re.match(r"[WIEF]\d{4} ", line)]
+
+
+def _assert_own_keys(workdir: Path, *extra_keys: str) -> None:
+    """Every record holds only the step's (or the evaluation's) own values under their keys."""
+    for record in read_metrics(workdir):
+        keys = set(record)
+        own = TRAINING_KEYS | set(extra_keys) if "train_loss" in keys else EVALUATION_KEYS
+        assert keys <= own, record
+        assert isinstance(record["step"], int)
+
+
+# ----------------------------------------------------------------------------- reserved keys
+
+STEP_METRICS = """\
+import jax.numpy as jnp
+
+
+def _const(name, value):
+    def metric(grads, updates, params):
+        return {name: jnp.float32(value)}
+
+    return metric
+
+
+train_loss = _const("train_loss", 1.0)
+val_loss = _const("val_loss", 0.0)
+step = _const("step", 99.0)
+grad_norm = _const("grad_norm", 0.0)
+lr = _const("lr", 5.0)
+tokens_per_sec = _const("tokens_per_sec", 0.0)
+val_ppl = _const("val_ppl", 1.0)
+"""
+
+
+@pytest.mark.parametrize(
+    "name", ["train_loss", "val_loss", "step", "grad_norm", "lr", "tokens_per_sec", "val_ppl"]
+)
+def test_a_step_metric_may_not_log_a_key_of_the_record(user_dir, name):
+    """Issue 57, 1: {"train_loss": 1.0} made every record's train_loss 1.0, {"step": 99.0} made
+    the run unresumable, {"tokens_per_sec": 0.0} was dropped, {"grad_norm": 0.0} was a 40-line
+    traceback; now each is refused before training in one line naming the plug-in and key."""
+    _write(user_dir, "sm.py", STEP_METRICS)
+    refused = _train(user_dir, f"--config.step_metrics=sm:{name}")
+    assert refused.returncode == 1, refused.stderr
+    [line] = _lines(refused.stderr)
+    assert line.startswith(f"minigpt-jax train: error: config.step_metrics='sm:{name}' "), line
+    assert f"it logs {name!r}, a key the run's record writes" in line, line
+    assert not (user_dir / "run").exists()
+
+
+# ----------------------------------------------------------------------------- hooks
+
+HOOKS = """\
+import sys
+import time
+from pathlib import Path
+
+
+class _Hook:
+    every = 10
+
+    def __init__(self, hooks_config):
+        pass
+
+
+class Exit0(_Hook):
+    def on_step(self, ctx):
+        sys.exit(0)
+
+
+class Exit3(_Hook):
+    def on_step(self, ctx):
+        sys.exit(3)
+
+
+class CtrlC(_Hook):
+    def on_step(self, ctx):
+        raise KeyboardInterrupt
+
+
+class No(_Hook):
+    def on_step(self, ctx):
+        return "no"
+
+
+class Abc(_Hook):
+    every = "abc"
+
+    def on_step(self, ctx):
+        pass
+
+
+class Stop(_Hook):
+    def on_step(self, ctx):
+        return True
+
+
+class Sleepy(_Hook):
+    def on_step(self, ctx):
+        Path(ctx.workdir.parent / "sleeping").touch()
+        while True:  # deaf: it never returns
+            try:
+                time.sleep(600)
+            except Exception:
+                pass
+"""
+
+
+@pytest.mark.parametrize(
+    "hook, raised",
+    [("Exit0", "SystemExit(0)"), ("Exit3", "SystemExit(3)"), ("CtrlC", "KeyboardInterrupt")],
+)
+def test_a_hook_that_ends_the_process_keeps_the_steps_and_exits_non_zero(user_dir, hook, raised):
+    """Issue 57, 2: sys.exit(0) in on_step ended the run with rc 0, no message and no
+    checkpoint (10 of 20 steps lost); sys.exit(3) with rc 3 and no word."""
+    _write(user_dir, "hk.py", HOOKS)
+    failed = _train(user_dir, f"--config.hooks.names=hk:{hook}")
+    assert failed.returncode == 1, failed.stderr
+    lines = _lines(failed.stderr)
+    assert lines[0] == (
+        f"minigpt-jax train: config.hooks.names='hk:{hook}' (on_step at step 10, saved first): "
+        f"the hook raised {raised}; a hook may not end the process (return True to stop the run)"
+    ), failed.stderr
+    assert lines[1].endswith(f'{user_dir / "hk.py"}", line {_line(hook)}, in on_step')
+    assert steps(user_dir / "run" / "checkpoints") == [10]
+    _assert_own_keys(user_dir / "run")
+
+
+def _line(hook: str) -> int:
+    """The line of the statement in `hook`'s on_step that ends the process (HOOKS)."""
+    lines = HOOKS.splitlines()
+    start = lines.index(f"class {hook}(_Hook):")
+    return start + 3  # class, def on_step, the statement: 1-based
+
+
+def test_a_stop_request_must_be_a_bool(user_dir):
+    """Issue 57, 2: a hook returning "no" stopped the run at step 1 with rc 0."""
+    _write(user_dir, "hk.py", HOOKS)
+    failed = _train(user_dir, "--config.hooks.names=hk:No")
+    assert failed.returncode == 1
+    assert _lines(failed.stderr) == [
+        "minigpt-jax train: error: config.hooks.names='hk:No' (on_step at step 10, saved "
+        "first) returned 'no' (str): a hook returns True to stop the run, False or None to go on."
+    ], failed.stderr
+    assert steps(user_dir / "run" / "checkpoints") == [10]
+    _assert_own_keys(user_dir / "run")
+
+
+def test_every_that_is_not_a_number_names_the_hook(user_dir):
+    """Issue 57, 2: every = "abc" gave `invalid literal for int() with base 10: 'abc'`."""
+    _write(user_dir, "hk.py", HOOKS)
+    failed = _train(user_dir, "--config.hooks.names=hk:Abc")
+    assert failed.returncode == 1
+    assert _lines(failed.stderr) == [
+        "minigpt-jax train: error: config.hooks.names='hk:Abc': its `every` is 'abc' (str); it "
+        "must be a whole number of steps between its on_step calls (0 or none: never)."
+    ], failed.stderr
+    assert not (user_dir / "run").exists()
+
+
+def test_an_early_stop_says_how_to_go_on(user_dir):
+    """Issue 57, 2: an early stop said "rerun the same command to resume", which only stops
+    again."""
+    _write(user_dir, "hk.py", HOOKS)
+    stopped = _train(user_dir, "--config.hooks.names=hk:Stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert (
+        "config.hooks.names='hk:Stop' asked to stop (on_step at step 10): the run ended early, "
+        "at step 10 of num_steps=20" in stopped.stdout + stopped.stderr
+    ), stopped.stderr
+    assert "resume with the hook off" in stopped.stdout + stopped.stderr
+    assert steps(user_dir / "run" / "checkpoints") == [10]
+    resumed = _train(user_dir)  # the hook off: it trains on to num_steps
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from step 10" in resumed.stdout
+    assert steps(user_dir / "run" / "checkpoints") == [10, 20]
+    _assert_own_keys(user_dir / "run")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_hook_that_hangs_still_answers_a_signal(user_dir, sig):
+    """Issue 57, 2: an on_step that slept ignored seven SIGINT/SIGTERM over a minute; only
+    kill -9 ended it, and steps 1-10 were lost. Now the hook is stopped 5 s after the signal,
+    the trained steps are saved and the run exits 130/143."""
+    _write(user_dir, "hk.py", HOOKS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(user_dir)])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "minigpt_jax", *_args("--config.hooks.names=hk:Sleepy")],
+        cwd=user_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (user_dir / "sleeping").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    signalled = time.monotonic()
+    child.send_signal(sig)
+    output, _ = child.communicate(timeout=60)
+    assert child.returncode == 128 + sig, output
+    assert 5 <= time.monotonic() - signalled < 50, output
+    assert (
+        f"{sig.name} received while config.hooks.names='hk:Sleepy' ran on_step at step 10; it "
+        "had not returned 5 s later, so it was stopped there." in output
+    ), output
+    assert f"{sig.name} received: checkpoint saved at step 10" in output, output
+    assert steps(user_dir / "run" / "checkpoints") == [10]
+    _assert_own_keys(user_dir / "run")
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_the_samples_prompt_is_checked_before_training(user_dir):
+    """Issue 57, 8: sample_prompt=日本語 trained 10 steps, then stopped at the first sample."""
+    failed = _train(
+        user_dir, "--config.hooks.names=samples", "--config.hooks.sample_prompt=日本語",
+        "--config.hooks.sample_every=10",
+    )  # fmt: skip
+    assert failed.returncode == 1
+    [line] = _lines(failed.stderr)
+    assert line.startswith(
+        "minigpt-jax train: error: config.hooks.sample_prompt='日本語' (the samples hook): "
+        "character '日' at position 0 is not in the CharTokenizer vocabulary"
+    ), line
+    assert not (user_dir / "run").exists()
