@@ -6,6 +6,7 @@ import os
 import struct
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -102,6 +103,11 @@ def cli_in(folder: Path, *args: str, check: bool = True) -> subprocess.Completed
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def write_module(folder: Path, name: str, source: str) -> None:
+    """Writes a user's module (a plug-in), dedented, to folder/name."""
+    (folder / name).write_text(textwrap.dedent(source))
 
 
 def steps(directory: Path) -> list[int]:

@@ -9,12 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_in, pydoc_text, steps
+from helpers import REPO, cli_in, steps, write_module
 
 from minigpt_jax.train.metrics import read_metrics
 
@@ -34,16 +33,6 @@ SETTINGS = {
 # What a training record of tiny.py holds: the step's own keys, nothing a plug-in put there.
 TRAINING_KEYS = {"step", "train_loss", "grad_norm", "lr", "tokens_per_sec"}
 EVALUATION_KEYS = {"step", "val_loss", "eval_train_loss"}
-
-
-@pytest.fixture
-def user_dir(tmp_path):
-    (tmp_path / "corpus.txt").write_text(pydoc_text())
-    return tmp_path
-
-
-def _write(folder: Path, name: str, source: str) -> None:
-    (folder / name).write_text(textwrap.dedent(source))
 
 
 def _args(*extra: str, **settings) -> list[str]:
@@ -99,7 +88,7 @@ def test_a_step_metric_may_not_log_a_key_of_the_record(user_dir, name):
     """Issue 57, 1: {"train_loss": 1.0} made every record's train_loss 1.0, {"step": 99.0} made
     the run unresumable, {"tokens_per_sec": 0.0} was dropped, {"grad_norm": 0.0} was a 40-line
     traceback; now each is refused before training in one line naming the plug-in and key."""
-    _write(user_dir, "sm.py", STEP_METRICS)
+    write_module(user_dir, "sm.py", STEP_METRICS)
     refused = _train(user_dir, f"--config.step_metrics=sm:{name}")
     assert refused.returncode == 1, refused.stderr
     [line] = _lines(refused.stderr)
@@ -173,7 +162,7 @@ class Sleepy(_Hook):
 def test_a_hook_that_ends_the_process_keeps_the_steps_and_exits_non_zero(user_dir, hook, raised):
     """Issue 57, 2: sys.exit(0) in on_step ended the run with rc 0, no message and no
     checkpoint (10 of 20 steps lost); sys.exit(3) with rc 3 and no word."""
-    _write(user_dir, "hk.py", HOOKS)
+    write_module(user_dir, "hk.py", HOOKS)
     failed = _train(user_dir, f"--config.hooks.names=hk:{hook}")
     assert failed.returncode == 1, failed.stderr
     lines = _lines(failed.stderr)
@@ -193,35 +182,41 @@ def _line(hook: str) -> int:
     return start + 3  # class, def on_step, the statement: 1-based
 
 
-def test_a_stop_request_must_be_a_bool(user_dir):
-    """Issue 57, 2: a hook returning "no" stopped the run at step 1 with rc 0."""
-    _write(user_dir, "hk.py", HOOKS)
-    failed = _train(user_dir, "--config.hooks.names=hk:No")
+@pytest.mark.parametrize(
+    "hook, line, trained",
+    [
+        (  # Issue 57, 2: a hook returning "no" stopped the run at step 1 with rc 0.
+            "No",
+            "config.hooks.names='hk:No' (on_step at step 10, saved first) returned 'no' (str): "
+            "a hook returns True to stop the run, False or None to go on.",
+            [10],
+        ),
+        (  # Issue 57, 2: every = "abc" gave `invalid literal for int() with base 10: 'abc'`.
+            "Abc",
+            "config.hooks.names='hk:Abc': its `every` is 'abc' (str); it must be a whole "
+            "number of steps between its on_step calls (0 or none: never).",
+            None,
+        ),
+    ],
+)
+def test_a_hook_that_breaks_its_contract_is_one_line(user_dir, hook, line, trained):
+    """A stop request is True/False/None, `every` a whole number: anything else is refused in
+    one line naming the hook, the steps trained saved first."""
+    write_module(user_dir, "hk.py", HOOKS)
+    failed = _train(user_dir, f"--config.hooks.names=hk:{hook}")
     assert failed.returncode == 1
-    assert _lines(failed.stderr) == [
-        "minigpt-jax train: error: config.hooks.names='hk:No' (on_step at step 10, saved "
-        "first) returned 'no' (str): a hook returns True to stop the run, False or None to go on."
-    ], failed.stderr
-    assert steps(user_dir / "run" / "checkpoints") == [10]
-    _assert_own_keys(user_dir / "run")
-
-
-def test_every_that_is_not_a_number_names_the_hook(user_dir):
-    """Issue 57, 2: every = "abc" gave `invalid literal for int() with base 10: 'abc'`."""
-    _write(user_dir, "hk.py", HOOKS)
-    failed = _train(user_dir, "--config.hooks.names=hk:Abc")
-    assert failed.returncode == 1
-    assert _lines(failed.stderr) == [
-        "minigpt-jax train: error: config.hooks.names='hk:Abc': its `every` is 'abc' (str); it "
-        "must be a whole number of steps between its on_step calls (0 or none: never)."
-    ], failed.stderr
-    assert not (user_dir / "run").exists()
+    assert _lines(failed.stderr) == [f"minigpt-jax train: error: {line}"], failed.stderr
+    if trained is None:
+        assert not (user_dir / "run").exists()
+    else:
+        assert steps(user_dir / "run" / "checkpoints") == trained
+        _assert_own_keys(user_dir / "run")
 
 
 def test_an_early_stop_says_how_to_go_on(user_dir):
     """Issue 57, 2: an early stop said "rerun the same command to resume", which only stops
     again."""
-    _write(user_dir, "hk.py", HOOKS)
+    write_module(user_dir, "hk.py", HOOKS)
     stopped = _train(user_dir, "--config.hooks.names=hk:Stop")
     assert stopped.returncode == 0, stopped.stderr
     assert (
@@ -242,7 +237,7 @@ def test_a_hook_that_hangs_still_answers_a_signal(user_dir, sig):
     """Issue 57, 2: an on_step that slept ignored seven SIGINT/SIGTERM over a minute; only
     kill -9 ended it, and steps 1-10 were lost. Now the hook is stopped 5 s after the signal,
     the trained steps are saved and the run exits 130/143."""
-    _write(user_dir, "hk.py", HOOKS)
+    write_module(user_dir, "hk.py", HOOKS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(user_dir)])}
     child = subprocess.Popen(
         [sys.executable, "-m", "minigpt_jax", *_args("--config.hooks.names=hk:Sleepy")],
