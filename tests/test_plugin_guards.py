@@ -5,7 +5,6 @@ a line naming it; an early stop says how to go on; the samples prompt is checked
 training. Every run that trains here leaves a metrics.jsonl of the step's own keys only."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_in, steps, write_module
+from helpers import REPO, assert_one_plugin_error, cli_in, error_lines, steps, write_module
 
 from minigpt_jax.train.metrics import read_metrics
 
@@ -42,11 +41,6 @@ def _args(*extra: str, **settings) -> list[str]:
 
 def _train(folder: Path, *extra: str, **settings) -> subprocess.CompletedProcess:
     return cli_in(folder, *_args(*extra, **settings), check=False)
-
-
-def _lines(stderr: str) -> list[str]:
-    """stderr without absl's log lines (W1203 ..., I1203 ...)."""
-    return [line for line in stderr.splitlines() if not re.match(r"[WIEF]\d{4} ", line)]
 
 
 def _assert_own_keys(workdir: Path, *extra_keys: str) -> None:
@@ -91,7 +85,7 @@ def test_a_step_metric_may_not_log_a_key_of_the_record(user_dir, name):
     write_module(user_dir, "sm.py", STEP_METRICS)
     refused = _train(user_dir, f"--config.step_metrics=sm:{name}")
     assert refused.returncode == 1, refused.stderr
-    [line] = _lines(refused.stderr)
+    [line] = error_lines(refused.stderr)
     assert line.startswith(f"minigpt-jax train: error: config.step_metrics='sm:{name}' "), line
     assert f"it logs {name!r}, a key the run's record writes" in line, line
     assert not (user_dir / "run").exists()
@@ -165,7 +159,7 @@ def test_a_hook_that_ends_the_process_keeps_the_steps_and_exits_non_zero(user_di
     write_module(user_dir, "hk.py", HOOKS)
     failed = _train(user_dir, f"--config.hooks.names=hk:{hook}")
     assert failed.returncode == 1, failed.stderr
-    lines = _lines(failed.stderr)
+    lines = error_lines(failed.stderr)
     assert lines[0] == (
         f"minigpt-jax train: config.hooks.names='hk:{hook}' (on_step at step 10, saved first): "
         f"the hook raised {raised}; a hook may not end the process (return True to stop the run)"
@@ -205,7 +199,7 @@ def test_a_hook_that_breaks_its_contract_is_one_line(user_dir, hook, line, train
     write_module(user_dir, "hk.py", HOOKS)
     failed = _train(user_dir, f"--config.hooks.names=hk:{hook}")
     assert failed.returncode == 1
-    assert _lines(failed.stderr) == [f"minigpt-jax train: error: {line}"], failed.stderr
+    assert error_lines(failed.stderr) == [f"minigpt-jax train: error: {line}"], failed.stderr
     if trained is None:
         assert not (user_dir / "run").exists()
     else:
@@ -260,6 +254,68 @@ def test_a_hook_that_hangs_still_answers_a_signal(user_dir, sig):
     _assert_own_keys(user_dir / "run")
 
 
+# ----------------------------------------------------------------------------- step metrics
+
+HOST_METRICS = """\
+import jax
+import jax.numpy as jnp
+import optax
+
+_calls = [0]
+
+
+def _on_host(norm):
+    _calls[0] += 1
+    if _calls[0] == 15:
+        raise RuntimeError(f"the metric failed on the host at call {_calls[0]}")
+    return norm
+
+
+def late(grads, updates, params):
+    norm = optax.tree.norm(grads)
+    return {"host_norm": jax.pure_callback(_on_host, jax.ShapeDtypeStruct((), jnp.float32), norm)}
+
+
+def nan(grads, updates, params):
+    return {"log_neg": jnp.log(-1.0 + 0 * optax.tree.norm(grads)), "fine": jnp.float32(1)}
+"""
+
+
+def test_a_step_metric_whose_host_callback_raises_is_one_line_after_the_steps_are_saved(
+    user_dir,
+):
+    """Issue 57, 3: a raising jax.pure_callback in a step metric was a 62-64-line traceback of
+    JAX's callback frames, the key not named."""
+    write_module(user_dir, "hm.py", HOST_METRICS)
+    failed = _train(user_dir, "--config.step_metrics=hm:late")
+    assert failed.returncode == 1
+    assert_one_plugin_error(
+        failed.stderr,
+        "minigpt-jax train: error in user code of config.step_metrics='hm:late': RuntimeError: "
+        "the metric failed on the host at call 15 (in the compiled step, a host callback)",
+        f'{user_dir / "hm.py"}", line 11, in _on_host',
+        "The 14 steps trained are kept in checkpoint 14",
+    )
+    assert steps(user_dir / "run" / "checkpoints") == [10, 14]
+    assert [r["step"] for r in read_metrics(user_dir / "run")] == list(range(1, 15))
+    _assert_own_keys(user_dir / "run", "host_norm")
+
+
+def test_a_nan_step_metric_warns_once_per_key(user_dir):
+    """Issue 57, 4: NaN or inf from a step metric was logged as "nan" in every record with no
+    word."""
+    write_module(user_dir, "hm.py", HOST_METRICS)
+    ran = _train(user_dir, "--config.step_metrics=hm:nan")
+    assert ran.returncode == 0, ran.stderr
+    warnings = [line for line in ran.stderr.splitlines() if "is nan" in line]
+    assert len(warnings) == 1, ran.stderr  # 20 steps, one warning
+    assert (
+        "the step value log_neg is nan at step 1 (a metric of config.step_metrics)" in (warnings[0])
+    )
+    assert {r["log_neg"] for r in read_metrics(user_dir / "run") if "train_loss" in r} == {"nan"}
+    _assert_own_keys(user_dir / "run", "log_neg", "fine")
+
+
 # ----------------------------------------------------------------------------- options
 
 
@@ -270,7 +326,7 @@ def test_the_samples_prompt_is_checked_before_training(user_dir):
         "--config.hooks.sample_every=10",
     )  # fmt: skip
     assert failed.returncode == 1
-    [line] = _lines(failed.stderr)
+    [line] = error_lines(failed.stderr)
     assert line.startswith(
         "minigpt-jax train: error: config.hooks.sample_prompt='日本語' (the samples hook): "
         "character '日' at position 0 is not in the CharTokenizer vocabulary"

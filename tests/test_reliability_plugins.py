@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_in, steps, write_module
+from helpers import REPO, assert_one_plugin_error, cli_in, error_lines, steps, write_module
 
 # The full suite only (`python -m pytest -q`): plug-ins through the command line.
 pytestmark = pytest.mark.slow
@@ -51,29 +51,23 @@ def _train(folder: Path, *extra: str, check: bool = False, **settings):
     return cli_in(folder, *args, check=check)
 
 
-def _error_lines(stderr: str) -> list[str]:
-    """stderr without absl's warning lines (W1203 ...)."""
-    return [line for line in stderr.splitlines() if not line.startswith(("W", "I"))]
-
-
 def test_a_metric_raising_in_the_evaluation_keeps_the_steps_and_is_named(user_dir):
     """Issue 40, defect 1: a 68-line traceback ending in `INTERNAL: CpuCallback error`, the key
     not named, and no checkpoint at all after a 4-step run evaluated and saved at step 4."""
     write_module(user_dir, "bad_metric.py", RAISING_METRIC)
     failed = _train(user_dir, "--config.eval.metrics=bad_metric:boom")
     assert failed.returncode == 1
-    lines = _error_lines(failed.stderr)
-    assert lines[0] == (
+    lines = assert_one_plugin_error(
+        failed.stderr,
         "minigpt-jax train: error in user code of config.eval.metrics='bad_metric:boom': "
-        "RuntimeError: the metric failed on the host (in the step-4 evaluation)"
-    ), failed.stderr
-    assert lines[1].endswith(f'{user_dir / "bad_metric.py"}", line 6, in _on_host')
-    assert lines[3].startswith("The 4 steps trained are kept in checkpoint 4"), failed.stderr
-    assert len(lines) == 4 and "CpuCallback" not in failed.stderr, failed.stderr
+        "RuntimeError: the metric failed on the host (in the step-4 evaluation)",
+        f'{user_dir / "bad_metric.py"}", line 6, in _on_host',
+        "The 4 steps trained are kept in checkpoint 4",
+    )
     assert steps(user_dir / "run" / "checkpoints") == [4]
     # The same command again: the pending evaluation runs first and is refused the same way.
     again = _train(user_dir, "--config.eval.metrics=bad_metric:boom")
-    assert again.returncode == 1 and _error_lines(again.stderr) == lines, again.stderr
+    assert again.returncode == 1 and error_lines(again.stderr) == lines, again.stderr
     assert steps(user_dir / "run" / "checkpoints") == [4]
 
 

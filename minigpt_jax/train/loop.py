@@ -7,10 +7,12 @@ train.guard beside it."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +21,7 @@ import jax
 
 from minigpt_jax.hooks import HookContext, HookError, Hooks, HookStopped, hook_plugin_error
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
-from minigpt_jax.settings.registry import (
-    host_callback_errors,
-)
+from minigpt_jax.settings.registry import host_callback_errors, plugin_error
 from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
@@ -108,13 +108,15 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
         if stop.requested():
             break
         dispatched_at = time.perf_counter()
-        log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+        with trainer.compiled_steps(log):
+            log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
         end = first_step + config.steps_per_call
         evaluate_now = end % config.eval_every == 0 or end == config.num_steps
         save_now = end % config.checkpoint_every == 0 or end == last_step
         hook_now = any(end % every == 0 for every in hooks.step_every)
         if evaluate_now or save_now or hook_now or stop.requested():
-            log.drain()
+            with trainer.compiled_steps(log):
+                log.drain()
             if _after_chunk(trainer, log, stop, hooks, end, evaluate_now, save_now, hook_now):
                 break
 
@@ -198,12 +200,61 @@ class Trainer:
 
     def __init__(self, run: Run):
         self.run = run
+        # The states the last two chunks started from: where a step metric's host callback
+        # failed, the newest one still readable holds the steps trained (unless donated).
+        self._starts: collections.deque = collections.deque(maxlen=2)
 
     def train_chunk(self, first_step: int) -> dict[str, Array]:
         """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
         run = self.run
+        self._starts.append(run.state)
         run.state, metrics = run.train_chunk(run.state, run.train_batches(first_step))
         return metrics
+
+    @contextlib.contextmanager
+    def compiled_steps(self, log: RunLogger) -> Iterator[None]:
+        """Within: compiled steps run and their metrics are fetched. An exception that a host
+        callback of a step metric raised (config.step_metrics) is one plug-in error naming its
+        key and the user's frames, raised once the steps trained are saved."""
+        with host_callback_errors() as callback_errors:
+            try:
+                yield
+            except Exception as error:
+                if not callback_errors:
+                    raise
+                cause = callback_errors[0]
+                where = guard.user_keys_in_play(self.run.config) or "user code"
+                plugin = plugin_error(cause) or plugin_error(cause, where=where)
+                plugin.header += " (in the compiled step, a host callback)"
+                plugin.note = self._keep_steps_trained(log)
+                raise plugin from error
+
+    def _keep_steps_trained(self, log: RunLogger) -> str:
+        """Saves the newest train state that a failed chunk left readable (one that started a
+        chunk, not donated to it); says what is kept and how to go on."""
+        checkpointer = self.run.checkpointer
+        for state in reversed(self._starts):
+            try:
+                step = int(jax.device_get(state.step))
+                jax.block_until_ready(state)
+            except Exception:  # donated to the failed chunk, or its output: not readable
+                continue
+            self.run.state = state
+            with contextlib.suppress(Exception):  # the chunk in flight may be the failed one
+                log.drain()
+            if step and step != checkpointer.latest_step():
+                self.save()
+                log.flush()
+            if step:
+                return (
+                    f"The {step} steps trained are kept in checkpoint {step}: fix the code, then "
+                    "rerun the same command (with --allow_resume_changes if you edited a module "
+                    "the run imports) to resume from it."
+                )
+        good = checkpointer.latest_step()
+        return (
+            f"Checkpoint {good} is kept" if good else "No step was trained"
+        ) + ": fix the code, then rerun the same command."
 
     def evaluate_and_keep_best(
         self, step: int, should_stop: Callable[[], bool] | None = None
