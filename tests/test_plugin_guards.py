@@ -4,6 +4,7 @@ hook's sys.exit(), Ctrl-C, non-bool answer or hang loses no trained step and end
 a line naming it; an early stop says how to go on; the samples prompt is checked before
 training. Every run that trains here leaves a metrics.jsonl of the step's own keys only."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,9 +12,19 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import REPO, assert_one_plugin_error, cli_in, error_lines, steps, write_module
+from helpers import (
+    REPO,
+    assert_one_plugin_error,
+    cli_in,
+    error_lines,
+    pydoc_text,
+    steps,
+    write_module,
+)
 
+from minigpt_jax.data.tokenizers import GPT2_EOT, load_tokenizer
 from minigpt_jax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # trainings through the CLI
@@ -314,6 +325,66 @@ def test_a_nan_step_metric_warns_once_per_key(user_dir):
     )
     assert {r["log_neg"] for r in read_metrics(user_dir / "run") if "train_loss" in r} == {"nan"}
     _assert_own_keys(user_dir / "run", "log_neg", "fine")
+
+
+# ----------------------------------------------------------------------------- documents
+
+TOKENIZER_WITHOUT_EOT = """\
+from minigpt_jax.data.tokenizers import CharTokenizer
+
+
+def no_eot(text, vocab_size, eot):
+    return CharTokenizer.from_text(text if isinstance(text, str) else "".join(text))
+"""
+
+
+@pytest.mark.parametrize("data_format", ["memory", "shards"])
+def test_a_tokenizer_without_end_of_text_is_named_for_packed_documents(user_dir, data_format):
+    """Issue 57, 5: in memory and a fresh workdir, "...tokenizer.json has none (it was made for
+    a model that does not pack documents): use a fresh workdir"; in shards, `int() argument
+    must be a string, a bytes-like object or a real number, not 'NoneType'`."""
+    write_module(user_dir, "tok.py", TOKENIZER_WITHOUT_EOT)
+    refused = _train(
+        user_dir, "--config.model.attention_mask=document", "--config.data.tokenizer=tok:no_eot",
+        f"--config.data.format={data_format}",
+    )  # fmt: skip
+    assert refused.returncode == 1
+    [line] = error_lines(refused.stderr)
+    needs = {
+        "memory": "packing documents (model.attention_mask) puts it after every document",
+        "shards": "sharded corpora (data.format='shards') put it after every document",
+    }[data_format]
+    assert line == (
+        "minigpt-jax train: error: data.tokenizer='tok:no_eot' made a tokenizer without an "
+        f"end-of-text id, though it was asked for one (eot=True): {needs}. Make the entry honour "
+        "eot=True (the end-of-text id last, as the built-in char and bpe tokenizers do), or "
+        "pick one of those."
+    ), line
+    assert not (user_dir / "run").exists()
+
+
+@pytest.mark.parametrize("data_format", ["memory", "shards"])
+def test_end_of_text_written_inside_a_document_is_text(user_dir, data_format):
+    """Issue 57, 5: with a BPE tokenizer the text "<|endoftext|>" inside a document encoded to
+    the end-of-text id, so model.attention_mask=document cut that document in two. It is
+    encoded as the text it is: one end-of-text id per document, after it."""
+    text = pydoc_text()
+    documents = [text[i : i + 1000] for i in range(0, 40_000, 1000)]
+    documents[3] = documents[3][:500] + GPT2_EOT + documents[3][500:]
+    lines = [json.dumps({"text": document}) for document in documents]
+    (user_dir / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    settings = {"data.path": "docs.jsonl", "data.tokenizer": "bpe", "data.vocab_size": 300}
+    settings.update({"data.format": data_format, "model.attention_mask": "document"})
+    settings.update({"num_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+    _train(user_dir, **settings).check_returncode()
+    run = user_dir / "run"
+    tokenizer = load_tokenizer(run / "tokenizer.json")
+    if data_format == "memory":
+        ids = np.load(run / "tokens.npy")
+    else:
+        ids = np.concatenate([np.fromfile(p, np.uint16) for p in sorted(run.glob("shards/*.bin"))])
+    assert int((ids == tokenizer.eot_id).sum()) == len(documents)
+    assert GPT2_EOT in tokenizer.decode(ids[: np.flatnonzero(ids == tokenizer.eot_id)[4]])
 
 
 # ----------------------------------------------------------------------------- options
