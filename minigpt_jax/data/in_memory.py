@@ -267,6 +267,7 @@ def _check_fits_in_memory(sources: list[Source], tokenizer_kind: str) -> None:
         raise ValueError(
             f"the corpus holds {text_bytes / 2**20:,.0f} MiB of text; data.format='memory' "
             f"would need about {needed / 2**30:,.1f} GiB of RAM to encode it in one call, but "
-            f"{available / 2**30:,.1f} GiB are available; use --config.data.format=shards "
+            f"{available / 2**30:,.1f} GiB are available ({budget.host_memory()[1]}); use "
+            "--config.data.format=shards "
             "(streamed into token shards in bounded memory)."
         )
