@@ -13,8 +13,9 @@ the params evaluation uses, the tokenizer, the workdir):
                                  0 or none: never)
   on_evaluation(ctx, val, train) after each evaluation, with its results by name
   on_checkpoint(ctx)             after each checkpoint is saved
-A method returns None or False to go on, True to stop the run early: the loop saves a
-checkpoint and says how to go on (anything else is refused as a contract error). Hooks run
+on_step, on_evaluation and on_checkpoint return None or False to go on, True to stop the run
+early: the loop saves a checkpoint and says how to go on (anything else is refused as a
+contract error). Hooks run
 under a guard: an exception, sys.exit() or KeyboardInterrupt in a hook is a plug-in error
 naming `config.hooks.names` and the hook's own frames, raised after the trained steps are
 saved; a hook that has not returned 5 s after SIGINT/SIGTERM is stopped where it stands
@@ -155,7 +156,10 @@ class Hooks:
         self.interrupted = False
 
     def start(self, ctx: HookContext) -> bool:
-        return self._call(self.hooks, "on_start", ctx)
+        """on_start of every hook: checks, never a stop request (False)."""
+        self._call(self.hooks, "on_start", ctx)
+        self.stopped_by = None
+        return False
 
     def step(self, ctx: HookContext) -> bool:
         due = [
