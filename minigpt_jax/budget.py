@@ -6,6 +6,7 @@ It imports nothing of the package: a model's figures come in as arguments."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -18,8 +19,31 @@ if TYPE_CHECKING:  # the type only: budget imports nothing of the model when it 
 # ----------------------------------------------------------------------------- what there is
 
 
+# Where the kernel says what this process's memory cgroup may use (Docker --memory, SLURM
+# --mem, a Kubernetes limit): the cgroup v2 tree, or v1's memory hierarchy under it.
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_SELF_CGROUP = "/proc/self/cgroup"
+_NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+def host_memory() -> tuple[int | None, str]:
+    """(bytes of RAM this process can still get, what bounds it): the host's MemAvailable, or
+    less where the process's memory cgroup sets a limit (`cgroup_memory_available`); None if
+    neither says."""
+    host = _mem_available()
+    limited = cgroup_memory_available()
+    if limited is not None and (host is None or limited[0] < host):
+        return limited
+    return host, "host RAM"
+
+
 def host_memory_available() -> int | None:
-    """Bytes of RAM the host can still give (MemAvailable of /proc/meminfo), None if unknown."""
+    """Bytes of RAM this process can still get (`host_memory`), None if unknown."""
+    return host_memory()[0]
+
+
+def _mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, None if unknown."""
     try:
         with open("/proc/meminfo", encoding="ascii") as file:
             for line in file:
@@ -30,12 +54,70 @@ def host_memory_available() -> int | None:
     return None
 
 
+def cgroup_memory_available(
+    root: str = CGROUP_ROOT, proc_self_cgroup: str = PROC_SELF_CGROUP
+) -> tuple[int, str] | None:
+    """(bytes, where) the tightest memory cgroup limit of this process still allows, over its
+    cgroup and every ancestor: limit - usage, the usage without the inactive file cache the
+    kernel reclaims before it kills (as `docker stats` counts it). cgroup v2 (memory.max,
+    memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes); None where no limit
+    is set or the files cannot be read."""
+    try:
+        with open(proc_self_cgroup, encoding="ascii") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one tree for every controller
+            found += _limits(Path(root), path, "memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory hierarchy
+            v1 = Path(root) / "memory"
+            found += _limits(
+                v1, path, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
+            )
+    return min(found, default=None)
+
+
+def _limits(
+    mount: Path, path: str, limit_file: str, usage_file: str, inactive_key: str
+) -> list[tuple[int, str]]:
+    """[(limit - usage + inactive file cache, where)] of each cgroup from `path` up to `mount`
+    that sets a limit. A path not found under the mount (a container that sees only its own
+    cgroup, mounted at the root) is read from the mount itself."""
+    parts = [part for part in path.strip("/").split("/") if part]
+    if not (mount.joinpath(*parts)).is_dir():
+        parts = []
+    found = []
+    for depth in range(len(parts), -1, -1):
+        directory = mount.joinpath(*parts[:depth])
+        try:
+            limit = (directory / limit_file).read_text().strip()
+            if limit == "max" or int(limit) >= _NO_LIMIT:
+                continue
+            usage = int((directory / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        inactive = 0
+        try:
+            for line in (directory / "memory.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key:
+                    inactive = int(value)
+        except (OSError, ValueError):
+            pass
+        where = f"the memory cgroup's limit ({directory / limit_file}: {format_bytes(int(limit))})"
+        found.append((max(int(limit) - usage + inactive, 0), where))
+    return found
+
+
 def free_memory() -> tuple[int | None, str]:
     """(bytes, where): what the default device can still allocate (bytes_limit - bytes_in_use),
     or the host's available RAM for a CPU; None when the backend does not say."""
     device = jax.devices()[0]
     if device.platform == "cpu":
-        return host_memory_available(), "host RAM"
+        return host_memory()
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if not stats or "bytes_limit" not in stats:
         return None, str(device)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
-from minigpt_jax.settings.registry import ContractError, Registry
+from minigpt_jax.settings.registry import ContractError, Registry, RegistryError
+from minigpt_jax.train.metrics import EVALUATION_PREFIXES, RECORD_KEYS, reserved_key
 
 Params = Any
 StepMetricFn = Callable[[Params, Params, Params], dict[str, Any]]
@@ -64,6 +65,23 @@ def _metric_contract(fn: StepMetricFn, config: object) -> None:
         out = jax.eval_shape(fn, tree, tree, tree)
     if not isinstance(out, dict) or any(getattr(v, "shape", None) != () for v in out.values()):
         raise ContractError(f"it returned {out!r}, not a dict of scalars")
+    for name in out:
+        problem = _name_problem(name)
+        if problem:
+            raise ContractError(f"{problem}; rename it")
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why a step metric may not log under `name` (a key the run's record writes), or None."""
+    if not isinstance(name, str):
+        return f"it logs under {name!r}, not a str"
+    what = reserved_key(name)
+    if what is None:
+        return None
+    return (
+        f"it logs {name!r}, a key the run's record writes ({what}; a plug-in may not log "
+        f"{', '.join(RECORD_KEYS)}, {', '.join(p + '*' for p in EVALUATION_PREFIXES)})"
+    )
 
 
 def _metric_keys(spec: str) -> list[str]:
@@ -92,15 +110,16 @@ def parse_step_metrics(spec: str) -> tuple[str, ...]:
 def step_metric_values(
     keys: tuple[str, ...], grads: Params, updates: Params, params: Params, taken: set[str]
 ) -> dict[str, Any]:
-    """{name: scalar} of every picked entry; raises ContractError for a name that another entry
-    or the step already logs (`taken`)."""
+    """{name: scalar} of every picked entry; raises RegistryError (one line, naming the key) for
+    a name that the run's record, the step (`taken`: its loss terms' values) or another metric
+    already logs: found while the step is traced, before training."""
     values: dict[str, Any] = {}
     for key in keys:
         for name, value in STEP_METRICS[key](grads, updates, params).items():
-            if name in values or name in taken:
-                raise ContractError(
-                    f"step metric {key!r} logs {name!r}, which the step or another metric "
-                    f"already logs: rename it."
-                )
+            problem = _name_problem(name)
+            if problem is None and (name in values or name in taken):
+                problem = f"it logs {name!r}, which the step or another metric already logs"
+            if problem:
+                raise RegistryError(f"config.step_metrics={key!r}: {problem}; rename it.")
             values[name] = jnp.asarray(value, jnp.float32)
     return values

@@ -38,6 +38,14 @@ def corpus_file(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def user_dir(tmp_path):
+    """A user's folder outside the package, holding corpus.txt (real English text): where a
+    test writes its plug-ins and runs the command line."""
+    (tmp_path / "corpus.txt").write_text(pydoc_text())
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def reference(corpus_file, tmp_path_factory):
     """One uninterrupted `train` of helpers.CRASH_SETTINGS (checkpoints 36 and 40), the run

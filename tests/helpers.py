@@ -3,9 +3,11 @@ CLI in a subprocess, and the crash tests' run settings and run-directory readers
 built from these live in conftest.py."""
 
 import os
+import re
 import struct
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -102,6 +104,27 @@ def cli_in(folder: Path, *args: str, check: bool = True) -> subprocess.Completed
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def write_module(folder: Path, name: str, source: str) -> None:
+    """Writes a user's module (a plug-in), dedented, to folder/name."""
+    (folder / name).write_text(textwrap.dedent(source))
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without absl's log lines (W1203 ..., I1203 ...)."""
+    return [line for line in stderr.splitlines() if not re.match(r"[WIEF]\d{4} ", line)]
+
+
+def assert_one_plugin_error(stderr: str, header: str, frame: str, kept: str) -> list[str]:
+    """A plug-in error as one header line, the user's frame (and its source line) and what was
+    kept, nothing else: no traceback of JAX's callback frames."""
+    lines = error_lines(stderr)
+    assert lines[0] == header, stderr
+    assert lines[1].endswith(frame), stderr
+    assert lines[3].startswith(kept), stderr
+    assert len(lines) == 4 and "CpuCallback" not in stderr, stderr
+    return lines
 
 
 def steps(directory: Path) -> list[int]:

@@ -83,7 +83,10 @@ def test_an_early_stop_hook_stops_with_a_checkpoint_and_the_rerun_resumes(
     ]
     result = _train(user_dir, workdir, corpus_file, *settings)
     assert result.returncode == 0, result.stderr
-    assert "a hook asked to stop: checkpoint saved at step 6" in result.stdout + result.stderr
+    assert (
+        "config.hooks.names='my_hooks:EarlyStop' asked to stop (on_evaluation at step 6): the "
+        "run ended early, at step 6 of num_steps=12" in result.stdout + result.stderr
+    ), result.stderr
     records = [json.loads(x) for x in (workdir / "early_stop.jsonl").read_text().splitlines()]
     assert [(r["step"], r["waited"]) for r in records] == [(2, 0), (4, 1), (6, 2)]
     assert 6 in steps(workdir / "checkpoints")

@@ -96,13 +96,20 @@ def test_step_metrics_equal_the_norms_and_ratio_computed_by_hand():
 
 
 def test_a_step_metric_that_reuses_a_logged_name_is_refused():
-    from minigpt_jax.settings.registry import ContractError
-    from minigpt_jax.step_metrics import step_metric_values
+    from minigpt_jax.settings.registry import RegistryError
+    from minigpt_jax.step_metrics import STEP_METRICS, step_metric_values
 
-    with pytest.raises(ContractError, match="logs 'update_ratio', which the step or another"):
+    with pytest.raises(RegistryError, match="logs 'update_ratio', which the step or another"):
         step_metric_values(
             ("update_ratio",), {}, {"w": jnp.ones(2)}, {"w": jnp.ones(2)}, {"update_ratio"}
         )
+    # A key of the run's record is refused even where no other value holds it yet.
+    STEP_METRICS.register("gn", lambda grads, updates, params: {"grad_norm": jnp.float32(0)})
+    try:
+        with pytest.raises(RegistryError, match="'gn': it logs 'grad_norm', a key the run's"):
+            step_metric_values(("gn",), {}, {}, {}, set())
+    finally:
+        STEP_METRICS._entries.pop("gn")
 
 
 @pytest.mark.slow

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, cli_in, pydoc_text, steps
+from helpers import REPO, assert_one_plugin_error, cli_in, error_lines, steps, write_module
 
 # The full suite only (`python -m pytest -q`): plug-ins through the command line.
 pytestmark = pytest.mark.slow
@@ -33,16 +32,6 @@ def boom(params, batch_BxT1, intermediates, cfg):
 """
 
 
-@pytest.fixture
-def user_dir(tmp_path):
-    (tmp_path / "corpus.txt").write_text(pydoc_text())
-    return tmp_path
-
-
-def _write(folder: Path, name: str, source: str) -> None:
-    (folder / name).write_text(textwrap.dedent(source))
-
-
 # 4 steps, evaluated and saved at step 4 (the issue's probe), one eval batch.
 SETTINGS = {
     "data.corpus": "text",
@@ -62,29 +51,23 @@ def _train(folder: Path, *extra: str, check: bool = False, **settings):
     return cli_in(folder, *args, check=check)
 
 
-def _error_lines(stderr: str) -> list[str]:
-    """stderr without absl's warning lines (W1203 ...)."""
-    return [line for line in stderr.splitlines() if not line.startswith(("W", "I"))]
-
-
 def test_a_metric_raising_in_the_evaluation_keeps_the_steps_and_is_named(user_dir):
     """Issue 40, defect 1: a 68-line traceback ending in `INTERNAL: CpuCallback error`, the key
     not named, and no checkpoint at all after a 4-step run evaluated and saved at step 4."""
-    _write(user_dir, "bad_metric.py", RAISING_METRIC)
+    write_module(user_dir, "bad_metric.py", RAISING_METRIC)
     failed = _train(user_dir, "--config.eval.metrics=bad_metric:boom")
     assert failed.returncode == 1
-    lines = _error_lines(failed.stderr)
-    assert lines[0] == (
+    lines = assert_one_plugin_error(
+        failed.stderr,
         "minigpt-jax train: error in user code of config.eval.metrics='bad_metric:boom': "
-        "RuntimeError: the metric failed on the host (in the step-4 evaluation)"
-    ), failed.stderr
-    assert lines[1].endswith(f'{user_dir / "bad_metric.py"}", line 6, in _on_host')
-    assert lines[3].startswith("The 4 steps trained are kept in checkpoint 4"), failed.stderr
-    assert len(lines) == 4 and "CpuCallback" not in failed.stderr, failed.stderr
+        "RuntimeError: the metric failed on the host (in the step-4 evaluation)",
+        f'{user_dir / "bad_metric.py"}", line 6, in _on_host',
+        "The 4 steps trained are kept in checkpoint 4",
+    )
     assert steps(user_dir / "run" / "checkpoints") == [4]
     # The same command again: the pending evaluation runs first and is refused the same way.
     again = _train(user_dir, "--config.eval.metrics=bad_metric:boom")
-    assert again.returncode == 1 and _error_lines(again.stderr) == lines, again.stderr
+    assert again.returncode == 1 and error_lines(again.stderr) == lines, again.stderr
     assert steps(user_dir / "run" / "checkpoints") == [4]
 
 
@@ -101,11 +84,11 @@ def scaled_tanh(x):
 def test_editing_a_helper_module_of_a_plugin_is_a_change_of_code(user_dir):
     """Issue 40, defect 7: a module the plug-in imports was edited and the run resumed silently
     (it drifted from 3.2617 to 3.3703); sample, eval and export said nothing either."""
-    _write(user_dir, "my_act.py", ACTIVATION)
-    _write(user_dir, "my_scale.py", "SCALE = 1.0\n")
+    write_module(user_dir, "my_act.py", ACTIVATION)
+    write_module(user_dir, "my_scale.py", "SCALE = 1.0\n")
     activation = "--config.model.activation=my_act:scaled_tanh"
     _train(user_dir, activation, check=True, num_steps=2, eval_every=2, checkpoint_every=2)
-    _write(user_dir, "my_scale.py", "SCALE = 1.0  # a comment counts: the source's digest\n")
+    write_module(user_dir, "my_scale.py", "SCALE = 1.0  # a comment counts: the source's digest\n")
     refused = _train(user_dir, activation, num_steps=2, eval_every=2, checkpoint_every=2)
     assert refused.returncode == 1
     assert "the source of module my_scale (sha256 " in refused.stderr, refused.stderr
@@ -118,7 +101,7 @@ def test_editing_a_helper_module_of_a_plugin_is_a_change_of_code(user_dir):
 def test_a_nan_from_an_activation_names_it_and_leaves_no_run_behind(user_dir):
     """Issue 40: an activation turning NaN (log of negatives) was blamed on the learning rate
     alone, and the fresh run left run.lock, tokens.npy and an empty checkpoints/ behind."""
-    _write(
+    write_module(
         user_dir, "nan_act.py", "import jax.numpy as jnp\n\n\ndef bad(x):\n    return jnp.log(x)\n"
     )
     failed = _train(user_dir, "--config.model.activation=nan_act:bad")
@@ -133,7 +116,9 @@ def test_a_nan_metric_is_named_once_and_not_sent_to_tensorboard(user_dir):
     """Issue 40: a metric plug-in returning NaN logged "nan" with absl lines from TensorBoard
     (`NaN or Inf found in input tensor`) naming nothing."""
     source = "import jax.numpy as jnp\n\n\ndef bad(params, batch_BxT1, intermediates, cfg):\n"
-    _write(user_dir, "nan_metric.py", source + "    return jnp.log(-1.0 + 0 * batch_BxT1.sum())\n")
+    write_module(
+        user_dir, "nan_metric.py", source + "    return jnp.log(-1.0 + 0 * batch_BxT1.sum())\n"
+    )
     ran = _train(user_dir, "--config.eval.metrics=nan_metric:bad", check=True, eval_every=2)
     assert "NaN or Inf" not in ran.stderr, ran.stderr
     warnings = [line for line in ran.stderr.splitlines() if "val_bad is nan" in line]
@@ -145,7 +130,7 @@ def test_a_signal_during_a_slow_plugin_import_names_the_import(user_dir):
     """Issue 40: SIGTERM while a plug-in's module was still being imported was reported as
     "received while checking the checkpoints"."""
     source = "from pathlib import Path\nimport time\n\nPath('importing').touch()\ntime.sleep(60)\n"
-    _write(
+    write_module(
         user_dir, "slow_metric.py", source + "\n\ndef slow(params, batch, inter, cfg):\n    pass\n"
     )
     flags = [f"--config.{k}={v}" for k, v in SETTINGS.items()]

@@ -34,7 +34,9 @@ from minigpt_jax.data.tokenizers import (
     MAX_UINT16_VOCAB,
     Tokenizer,
     build_tokenizer,
+    check_end_of_text,
     check_saved_tokenizer,
+    encode_data,
     load_tokenizer,
 )
 from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
@@ -51,7 +53,7 @@ def _fingerprint(text: str, tokenizer: Tokenizer) -> str:
 
 def _encode_uint16(text: str, tokenizer: Tokenizer) -> np.ndarray:
     _check_uint16(tokenizer)
-    return tokenizer.encode(text).astype(np.uint16)
+    return encode_data(tokenizer, [text])[0].astype(np.uint16)
 
 
 DOCUMENTS_KEY = "documents, each followed by end-of-text:\n"
@@ -61,7 +63,7 @@ def _encode_documents(docs: list[str], tokenizer: Tokenizer) -> np.ndarray:
     """uint16 (n,): each document's ids, then the end-of-text id, in order."""
     _check_uint16(tokenizer)
     eot = np.asarray([tokenizer.eot_id], np.int32)
-    pieces = [piece for ids in tokenizer.encode_batch(docs) for piece in (ids, eot)]
+    pieces = [piece for ids in encode_data(tokenizer, docs) for piece in (ids, eot)]
     return np.concatenate(pieces).astype(np.uint16)
 
 
@@ -194,15 +196,23 @@ def prepare_dataset(
     cache_key = DOCUMENTS_KEY + text if documents else text
     tokenizer_path = run_dir.tokenizer if run_dir is not None else None
     new_tokenizer = tokenizer_path is None or not tokenizer_path.exists()
-    if new_tokenizer:
-        tokenizer = tokenizer or build_tokenizer(tokenizer_kind, text, vocab_size, documents, data)
-    else:
+    if new_tokenizer and tokenizer is None:
+        tokenizer = build_tokenizer(tokenizer_kind, text, vocab_size, documents, data)
+        if documents:
+            needs = "packing documents (model.attention_mask) puts it after every document"
+            check_end_of_text(tokenizer, tokenizer_kind, needs)
+    elif not new_tokenizer:
         tokenizer = _saved_tokenizer(tokenizer_path, tokenizer, tokenizer_kind, vocab_size)
     if documents and tokenizer.eot_id is None:
+        where = (
+            "the given tokenizer (a pretrained model's) has none: use "
+            if new_tokenizer
+            else f"{tokenizer_path} has none (this workdir's run was made by data.tokenizer="
+            f"{tokenizer_kind!r} without packing documents): use a fresh workdir or "
+        )
         raise ValueError(
-            f"packing documents needs a tokenizer with an end-of-text id; "
-            f"{tokenizer_path or 'the given tokenizer'} has none (it was made for a model that "
-            "does not pack documents): use a fresh workdir."
+            f"packing documents (model.attention_mask) needs a tokenizer with an end-of-text "
+            f"id; {where}model.attention_mask=causal."
         )
     cache_path = run_dir.tokens if run_dir is not None else None
     tokens = None
@@ -257,6 +267,7 @@ def _check_fits_in_memory(sources: list[Source], tokenizer_kind: str) -> None:
         raise ValueError(
             f"the corpus holds {text_bytes / 2**20:,.0f} MiB of text; data.format='memory' "
             f"would need about {needed / 2**30:,.1f} GiB of RAM to encode it in one call, but "
-            f"{available / 2**30:,.1f} GiB are available; use --config.data.format=shards "
+            f"{available / 2**30:,.1f} GiB are available ({budget.host_memory()[1]}); use "
+            "--config.data.format=shards "
             "(streamed into token shards in bounded memory)."
         )

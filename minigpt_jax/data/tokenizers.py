@@ -170,6 +170,7 @@ class BPETokenizer:
 
     def __init__(self, hf_tokenizer: HFTokenizer):
         self._hf = hf_tokenizer
+        self._hf_text: HFTokenizer | None = None  # a copy that reads special tokens as text
 
     @classmethod
     def train(
@@ -220,10 +221,18 @@ class BPETokenizer:
         """Returns int32 ids of shape (n,); never fails (every byte is in the vocabulary)."""
         return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """[encode(text) for text in texts], all chunks of all texts in one multi-threaded call."""
+    def encode_batch(self, texts: list[str], special_tokens: bool = True) -> list[np.ndarray]:
+        """[encode(text) for text in texts], all chunks of all texts in one multi-threaded call.
+        special_tokens=False: the string of a special token ("<|endoftext|>") is encoded as the
+        text it is, never as its id (training data: `encode_data`)."""
+        hf = self._hf
+        if not special_tokens:
+            if self._hf_text is None:
+                self._hf_text = HFTokenizer.from_str(self._hf.to_str())
+                self._hf_text.encode_special_tokens = True
+            hf = self._hf_text
         chunks = [_bpe_chunks(text) for text in texts]
-        encodings = iter(self._hf.encode_batch([c for text_chunks in chunks for c in text_chunks]))
+        encodings = iter(hf.encode_batch([c for text_chunks in chunks for c in text_chunks]))
         return [
             np.concatenate(
                 [np.asarray(next(encodings).ids, np.int32) for _ in text_chunks]
@@ -252,7 +261,8 @@ class BPETokenizer:
     @property
     def eot_id(self) -> int | None:
         """The id of GPT-2's <|endoftext|>, or None when the vocabulary lacks it (a tokenizer
-        trained with eot=True has it last; the text "<|endoftext|>" itself encodes to it)."""
+        trained with eot=True has it last; the text "<|endoftext|>" itself encodes to it, except
+        in training data: `encode_data`)."""
         return self._hf.token_to_id(GPT2_EOT)
 
     def save_gpt2_files(self, directory: str | Path, model_max_length: int | None = None) -> None:
@@ -380,6 +390,28 @@ def build_tokenizer(
     an entry declares live: `data.<name>`) for an entry that declares any."""
     extra = {"data": data} if data is not None and TOKENIZERS.settings_of(key) else {}
     return TOKENIZERS[key](text, vocab_size, eot=eot, **extra)
+
+
+def encode_data(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """The ids of training texts (documents, or pieces of them): a special token's string inside
+    one, GPT-2's "<|endoftext|>" included, is encoded as the text it is, never as the
+    end-of-text id, so only the data path's own end-of-text (after each document) ends a
+    document for model.attention_mask=document. Prompts still read it as the token."""
+    if isinstance(tokenizer, BPETokenizer):
+        return tokenizer.encode_batch(texts, special_tokens=False)
+    return tokenizer.encode_batch(texts)  # char: its end-of-text has no text of its own
+
+
+def check_end_of_text(tokenizer: Tokenizer, key: str, needs: str) -> Tokenizer:
+    """`tokenizer`, built by the entry `key` of data.tokenizer with eot=True; raises naming the
+    setting when it has no end-of-text id all the same (`needs`: what needs one)."""
+    if tokenizer.eot_id is None:
+        raise ValueError(
+            f"data.tokenizer={key!r} made a tokenizer without an end-of-text id, though it was "
+            f"asked for one (eot=True): {needs}. Make the entry honour eot=True (the end-of-text "
+            "id last, as the built-in char and bpe tokenizers do), or pick one of those."
+        )
+    return tokenizer
 
 
 def make_tokenizer(kind: str, text: str, vocab_size: int = 512, eot: bool = False) -> Tokenizer:

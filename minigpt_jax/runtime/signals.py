@@ -6,13 +6,18 @@ raised at once while the run is set up), `RaiseOnSignal` for work with no step t
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sysconfig
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 REDELIVER_AFTER_S = 0.02
+# How long user code that runs between steps (a hook) has to return after SIGINT/SIGTERM
+# before the signal is raised in it (UserCodeStopped): a signal is never ignored.
+USER_CODE_GRACE_S = 5.0
 # After this many deliveries that found no place to raise, raise wherever the signal lands.
 MAX_REDELIVERIES = 250  # 5 s
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent) + "/"
@@ -177,24 +182,75 @@ class StopBeforeTraining(BaseException):
         self.signal_name, self.phase = signal_name, phase
 
 
+class UserCodeStopped(BaseException):
+    """SIGINT/SIGTERM raised in user code (a hook) that had not returned USER_CODE_GRACE_S
+    after the signal (or at a second signal): a BaseException, so no `except Exception` in the
+    user's code swallows it."""
+
+    def __init__(self, sig: signal.Signals, grace_s: float):
+        super().__init__(sig.name)
+        self.signal_name, self.grace_s = sig.name, grace_s
+
+
 class TrainingStop(StopRequest):
     """How `train` stops: SIGINT/SIGTERM is a flag the loop checks between compiled calls (and
     between evaluation batches), answered with a checkpoint; while `phase` names a setup step,
     the signal raises StopBeforeTraining at once instead (nothing is trained yet, so nothing
-    needs saving)."""
+    needs saving); while user code runs (`user_code`), a signal it does not return from in time
+    is raised in it."""
 
     def __init__(self):
         super().__init__()
         self.phase: str | None = None  # set by setup_phase until the loop starts
         self.step: int | None = 0  # where a run stopped during its setup stands (None: unknown)
+        self._user_call = 0  # counts user_code calls: a late timer knows its own
+        self._in_user_code: int | None = None  # the call running now
+        self._grace_s = USER_CODE_GRACE_S
+        self._interrupting = False  # the grace is over: the signal is raised in the user code
 
     def raises_on(self, sig: signal.Signals) -> bool:
-        return self.phase is not None
+        in_user_code = self._in_user_code is not None
+        return self.phase is not None or (
+            in_user_code and (self._interrupting or self.signal_name is not None)
+        )
 
     def on_signal(self, sig: signal.Signals) -> None:
+        first = self.signal_name is None
         super().on_signal(sig)
         if self.phase is not None:
             raise StopBeforeTraining(self.signal_name, self.phase)
+        if self._in_user_code is not None:
+            if self._interrupting or not first:  # the grace is over, or a second signal
+                self._interrupting = False
+                raise UserCodeStopped(sig, self._grace_s)
+            self._stop_user_code_after(self._in_user_code)
+
+    @contextlib.contextmanager
+    def user_code(self, grace_s: float = USER_CODE_GRACE_S) -> Iterator[None]:
+        """Within: user code runs (a hook). A SIGINT/SIGTERM that comes (or came before) is a
+        flag as ever, but if the code has not returned `grace_s` later, the signal is raised in
+        it as UserCodeStopped (a second signal raises at once): code that hangs never keeps the
+        run deaf to signals."""
+        self._user_call += 1
+        call, self._in_user_code, self._grace_s = self._user_call, self._user_call, grace_s
+        if self.signal_name is not None:
+            self._stop_user_code_after(call)
+        try:
+            yield
+        finally:
+            self._in_user_code, self._interrupting = None, False
+
+    def _stop_user_code_after(self, call: int) -> None:
+        """In grace_s, the signal again, to be raised in user-code call `call` if it still runs."""
+
+        def interrupt() -> None:
+            if self._in_user_code == call and self._previous:
+                self._interrupting = True
+                signal.pthread_kill(threading.main_thread().ident, self.signal_number)
+
+        timer = threading.Timer(self._grace_s, interrupt)
+        timer.daemon = True
+        timer.start()
 
     def setup_phase(self, phase: str, step: int | None) -> None:
         """Notes the setup step a run has reached and the training step it stands at (None

@@ -7,21 +7,21 @@ train.guard beside it."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
 
-from minigpt_jax.hooks import HookContext, HookError, Hooks, hook_plugin_error
+from minigpt_jax.hooks import HookContext, HookError, Hooks, HookStopped, hook_plugin_error
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
-from minigpt_jax.settings.registry import (
-    host_callback_errors,
-)
+from minigpt_jax.settings.registry import host_callback_errors, plugin_error
 from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate
 from minigpt_jax.train.metrics import RunLogger
@@ -102,18 +102,21 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
     answered with a checkpoint after the chunk in flight."""
     run, config = trainer.run, trainer.run.config
     hooks = Hooks(config)
+    trainer.call_hooks(hooks, log, stop, hooks.start, saved=True)  # checks, before training
     _before_the_first_chunk(trainer, log, stop, last_step)
     for first_step in range(run.step, last_step, config.steps_per_call):
         if stop.requested():
             break
         dispatched_at = time.perf_counter()
-        log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
+        with trainer.compiled_steps(log):
+            log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
         end = first_step + config.steps_per_call
         evaluate_now = end % config.eval_every == 0 or end == config.num_steps
         save_now = end % config.checkpoint_every == 0 or end == last_step
         hook_now = any(end % every == 0 for every in hooks.step_every)
         if evaluate_now or save_now or hook_now or stop.requested():
-            log.drain()
+            with trainer.compiled_steps(log):
+                log.drain()
             if _after_chunk(trainer, log, stop, hooks, end, evaluate_now, save_now, hook_now):
                 break
 
@@ -155,25 +158,40 @@ def _after_chunk(
     checkpoint)."""
     results = _evaluate(trainer, log, end, stop, saved=False) if evaluate_now else None
     evaluated = results is not None or not evaluate_now
-    hook_stop = trainer.call_hooks(hooks, log, hooks.step) if hook_now else False
+    hook_stop = trainer.call_hooks(hooks, log, stop, hooks.step) if hook_now else False
     if results is not None:
-        hook_stop |= trainer.call_hooks(hooks, log, hooks.evaluation, *results)
+        hook_stop |= trainer.call_hooks(hooks, log, stop, hooks.evaluation, *results)
     # Decided after the evaluation: a signal during it is answered by this save.
     if save_now or stop.requested() or hook_stop:
         trainer.save(pending_evaluation=not evaluated)
         log.flush()
-        hook_stop |= trainer.call_hooks(hooks, log, hooks.checkpoint, saved=True)
-        if stop.requested() or hook_stop:
-            why = "a hook asked to stop" if hook_stop else f"{stop.signal_name} received"
+        hook_stop |= trainer.call_hooks(hooks, log, stop, hooks.checkpoint, saved=True)
+        if stop.requested():
             log.message(
-                f"{why}: checkpoint saved at step {end}"
+                f"{stop.signal_name} received: checkpoint saved at step {end}"
                 + ("" if evaluated else " (its evaluation was stopped; it runs first")
                 + ("" if evaluated else " when the run resumes)")
                 + "; rerun the same command to resume."
             )
             return True
+        if hook_stop:
+            log.message(_early_stop_message(hooks, end, trainer.run.config.num_steps))
+            return True
     log.flush()
     return False
+
+
+def _early_stop_message(hooks: Hooks, step: int, num_steps: int) -> str:
+    """What a run that a hook stopped says: that it ended early, and how to go on (the same
+    command would only ask the hook again)."""
+    key, method = hooks.stopped_by or ("?", "?")
+    return (
+        f"config.hooks.names={key!r} asked to stop ({method} at step {step}): the run ended "
+        f"early, at step {step} of num_steps={num_steps}, with a checkpoint saved there. To "
+        "train on, resume with the hook off (--config.hooks.names without it), or change what "
+        "stops it (its settings, or a larger --config.num_steps where it stops at a step "
+        "count); the same command would ask it again."
+    )
 
 
 class Trainer:
@@ -182,12 +200,61 @@ class Trainer:
 
     def __init__(self, run: Run):
         self.run = run
+        # The states the last two chunks started from: where a step metric's host callback
+        # failed, the newest one still readable holds the steps trained (unless donated).
+        self._starts: collections.deque = collections.deque(maxlen=2)
 
     def train_chunk(self, first_step: int) -> dict[str, Array]:
         """Dispatches steps_per_call steps from `first_step`; the metrics (C,) stay on device."""
         run = self.run
+        self._starts.append(run.state)
         run.state, metrics = run.train_chunk(run.state, run.train_batches(first_step))
         return metrics
+
+    @contextlib.contextmanager
+    def compiled_steps(self, log: RunLogger) -> Iterator[None]:
+        """Within: compiled steps run and their metrics are fetched. An exception that a host
+        callback of a step metric raised (config.step_metrics) is one plug-in error naming its
+        key and the user's frames, raised once the steps trained are saved."""
+        with host_callback_errors() as callback_errors:
+            try:
+                yield
+            except Exception as error:
+                if not callback_errors:
+                    raise
+                cause = callback_errors[0]
+                where = guard.user_keys_in_play(self.run.config) or "user code"
+                plugin = plugin_error(cause) or plugin_error(cause, where=where)
+                plugin.header += " (in the compiled step, a host callback)"
+                plugin.note = self._keep_steps_trained(log)
+                raise plugin from error
+
+    def _keep_steps_trained(self, log: RunLogger) -> str:
+        """Saves the newest train state that a failed chunk left readable (one that started a
+        chunk, not donated to it); says what is kept and how to go on."""
+        checkpointer = self.run.checkpointer
+        for state in reversed(self._starts):
+            try:
+                step = int(jax.device_get(state.step))
+                jax.block_until_ready(state)
+            except Exception:  # donated to the failed chunk, or its output: not readable
+                continue
+            self.run.state = state
+            with contextlib.suppress(Exception):  # the chunk in flight may be the failed one
+                log.drain()
+            if step and step != checkpointer.latest_step():
+                self.save()
+                log.flush()
+            if step:
+                return (
+                    f"The {step} steps trained are kept in checkpoint {step}: fix the code, then "
+                    "rerun the same command (with --allow_resume_changes if you edited a module "
+                    "the run imports) to resume from it."
+                )
+        good = checkpointer.latest_step()
+        return (
+            f"Checkpoint {good} is kept" if good else "No step was trained"
+        ) + ": fix the code, then rerun the same command."
 
     def evaluate_and_keep_best(
         self, step: int, should_stop: Callable[[], bool] | None = None
@@ -235,14 +302,18 @@ class Trainer:
         self,
         hooks: Hooks,
         log: RunLogger,
+        stop: TrainingStop,
         call: Callable[..., bool],
         *args: Any,
         saved: bool = False,
     ) -> bool:
-        """call(context, *args) for the step the run stands at: whether a hook asks to stop. A
-        hook's exception is raised as a plug-in error once the trained steps are in a
-        checkpoint (`saved`: they already are)."""
-        if not hooks.hooks:
+        """call(context, *args) for the step the run stands at, under the guard of user code
+        (`stop.user_code`: a signal is answered even if a hook hangs): whether a hook asks to
+        stop. A hook's exception (sys.exit() included) or a return value other than
+        None/True/False is raised as a plug-in error once the trained steps are in a
+        checkpoint (`saved`: they already are). A hook that a signal stopped is said, and no
+        hook runs again: the loop answers the signal with its checkpoint."""
+        if not hooks.hooks or hooks.interrupted:
             return False
         run = self.run
         context = HookContext(
@@ -255,12 +326,21 @@ class Trainer:
             workdir=run.checkpointer.workdir,
         )
         try:
-            return call(context, *args)
+            with stop.user_code():
+                return call(context, *args)
+        except HookStopped as stopped:
+            log.message(
+                f"{stopped.signal_name} received while config.hooks.names={stopped.key!r} ran "
+                f"{stopped.method} at step {run.step}; it had not returned {stopped.grace_s:g} s "
+                "later, so it was stopped there."
+            )
+            return False
         except HookError as error:
             if not saved:
                 self.save()
                 log.flush()
-            raise hook_plugin_error(error, run.step) from error.error
+            kept = "before training" if error.method == "on_start" else "saved first"
+            raise hook_plugin_error(error, run.step, kept) from error.error
 
     def eval_params(self) -> Any:
         """The params evaluation, best/, sampling and export use (optim.eval_params): the

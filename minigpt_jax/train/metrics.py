@@ -30,6 +30,22 @@ if TYPE_CHECKING:  # a low layer: the type only
 
 _log = logging.getLogger(__name__)
 
+# The keys a record writes of its own: the step, the training step's values (its loss is
+# recorded as train_loss) and the timing; an evaluation's are val_<name> and eval_train_<name>.
+# A plug-in's value (a step metric, a loss term) may take none of them: it would overwrite the
+# run's own record, or be overwritten by it.
+RECORD_KEYS = ("step", "train_loss", "loss", "cross_entropy", "grad_norm", "lr", "tokens_per_sec")
+EVALUATION_PREFIXES = ("val_", "eval_train_")
+
+
+def reserved_key(name: str) -> str | None:
+    """What the run's own record writes under `name` (in words), or None when it is free."""
+    if name in RECORD_KEYS:
+        return "the training step's own value" if name != "step" else "the step number"
+    if name.startswith(EVALUATION_PREFIXES):
+        return "an evaluation's value (val_<name>, eval_train_<name>)"
+    return None
+
 
 def _summary_writer_class() -> type:
     """tensorboardX's SummaryWriter, imported without torch: its writer module imports torch
@@ -109,6 +125,11 @@ class MetricsWriter:
         self._tensorboard.close()
 
 
+# (what, where it comes from) of a value, for the warning of a non-finite one.
+EVALUATION_VALUES = ("evaluation value", "a metric of config.eval.metrics or a loss term's value")
+STEP_VALUES = ("step value", "a metric of config.step_metrics")
+
+
 class RunLogger:
     """Per-chunk bookkeeping: fetches each chunk's metrics (refusing non-finite ones), times the
     chunks, writes metrics.jsonl / TensorBoard rows and drives the progress bar.
@@ -145,7 +166,7 @@ class RunLogger:
         self.train_loss: float | None = None
         self.val_loss: float | None = None
         self.eval_train_loss: float | None = None
-        self._warned_non_finite: set[str] = set()  # evaluation keys already warned of
+        self._warned_non_finite: set[str] = set()  # keys already warned of
         self._pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
         self._ready_at = time.perf_counter()  # when the device last finished (or was last idle)
 
@@ -178,6 +199,7 @@ class RunLogger:
                 self.on_non_finite(step, values)
             # Every metric the step returns (the loss's aux values too), under its own name.
             loss = values.pop("loss")
+            self._warn_non_finite(step, values, STEP_VALUES)
             row = {"train_loss": loss, **values, "tokens_per_sec": tokens_per_sec}
             self.writer.write(step, row, tensorboard=step % self.log_every == 0)
             self.train_loss = loss
@@ -191,25 +213,27 @@ class RunLogger:
         self.val_loss, self.eval_train_loss = val["loss"], train["loss"]
         row = {f"val_{k}": v for k, v in val.items()}
         row.update({f"eval_train_{k}": v for k, v in train.items()})
-        self._warn_non_finite(step, row)
+        self._warn_non_finite(step, row, EVALUATION_VALUES)
         self.writer.write(step, row)
         self.bar.write(
             f"step {step}: train loss {self.eval_train_loss:.4f}, val loss {self.val_loss:.4f}"
         )
 
-    def _warn_non_finite(self, step: int, row: dict[str, float]) -> None:
-        """Warns once per key of an evaluation value (a metric plug-in's, most often) that is
-        not finite: it is kept in metrics.jsonl as a string and left out of TensorBoard."""
+    def _warn_non_finite(self, step: int, row: dict[str, float], what: tuple[str, str]) -> None:
+        """Warns once per key of a value (a plug-in's, most often; `what` says which kind) that
+        is not finite: it is kept in metrics.jsonl as a string and left out of TensorBoard."""
         for key, value in row.items():
             if not math.isfinite(value) and key not in self._warned_non_finite:
                 self._warned_non_finite.add(key)
                 _log.warning(
-                    "the evaluation value %s is %s at step %d (a metric of config.eval.metrics "
-                    "or a loss term's value): it is recorded as %r in metrics.jsonl and left out "
-                    "of TensorBoard; check the plug-in that computes it (said once per key).",
+                    "the %s %s is %s at step %d (%s): it is recorded as %r in metrics.jsonl and "
+                    "left out of TensorBoard; check the plug-in that computes it (said once per "
+                    "key).",
+                    what[0],
                     key,
                     value,
                     step,
+                    what[1],
                     str(value),
                 )
 

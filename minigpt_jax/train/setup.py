@@ -33,9 +33,10 @@ from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
 from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
-from minigpt_jax.settings.registry import user_module_digests, user_modules
+from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.step import (
     TrainState,
@@ -272,17 +273,29 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
     """Compiles the train chunk ahead of its first call, refuses one that XLA's account says
     will not fit, and times it."""
     start = time.perf_counter()
-    chunk = make_train_chunk(
-        run.cfg,
-        optimizer.tx,
-        optimizer.schedule,
-        run.mesh,
-        run.shardings,
-        grad_accum_steps=run.config.grad_accum_steps,
-        terms=run.terms,
-        step_metrics=parse_step_metrics(run.config.step_metrics),
-    )
-    run.train_chunk = chunk.lower(run.state, run.train_batches(run.step)).compile()
+    step_metrics = parse_step_metrics(run.config.step_metrics)
+    batches = run.train_batches(run.step)
+
+    def lowered(donate: bool) -> Any:
+        chunk = make_train_chunk(
+            run.cfg,
+            optimizer.tx,
+            optimizer.schedule,
+            run.mesh,
+            run.shardings,
+            grad_accum_steps=run.config.grad_accum_steps,
+            terms=run.terms,
+            step_metrics=step_metrics,
+            donate=donate,
+        )
+        return chunk.lower(run.state, batches)
+
+    chunk = lowered(donate=True)
+    # A step metric's host callback can fail after the state went in: kept (not donated), the
+    # steps trained before the failing call can still be saved (train.loop.Trainer).
+    if any(is_user_key(key) for key in step_metrics) and "callback" in chunk.as_text():
+        chunk = lowered(donate=False)
+    run.train_chunk = chunk.compile()
     budget.check_compiled_fits(run.train_chunk, run.mesh)
     run.compile_time_s = time.perf_counter() - start
 
@@ -308,6 +321,13 @@ def _checked_metrics(
     """config.eval.metrics resolved and probed against their contract (shapes only), before
     anything is written; a name clashing with a loss term's is refused."""
     metrics = parse_metrics(config.eval.metrics)
+    for key, _ in terms:
+        what = reserved_key(term_name(key))
+        if what is not None:
+            raise ValueError(
+                f"config.loss.terms: {key!r} is logged as {term_name(key)!r}, a key the run's "
+                f"record writes ({what}); rename the term (its attr in module:attr)."
+            )
     taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in terms)}
     for key in metrics:
         if metric_name(key) in taken:

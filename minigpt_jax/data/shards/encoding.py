@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from minigpt_jax.data.corpus import Piece, Source
 from minigpt_jax.data.shards.layout import shard_name, write_json
-from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.data.tokenizers import Tokenizer, encode_data
 
 BATCH_CHARS = 1 << 21  # text encoded per tokenizer call: bounds RAM, feeds every core
 
@@ -136,7 +136,7 @@ class EncodingPass:
     def flush(self) -> None:
         """Encodes the batch, appends its tokens (an end-of-text id after each document's last
         piece), then records the progress: a rerun resumes from there."""
-        encoded = self._tokenizer.encode_batch([piece.text for piece in self.batch])
+        encoded = encode_data(self._tokenizer, [piece.text for piece in self.batch])
         parts = []
         for piece, ids in zip(self.batch, encoded, strict=True):
             parts.append(ids)

@@ -52,6 +52,7 @@ from minigpt_jax.data.tokenizers import (
     CharTokenizer,
     Tokenizer,
     build_tokenizer,
+    check_end_of_text,
     codepoints,
     load_tokenizer,
 )
@@ -129,9 +130,11 @@ def _build_tokenizer(sources: list[Source], settings: ShardSettings, progress: b
         sample = sample_texts(sources, settings.reading, settings.tokenizer_sample_bytes)
         if settings.tokenizer == "bpe":
             return BPETokenizer.train(sample, settings.vocab_size, eot=True)
-        return build_tokenizer(
+        made = build_tokenizer(
             settings.tokenizer, list(sample), settings.vocab_size, True, settings.reading
         )
+        needs = "sharded corpora (data.format='shards') put it after every document"
+        return check_end_of_text(made, settings.tokenizer, needs)
     seen = np.zeros(0x110000, bool)
     bar = tqdm(
         total=sum(s.size for s in sources),
