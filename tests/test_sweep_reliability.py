@@ -255,16 +255,21 @@ def test_another_programs_database_as_storage_is_one_line(env, tmp_path):
 # ----------------------------------------------------------------------------- signals
 
 
+def _started_sweep(env, out) -> subprocess.Popen:
+    """The sweep of TINY_TRIAL started in the background, its output piped."""
+    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
+    return subprocess.Popen(
+        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env=env,
+    )  # fmt: skip
+
+
 def test_a_signal_while_a_trial_starts_is_one_line_and_the_rerun_resumes(env, tmp_path):
     import signal
     import time
 
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
-    worker = subprocess.Popen(
-        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=REPO, env=env,
-    )  # fmt: skip
+    worker = _started_sweep(env, out)
     first = worker.stdout.readline()  # "[worker 0] trial 0: ...": its child is starting
     assert "trial 0:" in first, first + worker.stderr.read()
     time.sleep(0.5)
@@ -308,11 +313,7 @@ def test_a_signal_while_the_sweep_starts_is_answered(env, tmp_path):
     import time
 
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
-    sweep = subprocess.Popen(
-        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=REPO, env=env,
-    )  # fmt: skip
+    sweep = _started_sweep(env, out)
     time.sleep(0.7)
     sweep.send_signal(signal.SIGINT)
     stdout, stderr = sweep.communicate(timeout=300)
