@@ -207,12 +207,12 @@ def test_signal_during_evaluation_saves_what_it_says(corpus_file, tmp_path, sig,
     args = crash_train_args(workdir, corpus_file) + list(SIGNAL_SETTINGS)
     result = _signalled(args, sig, "evaluation", at=2, count=count)  # the 2nd val batch
     assert result.returncode == 128 + getattr(signal, sig), result.stderr  # 143, 130
-    lines = result.stdout.strip().splitlines()
-    assert lines[0] == (
+    assert result.stderr.strip().splitlines() == [
         f"{sig} received: checkpoint saved at step 6 (its evaluation was stopped; it runs "
         "first when the run resumes); rerun the same command to resume."
-    )
-    assert lines[1].startswith("step 6: train loss n/a") and lines[1].endswith(f"by {sig}")
+    ]
+    (line,) = result.stdout.strip().splitlines()
+    assert line.startswith("step 6: train loss n/a") and line.endswith(f"by {sig}")
     assert steps(workdir / "checkpoints") == [4, 6] and steps(workdir / "best") == []
     assert "Traceback" not in result.stderr
     rerun = run(args)
@@ -234,11 +234,11 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
     before = snapshot(copy_of / "checkpoints")
     result = _signalled(args, sig, "compile")
     assert result.returncode == 128 + getattr(signal, sig), result.stderr
-    assert result.stdout.splitlines() == [
+    assert result.stderr.splitlines() == [
         f"{sig} received while compiling, before training step 41: nothing new to save "
         "(checkpoint 40 is unchanged); rerun the same command to resume."
     ]
-    assert result.stderr == ""
+    assert result.stdout == ""
     assert snapshot(copy_of / "checkpoints") == before
     rerun = run(args)
     assert rerun.returncode == 0, rerun.stderr
@@ -488,7 +488,12 @@ def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_
         ({"data.corpus": "books"}, "config.data.corpus='books' is not a known corpus kind"),
         ({"data.path": "/nonexistent/corpus.txt"}, "/nonexistent/corpus.txt does not exist"),
         ({"data.tokenizer": "bpe", "data.vocab_size": 1}, "BPE vocab_size must be at least 256"),
-        ({"data.format": "shards", "data.shard_tokens": 0}, "data.shard_tokens must be a positive"),
+        ({"data.format": "shards", "data.shard_tokens": 0}, "shard_tokens must be an integer from"),
+        # Issue 54: 465,127 one-token shard files, 100,000 layers, NaN at step 2 from lr 1e39.
+        ({"data.format": "shards", "data.shard_tokens": 1}, "from 1024 to 2147483647 (2**31 - 1)"),
+        ({"model.n_layer": 100_000}, "n_layer must be a positive integer below 1024, got 100000"),
+        ({"model.n_embd": 1 << 20}, "n_embd must be a positive integer below 131072"),
+        ({"optim.lr": 1e39}, "optim.lr=1e+39 is out of range: it must be a finite number >= 0.0 "),
         ({"init_from": "/nonexistent/gpt2"}, "/nonexistent/gpt2 does not exist"),
         # (block 30000 is refused first by memory: at least 53.8 GiB, its attention weights)
         ({"model.block_size": 9000}, "the 'val' split has 4000 tokens but one training window"),
@@ -507,6 +512,21 @@ def test_refused_configs_create_nothing(corpus_file, tmp_path, overrides, messag
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
         train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
     assert list(workdir.iterdir()) == []
+
+
+def test_shard_tokens_that_make_too_many_files_are_refused_first(tmp_path):
+    """Issue 54: data.shard_tokens=1 wrote 465,127 files before `Too many open files`; a value
+    above the setting's floor that would still pass MAX_SHARD_FILES files is refused before
+    anything is written, naming the bound and the value that fits."""
+    from minigpt_jax.data.shards.prepare import MAX_SHARD_FILES
+
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("to be or not to be\n" * (MAX_SHARD_FILES * 1024 // 19 + 1000))
+    workdir = tmp_path / "run"
+    config = crash_config(corpus, **{"data.format": "shards", "data.shard_tokens": 1024})
+    with pytest.raises(ValueError, match="the bound is 10,000 files: raise data.shard_tokens to"):
+        train_and_evaluate(config, workdir, progress=False)
+    assert not workdir.exists()
 
 
 def test_refused_resumes_change_nothing(reference, copy_of, corpus_file, tmp_path):

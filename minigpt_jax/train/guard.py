@@ -95,7 +95,8 @@ def guarded(workdir: Path) -> Iterator[RunGuard]:
     workdir cleaned if it fails (FreshRunCleanup), a full disk while training named with what a
     rerun resumes from, and the run's logger and checkpointer closed on the way out."""
     run_guard = RunGuard(workdir)
-    with run_guard.stop, run_guard.lock, FreshRunCleanup(workdir, run_guard.lock) as cleanup:
+    stop, lock = run_guard.stop, run_guard.lock
+    with stop, lock, FreshRunCleanup(workdir, lock, stop) as cleanup:
         try:
             yield run_guard
         except OSError as error:
@@ -265,14 +266,15 @@ def disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
 
 
 class FreshRunCleanup:
-    """`with FreshRunCleanup(workdir, lock):` a fresh run (its workdir holds no checkpoint yet)
-    that fails with an exception leaves its workdir as it was: what it created goes, run.lock
+    """`with FreshRunCleanup(workdir, lock, stop):` a fresh run (its workdir holds no checkpoint
+    yet) that fails with an exception leaves its workdir as it was: what it created goes, run.lock
     (released) too, unless a checkpoint holds trained steps by then (`kept`, set once the run
     stops training). A workdir with a run in it is never cleaned; Ctrl-C and SystemExit clean
-    nothing (they checkpoint or stop before writing)."""
+    nothing (they checkpoint or stop before writing). A signal during the cleanup is only
+    recorded (`stop`): the cleanup finishes and the run's own error is its one line."""
 
-    def __init__(self, workdir: Path, lock: RunLock):
-        self.workdir, self.lock = workdir, lock
+    def __init__(self, workdir: Path, lock: RunLock, stop: TrainingStop):
+        self.workdir, self.lock, self.stop = workdir, lock, stop
         self.kept = False  # a checkpoint holds trained steps: what it created stays
         has_run = workdir.exists() and RunDir(workdir).has_checkpoints()
         self.before = None if has_run else entries_of(workdir)
@@ -283,6 +285,7 @@ class FreshRunCleanup:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         failed = kind is not None and issubclass(kind, Exception)
         if failed and not self.kept and self.before is not None and jax.process_index() == 0:
+            self.stop.phase = None  # from here a signal is a flag: the cleanup is not cut short
             self.lock.__exit__(None, None, None)
             remove_created(self.workdir, self.before)
 

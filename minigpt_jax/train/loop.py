@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -376,6 +377,7 @@ def _stopped_before_training(
         + ": nothing new to save"
         + (f" (checkpoint {step} is unchanged)" if step else "")
         + "; rerun the same command to resume.",
+        file=sys.stderr,
         flush=True,
     )
     return RunSummary(

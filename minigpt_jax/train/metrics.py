@@ -292,7 +292,8 @@ class RunLogger:
         self._ready_at = time.perf_counter()
 
     def message(self, text: str) -> None:
-        self.bar.write(text)
+        """A line about the run (a stop, a checkpoint kept), on stderr, beside the bar."""
+        self.bar.write(text, file=sys.stderr)
 
     def median_step_ms(self) -> float | None:
         if not self.chunk_seconds:
