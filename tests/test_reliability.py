@@ -596,3 +596,29 @@ def test_an_interrupted_train_exits_with_128_plus_the_signal(corpus_file, tmp_pa
     assert "SIGTERM received: checkpoint saved at step 1" in result.stderr  # issue 54: stderr
     assert result.stdout.splitlines()[-1].endswith("stopped by SIGTERM")
     shutil.rmtree(tmp_path / "run")
+
+
+def test_train_s_usage_errors_are_one_line():
+    """Issue 54: train's usage errors opened with a blank line and `USAGE: .../minigpt-jax
+    [flags]` (or the module's docstring)."""
+    result = _cli("train", "--workdir", "unused")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "minigpt-jax train: error: train needs --config, e.g. --config configs/default.py."
+    ]
+    result = _cli("train", "--config", "configs/tiny.py")
+    assert result.stderr.splitlines() == [
+        "minigpt-jax: error: --workdir is required, e.g. --workdir runs/default."
+    ]
+
+
+def test_settings_refuses_user_code_that_cannot_be_loaded():
+    """Issue 54: `settings --config.model.activation=nomod:act` listed the value, rc 0, with no
+    word that the module cannot be loaded."""
+    result = _cli("settings", "--config", "configs/tiny.py", "--config.model.activation=nomod:act")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "minigpt-jax settings: error: config.model.activation='nomod:act' names user code that "
+        "cannot be loaded (ModuleNotFoundError: No module named 'nomod')"
+    ), line

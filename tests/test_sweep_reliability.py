@@ -338,3 +338,38 @@ def test_a_sweep_with_no_complete_trial_exits_non_zero(env, tmp_path):
         .splitlines()[-1]
         .startswith("minigpt-jax sweep: error: no trial of study 'sweep' completed")
     ), result.stderr
+
+
+def test_a_range_in_the_wrong_syntax_is_shown_the_range_syntax(tmp_path):
+    """Issue 54: `--space optim.lr=1e-4:1e-2:log` said "optim.lr is a number; give one."."""
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep.study import SweepError
+
+    argv = ["--config", TINY, "--out", str(tmp_path / "sweep"), "--space"]
+    with pytest.raises(SweepError) as refused:
+        sweep_command.check([*argv, "optim.lr=1e-4:1e-2:log"])
+    assert "e.g. --space optim.lr=log:1e-4..1e-2 (log:A..B, float:A..B, int:A..B" in str(
+        refused.value
+    )
+    with pytest.raises(SweepError, match=r"e\.g\. --space num_steps=int:200\.\.2000"):
+        sweep_command.check([*argv, "num_steps=10-20"])
+
+
+def test_a_postgres_url_without_its_driver_names_the_extra_and_masks_the_password(
+    tmp_path, monkeypatch
+):
+    """Issue 54: "Failed to import DB access module ... Please install appropriate one.; check
+    the URL." without naming the package, and the URL's password shown."""
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep import study as sweep_study
+
+    for driver in ("psycopg", "psycopg2"):
+        monkeypatch.setitem(sys.modules, driver, None)  # `import psycopg` raises ImportError
+    url = "postgresql://sweeper:s3cret@127.0.0.1:1/studies"
+    argv = ["--config", TINY, "--out", str(tmp_path / "sweep"), *SPACE, "--storage", url]
+    with pytest.raises(sweep_study.SweepError) as refused:
+        sweep_study._storage(sweep_command.check(argv))
+    assert str(refused.value) == (
+        "--storage postgresql://sweeper:***@127.0.0.1:1/studies: the driver of postgresql:// "
+        "is not installed; install psycopg (3): pip install 'minigpt-jax[postgres]'."
+    )

@@ -48,6 +48,7 @@ from minigpt_apps.sweep.study import (
     Sweep,
     SweepError,
     ask_lock,
+    masked_url,
     open_study,
     storage_errors,
     storage_failure,
@@ -267,7 +268,11 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
         + (f", {len(plots)} plots in {sweep.folder / 'plots'}" if plots else "")
     )
     lines += [f"plot skipped: {note}" for note in skipped]
-    lines.append(f"live view: optuna-dashboard {sweep.storage_url}")
+    shown = masked_url(sweep.storage_url)
+    lines.append(
+        f"live view: optuna-dashboard {shown}"
+        + (" (with the password for ***)" if shown != sweep.storage_url else "")
+    )
     return lines
 
 
