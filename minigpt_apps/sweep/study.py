@@ -10,6 +10,7 @@ import dataclasses
 import fcntl
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,21 @@ def _storage(sweep: Sweep):
         # Workers write at once: wait on SQLite's lock instead of failing with "locked".
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 300}}
     try:
-        return optuna.storages.RDBStorage(
-            sweep.storage_url,
-            heartbeat_interval=max(1, round(sweep.args.heartbeat)),
-            grace_period=max(4, round(4 * sweep.args.heartbeat)),
-            heartbeat_stale_trial_callback=resume_failed,
-            **kwargs,
-        )
+        for attempt in range(SCHEMA_ATTEMPTS):
+            try:
+                return optuna.storages.RDBStorage(
+                    sweep.storage_url,
+                    heartbeat_interval=max(1, round(sweep.args.heartbeat)),
+                    grace_period=max(4, round(4 * sweep.args.heartbeat)),
+                    heartbeat_stale_trial_callback=resume_failed,
+                    **kwargs,
+                )
+            except Exception as error:
+                # Two machines opening a new database at once both create Optuna's tables:
+                # one of them fails on a duplicate name, then finds the other's tables.
+                if attempt + 1 == SCHEMA_ATTEMPTS or not _created_meanwhile(error):
+                    raise
+                time.sleep(1.0 + attempt)
     except Exception as error:  # SQLAlchemy's many kinds: a missing driver, a refused login
         shown = masked_url(sweep.storage_url)
         driver = _missing_driver(sweep.storage_url, error)
@@ -72,6 +81,18 @@ def _storage(sweep: Sweep):
         line = str(error).splitlines()[0] if str(error) else type(error).__name__
         line = line.replace(sweep.storage_url, shown)
         raise SweepError(f"--storage {shown}: {line}; check the URL.") from None
+
+
+SCHEMA_ATTEMPTS = 5
+
+
+def _created_meanwhile(error: Exception) -> bool:
+    """Whether `error` is a duplicate name from creating tables another process created."""
+    import sqlalchemy.exc
+
+    return isinstance(error, sqlalchemy.exc.IntegrityError) or (
+        isinstance(error, sqlalchemy.exc.ProgrammingError) and "already exists" in str(error)
+    )
 
 
 # The package that brings each database's driver (SQLAlchemy 2's default dialect driver).
