@@ -376,6 +376,7 @@ class Checkpointer:
         while True:
             try:
                 restored = _restore(self._latest, step, args)
+                _check_finite(restored.state, self._latest, step)
             except CheckpointVanished:
                 raise
             except CheckpointError as error:
@@ -383,11 +384,11 @@ class Checkpointer:
                 if older is None:
                     raise
                 _log.warning(
-                    "skipping %s (it matches its %s but cannot be read: %s); using step %d, "
-                    "the newest intact checkpoint before it.",
+                    "skipping %s (it matches its %s but %s); using step %d, the newest intact "
+                    "checkpoint before it.",
                     self.run_dir.checkpoints / str(step),
                     DIGEST_FILENAME,
-                    error.detail,
+                    getattr(error, "problem", f"cannot be read: {error.detail}"),
                     older,
                 )
                 step = older
@@ -421,6 +422,28 @@ def _restore(manager, step: int, args) -> Any:
         )
         unreadable.detail = detail
         raise unreadable from error
+
+
+def _check_finite(tree: Any, manager, step: int) -> None:
+    """Raises CheckpointError when a float tensor restored from `step` holds a NaN or an
+    infinity: nothing non-finite is ever saved, so its files were damaged (and its digest
+    written, or written again, after that)."""
+    import jax.numpy as jnp
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+            continue
+        if not bool(jnp.isfinite(leaf).all()):
+            name = jax.tree_util.keystr(path)
+            step_dir = Path(manager.directory) / str(step)
+            damaged = CheckpointError(
+                f"checkpoint {step_dir} holds non-finite values in {name}, which no run saves: "
+                "it was damaged. Restore it from a backup, or train in a fresh --workdir."
+            )
+            damaged.detail = f"non-finite values in {name}"
+            damaged.problem = f"holds non-finite values in {name}"
+            raise damaged
 
 
 def _on_one_device(manager, step: int, item: str) -> Any:

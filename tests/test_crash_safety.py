@@ -384,6 +384,35 @@ def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(
     assert trajectory(copy_of) == trajectory(reference)
 
 
+def test_a_checkpoint_restored_with_non_finite_tensors_is_skipped(
+    reference, copy_of, corpus_file, caplog, monkeypatch
+):
+    """Issue 54: bytes flipped in checkpoint 40 with its sha256sums.txt written again restored
+    silently; the run then said "the last good checkpoint, step 40, is kept" (40 was the
+    damaged one, 36 intact). A restored float tensor that is not finite (no run saves one)
+    marks the checkpoint damaged: the previous intact one is used."""
+    from minigpt_jax import checkpoint
+
+    real_restore = checkpoint._restore
+
+    def restore_damaged_40(manager, step, args):
+        restored = real_restore(manager, step, args)
+        if step == 40 and "state" in restored.keys():
+            params = jax.tree.map(lambda x: x * np.nan, restored.state.params)
+            restored = type(restored)(
+                **{**dict(restored), "state": restored.state.replace(params=params)}
+            )
+        return restored
+
+    monkeypatch.setattr(checkpoint, "_restore", restore_damaged_40)
+    with caplog.at_level(logging.WARNING):
+        summary = resume(copy_of, corpus_file)
+    assert "holds non-finite values in .params" in caplog.text, caplog.text
+    assert "using step 36, the newest intact checkpoint before it" in caplog.text
+    assert summary.resumed_from == 36
+    assert trajectory(copy_of) == trajectory(reference)
+
+
 def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(
     reference, copy_of, corpus_file
 ):
