@@ -340,6 +340,18 @@ class Checkpointer:
             self._newest_intact = (newest_intact_step(self._latest),)
         return self._newest_intact[0]
 
+    def suspect_restore(self, step: int, within: int = 10) -> tuple[int, int | None] | None:
+        """(the checkpoint this run restored, the newest intact one before it) when a run
+        diverged at `step`, at most `within` steps after restoring it with nothing saved since:
+        a checkpoint damaged before its digest was written restores and diverges at once.
+        None otherwise."""
+        if self._last_saved is not None or self._newest_intact is None:
+            return None
+        (restored,) = self._newest_intact
+        if restored is None or not 0 < step - restored <= within:
+            return None
+        return restored, newest_intact_step(self._latest, below=restored)
+
     def save(self, state: Any, meta: dict, eval_params: Any = None) -> None:
         """Saves the train state (a pytree with a `step`) and JSON metadata, and the params to
         evaluate when they are not state.params (`load_params` then reads them)."""

@@ -152,10 +152,27 @@ def non_finite_error(
         if suspects
         else ""
     )
+    at_once = checkpointer.suspect_restore(step)
+    if at_once is not None:
+        restored, older = at_once
+        folder = checkpointer.run_dir.checkpoints / str(restored)
+        suspect = (
+            f"the run resumed from checkpoint {restored} only {step - restored} steps before: "
+            f"if it trained well until then, {folder} may be damaged (its digest written after "
+            "the damage); "
+            + (
+                f"move it aside and rerun to resume from step {older}, the intact checkpoint "
+                "before it; else "
+                if older is not None
+                else "move it aside to start again; else "
+            )
+            + suspect
+        )
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (
-            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
+            f"The {'newest' if at_once else 'last good'} checkpoint, step {good}, is kept in "
+            f"{checkpointer.workdir}; "
             f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
             "with --allow_resume_changes to resume from it."
             if good is not None
