@@ -492,6 +492,24 @@ def test_a_num_steps_that_reshapes_the_schedule_is_named(reference, copy_of, cor
     )
 
 
+def test_a_shards_input_edited_with_its_size_and_mtime_kept_is_found(corpus_file, tmp_path):
+    """Issue 54: a shards input edited in place with its size and mtime put back resumed on
+    the old shards silently. Its change time moved: the shards are checked by content (the
+    stream the inputs encode to), and the resume is refused naming the data."""
+    corpus = tmp_path / "corpus.txt"
+    shutil.copy(corpus_file, corpus)
+    workdir = tmp_path / "run"
+    overrides = {"data.format": "shards", "data.shard_tokens": 3000}
+    train_and_evaluate(crash_config(corpus, num_steps=8, **overrides), workdir, progress=False)
+    stat = corpus.stat()
+    text = corpus.read_bytes()
+    corpus.write_bytes(text.replace(b"the", b"THE"))  # the same size
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (corpus.stat().st_size, corpus.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    with pytest.raises(ValueError, match=r"was trained on other data \(the token stream of"):
+        train_and_evaluate(crash_config(corpus, num_steps=12, **overrides), workdir, progress=False)
+
+
 def test_another_model_is_refused_naming_the_keys(reference, copy_of, corpus_file):
     with pytest.raises(ValueError, match=r"different model .*n_embd: 32 -> 64"):
         resume(copy_of, corpus_file, **{"model.n_embd": 64})

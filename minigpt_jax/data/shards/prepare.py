@@ -68,11 +68,17 @@ MAX_SHARD_FILES = 10_000
 
 
 def inputs_fingerprint(sources: list[Source]) -> str:
-    """sha256 of every input's path, size and mtime (of the text itself for embedded data),
-    and of its file format's name unless it is .txt or .jsonl (as older manifests have it)."""
+    """sha256 of every input's path, size, mtime, inode and change time (of the text itself
+    for embedded data), and of its file format's name unless it is .txt or .jsonl. The change
+    time moves with any write, even one that keeps the size and puts the mtime back: shards
+    whose inputs' fingerprint changed are checked by content (the stream the inputs encode to;
+    update_shards) before they are used again."""
     digest = hashlib.sha256()
     for source in sources:
         stamp = hashlib.sha256(source.data).hexdigest() if source.data is not None else ""
+        if source.data is None:
+            stat = os.stat(source.path)
+            stamp += f"\0{stat.st_ino}\0{stat.st_ctime_ns}"
         if source.format.name not in ("txt", "jsonl"):
             stamp += f"\0{source.format.name}"
         digest.update(f"{source.path}\0{source.size}\0{source.mtime_ns}\0{stamp}\n".encode())
