@@ -340,6 +340,18 @@ class Checkpointer:
             self._newest_intact = (newest_intact_step(self._latest),)
         return self._newest_intact[0]
 
+    def suspect_restore(self, step: int, within: int = 10) -> tuple[int, int | None] | None:
+        """(the checkpoint this run restored, the newest intact one before it) when a run
+        diverged at `step`, at most `within` steps after restoring it with nothing saved since:
+        a checkpoint damaged before its digest was written restores and diverges at once.
+        None otherwise."""
+        if self._last_saved is not None or self._newest_intact is None:
+            return None
+        (restored,) = self._newest_intact
+        if restored is None or not 0 < step - restored <= within:
+            return None
+        return restored, newest_intact_step(self._latest, below=restored)
+
     def save(self, state: Any, meta: dict, eval_params: Any = None) -> None:
         """Saves the train state (a pytree with a `step`) and JSON metadata, and the params to
         evaluate when they are not state.params (`load_params` then reads them)."""
@@ -376,6 +388,7 @@ class Checkpointer:
         while True:
             try:
                 restored = _restore(self._latest, step, args)
+                _check_finite(restored.state, self._latest, step)
             except CheckpointVanished:
                 raise
             except CheckpointError as error:
@@ -383,11 +396,11 @@ class Checkpointer:
                 if older is None:
                     raise
                 _log.warning(
-                    "skipping %s (it matches its %s but cannot be read: %s); using step %d, "
-                    "the newest intact checkpoint before it.",
+                    "skipping %s (it matches its %s but %s); using step %d, the newest intact "
+                    "checkpoint before it.",
                     self.run_dir.checkpoints / str(step),
                     DIGEST_FILENAME,
-                    error.detail,
+                    getattr(error, "problem", f"cannot be read: {error.detail}"),
                     older,
                 )
                 step = older
@@ -421,6 +434,28 @@ def _restore(manager, step: int, args) -> Any:
         )
         unreadable.detail = detail
         raise unreadable from error
+
+
+def _check_finite(tree: Any, manager, step: int) -> None:
+    """Raises CheckpointError when a float tensor restored from `step` holds a NaN or an
+    infinity: nothing non-finite is ever saved, so its files were damaged (and its digest
+    written, or written again, after that)."""
+    import jax.numpy as jnp
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+            continue
+        if not bool(jnp.isfinite(leaf).all()):
+            name = jax.tree_util.keystr(path)
+            step_dir = Path(manager.directory) / str(step)
+            damaged = CheckpointError(
+                f"checkpoint {step_dir} holds non-finite values in {name}, which no run saves: "
+                "it was damaged. Restore it from a backup, or train in a fresh --workdir."
+            )
+            damaged.detail = f"non-finite values in {name}"
+            damaged.problem = f"holds non-finite values in {name}"
+            raise damaged
 
 
 def _on_one_device(manager, step: int, item: str) -> Any:

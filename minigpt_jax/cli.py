@@ -283,12 +283,30 @@ def _settings() -> None:
     # With --config (and overrides): that config's resolved values and its entries' settings.
     with _stopped_says("settings", "nothing was written."):
         table = settings_table(_CONFIG.value)
+        if _CONFIG.value is not None:
+            _check_user_entries(_CONFIG.value)
     print(table)
+
+
+def _check_user_entries(config: ml_collections.ConfigDict) -> None:
+    """Loads every `module:attr` the config picks, so `settings` never lists one that cannot be
+    loaded (a RegistryError naming the key and why: one line)."""
+    from minigpt_jax.settings.registry import REGISTRIES, is_user_key
+
+    for key, registry in REGISTRIES.items():
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        if isinstance(node, str) and is_user_key(node) and "," not in node:
+            registry.check(node)
 
 
 def _run(argv: list[str]) -> None:
     """Runs the built-in command `argv` names; an error of ours ends it in one line."""
-    command = _checked_command(argv)
+    try:
+        command = _checked_command(argv)
+    except app.UsageError as error:
+        _usage_error("minigpt-jax", error)
     run = {
         "train": _train,
         "prepare": _prepare,
@@ -300,9 +318,18 @@ def _run(argv: list[str]) -> None:
     try:
         run[command]()
         _answer_late_signal(command)
+    except app.UsageError as error:
+        _usage_error(f"minigpt-jax {command}", error)
     except Exception as error:
         _exit_in_one_line(command, error)
         raise  # not ours: its traceback says where
+
+
+def _usage_error(prog: str, error: app.UsageError) -> None:
+    """A usage error in one line on stderr (absl's own handler opens with a blank line and
+    the module's docstring or `USAGE: minigpt-jax [flags]`)."""
+    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    sys.exit(error.exitcode)
 
 
 def _checked_command(argv: list[str]) -> str:

@@ -83,8 +83,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, corpus_file):
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr  # 128 + SIGTERM, for a scheduler to tell
-    assert "SIGTERM received: checkpoint saved at step" in stdout
-    stopped_at = int(stdout.split("checkpoint saved at step ")[1].split(";")[0])
+    assert "SIGTERM received: checkpoint saved at step" in stderr  # stop lines: stderr
+    stopped_at = int(stderr.split("checkpoint saved at step ")[1].split(";")[0])
     assert _saved_steps(tmp_path / "run")[-1] == stopped_at
     assert "stopped by SIGTERM" in stdout
 

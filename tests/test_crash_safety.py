@@ -207,12 +207,12 @@ def test_signal_during_evaluation_saves_what_it_says(corpus_file, tmp_path, sig,
     args = crash_train_args(workdir, corpus_file) + list(SIGNAL_SETTINGS)
     result = _signalled(args, sig, "evaluation", at=2, count=count)  # the 2nd val batch
     assert result.returncode == 128 + getattr(signal, sig), result.stderr  # 143, 130
-    lines = result.stdout.strip().splitlines()
-    assert lines[0] == (
+    assert result.stderr.strip().splitlines() == [
         f"{sig} received: checkpoint saved at step 6 (its evaluation was stopped; it runs "
         "first when the run resumes); rerun the same command to resume."
-    )
-    assert lines[1].startswith("step 6: train loss n/a") and lines[1].endswith(f"by {sig}")
+    ]
+    (line,) = result.stdout.strip().splitlines()
+    assert line.startswith("step 6: train loss n/a") and line.endswith(f"by {sig}")
     assert steps(workdir / "checkpoints") == [4, 6] and steps(workdir / "best") == []
     assert "Traceback" not in result.stderr
     rerun = run(args)
@@ -234,11 +234,11 @@ def test_signal_during_compile_is_one_true_line(reference, copy_of, corpus_file,
     before = snapshot(copy_of / "checkpoints")
     result = _signalled(args, sig, "compile")
     assert result.returncode == 128 + getattr(signal, sig), result.stderr
-    assert result.stdout.splitlines() == [
+    assert result.stderr.splitlines() == [
         f"{sig} received while compiling, before training step 41: nothing new to save "
         "(checkpoint 40 is unchanged); rerun the same command to resume."
     ]
-    assert result.stderr == ""
+    assert result.stdout == ""
     assert snapshot(copy_of / "checkpoints") == before
     rerun = run(args)
     assert rerun.returncode == 0, rerun.stderr
@@ -384,6 +384,35 @@ def test_flipped_bytes_fall_back_to_the_newest_intact_checkpoint(
     assert trajectory(copy_of) == trajectory(reference)
 
 
+def test_a_checkpoint_restored_with_non_finite_tensors_is_skipped(
+    reference, copy_of, corpus_file, caplog, monkeypatch
+):
+    """Issue 54: bytes flipped in checkpoint 40 with its sha256sums.txt written again restored
+    silently; the run then said "the last good checkpoint, step 40, is kept" (40 was the
+    damaged one, 36 intact). A restored float tensor that is not finite (no run saves one)
+    marks the checkpoint damaged: the previous intact one is used."""
+    from minigpt_jax import checkpoint
+
+    real_restore = checkpoint._restore
+
+    def restore_damaged_40(manager, step, args):
+        restored = real_restore(manager, step, args)
+        if step == 40 and "state" in restored.keys():
+            params = jax.tree.map(lambda x: x * np.nan, restored.state.params)
+            restored = type(restored)(
+                **{**dict(restored), "state": restored.state.replace(params=params)}
+            )
+        return restored
+
+    monkeypatch.setattr(checkpoint, "_restore", restore_damaged_40)
+    with caplog.at_level(logging.WARNING):
+        summary = resume(copy_of, corpus_file)
+    assert "holds non-finite values in .params" in caplog.text, caplog.text
+    assert "using step 36, the newest intact checkpoint before it" in caplog.text
+    assert summary.resumed_from == 36
+    assert trajectory(copy_of) == trajectory(reference)
+
+
 def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(
     reference, copy_of, corpus_file
 ):
@@ -433,10 +462,11 @@ def test_tampered_token_cache_is_rebuilt(tmp_path, caplog):
 
 
 def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
-    """lr=1e6 (issue: a NaN-val-loss checkpoint was saved and announced as good): the run
-    stops naming the last good step, and every saved checkpoint holds finite params."""
+    """lr=99, near its bound (issue: a NaN-val-loss checkpoint was saved and announced as
+    good): the run stops naming the last good step, and every saved checkpoint holds finite
+    params."""
     workdir = tmp_path / "run"
-    config = crash_config(corpus_file, **{"optim.lr": 1e6, "optim.warmup_steps": 0})
+    config = crash_config(corpus_file, **{"optim.lr": 99.0, "optim.warmup_steps": 0})
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
         train_and_evaluate(config, workdir, progress=False)
     saved = steps(workdir / "checkpoints") if workdir.exists() else []
@@ -449,6 +479,35 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
 
 
 # ----------------------------------------------------------------------------- resume settings
+
+
+def test_a_num_steps_that_reshapes_the_schedule_is_named(reference, copy_of, corpus_file, caplog):
+    """Issue 54: a 2000-step run resumed with num_steps=400 recomputed its cosine schedule from
+    step 200 silently (val 2.4727 at 400 against 2.3225 uninterrupted)."""
+    with caplog.at_level(logging.WARNING):
+        summary = resume(copy_of, corpus_file, num_steps=44)
+    assert summary.step == 44
+    assert "config.num_steps: 40 -> 44, which reshapes the cosine learning-rate schedule" in (
+        caplog.text
+    )
+
+
+def test_a_shards_input_edited_with_its_size_and_mtime_kept_is_found(corpus_file, tmp_path):
+    """Issue 54: a shards input edited in place with its size and mtime put back resumed on
+    the old shards silently. Its change time moved: the shards are checked by content (the
+    stream the inputs encode to), and the resume is refused naming the data."""
+    corpus = tmp_path / "corpus.txt"
+    shutil.copy(corpus_file, corpus)
+    workdir = tmp_path / "run"
+    overrides = {"data.format": "shards", "data.shard_tokens": 3000}
+    train_and_evaluate(crash_config(corpus, num_steps=8, **overrides), workdir, progress=False)
+    stat = corpus.stat()
+    text = corpus.read_bytes()
+    corpus.write_bytes(text.replace(b"the", b"THE"))  # the same size
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (corpus.stat().st_size, corpus.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    with pytest.raises(ValueError, match=r"was trained on other data \(the token stream of"):
+        train_and_evaluate(crash_config(corpus, num_steps=12, **overrides), workdir, progress=False)
 
 
 def test_another_model_is_refused_naming_the_keys(reference, copy_of, corpus_file):
@@ -488,7 +547,12 @@ def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_
         ({"data.corpus": "books"}, "config.data.corpus='books' is not a known corpus kind"),
         ({"data.path": "/nonexistent/corpus.txt"}, "/nonexistent/corpus.txt does not exist"),
         ({"data.tokenizer": "bpe", "data.vocab_size": 1}, "BPE vocab_size must be at least 256"),
-        ({"data.format": "shards", "data.shard_tokens": 0}, "data.shard_tokens must be a positive"),
+        ({"data.format": "shards", "data.shard_tokens": 0}, "shard_tokens must be an integer from"),
+        # Issue 54: 465,127 one-token shard files, 100,000 layers, NaN at step 2 from lr 1e39.
+        ({"data.format": "shards", "data.shard_tokens": 1}, "from 1024 to 2147483647 (2**31 - 1)"),
+        ({"model.n_layer": 100_000}, "n_layer must be a positive integer below 1024, got 100000"),
+        ({"model.n_embd": 1 << 20}, "n_embd must be a positive integer below 131072"),
+        ({"optim.lr": 1e39}, "optim.lr=1e+39 is out of range: it must be a finite number >= 0.0 "),
         ({"init_from": "/nonexistent/gpt2"}, "/nonexistent/gpt2 does not exist"),
         # (block 30000 is refused first by memory: at least 53.8 GiB, its attention weights)
         ({"model.block_size": 9000}, "the 'val' split has 4000 tokens but one training window"),
@@ -507,6 +571,21 @@ def test_refused_configs_create_nothing(corpus_file, tmp_path, overrides, messag
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
         train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
     assert list(workdir.iterdir()) == []
+
+
+def test_shard_tokens_that_make_too_many_files_are_refused_first(tmp_path):
+    """Issue 54: data.shard_tokens=1 wrote 465,127 files before `Too many open files`; a value
+    above the setting's floor that would still pass MAX_SHARD_FILES files is refused before
+    anything is written, naming the bound and the value that fits."""
+    from minigpt_jax.data.shards.prepare import MAX_SHARD_FILES
+
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("to be or not to be\n" * (MAX_SHARD_FILES * 1024 // 19 + 1000))
+    workdir = tmp_path / "run"
+    config = crash_config(corpus, **{"data.format": "shards", "data.shard_tokens": 1024})
+    with pytest.raises(ValueError, match="the bound is 10,000 files: raise data.shard_tokens to"):
+        train_and_evaluate(config, workdir, progress=False)
+    assert not workdir.exists()
 
 
 def test_refused_resumes_change_nothing(reference, copy_of, corpus_file, tmp_path):

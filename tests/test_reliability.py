@@ -94,12 +94,58 @@ def test_a_resumed_run_stopped_while_reading_its_data_names_its_step(
     before = snapshot(copy_of / "checkpoints")
     result = _signalled(args, sig, "minigpt_jax.train.setup:dataset_from")
     assert result.returncode == status, result.stderr
-    assert result.stdout.splitlines() == [
+    assert result.stderr.splitlines() == [
         f"{sig} received while reading the data, before training step 41: nothing new to save "
         "(checkpoint 40 is unchanged); rerun the same command to resume."
     ]
     assert "Traceback" not in result.stderr and "Fatal" not in result.stderr
     assert snapshot(copy_of / "checkpoints") == before
+
+
+def test_a_fresh_run_stopped_while_it_plans_does_not_name_init_from(corpus_file, tmp_path):
+    """Issue 54: the SIGTERM of a slow plan (`model.n_layer=100000`) said "while reading
+    config.init_from" with no init_from set."""
+    args = train_args(tmp_path / "run", corpus_file)
+    result = _signalled(args, "SIGTERM", "minigpt_jax.train.setup:_plan")
+    assert result.returncode == 143, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "SIGTERM received while checking the model's memory and the optimizer, before training"
+    ), line
+    assert "init_from" not in line
+
+
+# A fresh run that fails after its first files are written (its compile raises), signalled
+# as its workdir is cleaned.
+_CLEANUP_SIGNALLED = """
+import os, signal, sys
+from minigpt_jax.train import guard, setup
+
+def failing_compile(*args, **kwargs):
+    raise ValueError("the compile failed")
+
+def signalled_cleanup(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return original_cleanup(*args, **kwargs)
+
+setup._compile = failing_compile
+original_cleanup, guard.remove_created = guard.remove_created, signalled_cleanup
+from minigpt_jax.cli import main
+sys.argv = ["minigpt-jax", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_signal_during_the_fresh_run_cleanup_is_one_line(corpus_file, tmp_path):
+    """Issue 54: a SIGTERM while a failed fresh run deleted its files printed a 70-line chained
+    traceback (`StopBeforeTraining: ('SIGTERM', 'reading the data')`) and left the files. Now
+    the cleanup finishes and the run's own error is its one line."""
+    workdir = tmp_path / "run"
+    args = train_args(workdir, corpus_file, "--config.data.format=shards")
+    result = run([sys.executable, "-c", _CLEANUP_SIGNALLED, *args[3:]])
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == ["minigpt-jax train: error: the compile failed"]
+    assert not workdir.exists()
 
 
 @pytest.mark.slow
@@ -167,7 +213,7 @@ def test_a_run_stopped_while_checking_its_checkpoints_claims_no_step(copy_of, co
     args = crash_train_args(copy_of, corpus_file) + ["--config.num_steps=44"]
     result = _signalled(args, "SIGTERM", "minigpt_jax.checkpoint:newest_intact_step")
     assert result.returncode == 143, result.stderr
-    assert result.stdout.splitlines() == [
+    assert result.stderr.splitlines() == [
         "SIGTERM received while checking the checkpoints, before training: nothing new to save; "
         "rerun the same command to resume."
     ]
@@ -265,7 +311,7 @@ def test_a_run_already_at_num_steps_compiles_nothing(reference, copy_of, corpus_
         patch.setattr(jax.stages.Lowered, "compile", no_compile)
         summary = resume(copy_of, corpus_file)
     assert summary.step == 40 and summary.compile_time_s == 0.0
-    assert "step 40 is already trained (num_steps=40)" in capsys.readouterr().out
+    assert "step 40 is already trained (num_steps=40)" in capsys.readouterr().err
 
 
 def test_warmup_longer_than_the_run_warns(corpus_file, tmp_path, caplog):
@@ -548,6 +594,32 @@ def test_an_interrupted_train_exits_with_128_plus_the_signal(corpus_file, tmp_pa
     args = train_args(tmp_path / "run", corpus_file, "--config.num_steps=40")
     result = _signalled(args, "SIGTERM", "minigpt_jax.train.loop:Trainer.train_chunk")
     assert result.returncode == 143, result.stderr
-    assert "SIGTERM received: checkpoint saved at step 1" in result.stdout
+    assert "SIGTERM received: checkpoint saved at step 1" in result.stderr  # issue 54: stderr
     assert result.stdout.splitlines()[-1].endswith("stopped by SIGTERM")
     shutil.rmtree(tmp_path / "run")
+
+
+def test_train_s_usage_errors_are_one_line():
+    """Issue 54: train's usage errors opened with a blank line and `USAGE: .../minigpt-jax
+    [flags]` (or the module's docstring)."""
+    result = _cli("train", "--workdir", "unused")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "minigpt-jax train: error: train needs --config, e.g. --config configs/default.py."
+    ]
+    result = _cli("train", "--config", "configs/tiny.py")
+    assert result.stderr.splitlines() == [
+        "minigpt-jax: error: --workdir is required, e.g. --workdir runs/default."
+    ]
+
+
+def test_settings_refuses_user_code_that_cannot_be_loaded():
+    """Issue 54: `settings --config.model.activation=nomod:act` listed the value, rc 0, with no
+    word that the module cannot be loaded."""
+    result = _cli("settings", "--config", "configs/tiny.py", "--config.model.activation=nomod:act")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "minigpt-jax settings: error: config.model.activation='nomod:act' names user code that "
+        "cannot be loaded (ModuleNotFoundError: No module named 'nomod')"
+    ), line

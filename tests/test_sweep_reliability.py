@@ -255,26 +255,31 @@ def test_another_programs_database_as_storage_is_one_line(env, tmp_path):
 # ----------------------------------------------------------------------------- signals
 
 
+def _started_sweep(env, out) -> subprocess.Popen:
+    """The sweep of TINY_TRIAL started in the background, its output piped."""
+    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
+    return subprocess.Popen(
+        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env=env,
+    )  # fmt: skip
+
+
 def test_a_signal_while_a_trial_starts_is_one_line_and_the_rerun_resumes(env, tmp_path):
     import signal
     import time
 
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "minigpt_jax", "sweep", "--config", TINY, "--out", str(out)]
-    worker = subprocess.Popen(
-        [*command, *TINY_TRIAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=REPO, env=env,
-    )  # fmt: skip
+    worker = _started_sweep(env, out)
     first = worker.stdout.readline()  # "[worker 0] trial 0: ...": its child is starting
     assert "trial 0:" in first, first + worker.stderr.read()
     time.sleep(0.5)
     assert not (out / "trials" / "0000" / "metrics.jsonl").exists()  # still starting
     worker.send_signal(signal.SIGTERM)
     stdout, stderr = worker.communicate(timeout=300)
-    assert worker.returncode == 1, first + stdout + stderr
+    assert worker.returncode == 143, first + stdout + stderr  # as train's, 128 + SIGTERM
     assert "Traceback" not in stderr and "Error" not in stderr, stderr
     assert "trial 0: stopped before its first step; rerun the same command" in stdout, stdout
-    assert "stopped by SIGTERM" in stdout, stdout
+    assert "minigpt-jax sweep: stopped by SIGTERM" in stderr, stderr
     rerun = _sweep(env, out, *TINY_TRIAL)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "trial 1: optim.lr=" in rerun.stdout and "(resumes trial 0)" in rerun.stdout
@@ -299,3 +304,72 @@ def test_a_refusal_at_the_study_s_opening_leaves_out_as_it_was(out_existed, tmp_
     assert sweep_command.main(argv) == 2
     assert "cannot be used (no such column: " in capsys.readouterr().err
     assert (sorted(out.iterdir()) if out.exists() else None) == ([] if out_existed else None)
+
+
+def test_a_signal_while_the_sweep_starts_is_answered(env, tmp_path):
+    """Issue 54: Ctrl-C in a sweep's first second (0.72-0.75 s: while optuna imports) was
+    recorded by minigpt_jax.__main__ and never read; the study ran to its end, rc 0."""
+    import signal
+    import time
+
+    out = tmp_path / "sweep"
+    sweep = _started_sweep(env, out)
+    time.sleep(0.7)
+    sweep.send_signal(signal.SIGINT)
+    stdout, stderr = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, stdout + stderr
+    assert "minigpt-jax sweep: stopped by SIGINT" in stderr, stderr
+    assert not (out / "trials").exists(), stdout  # no trial ran
+
+
+def test_a_sweep_with_no_complete_trial_exits_non_zero(env, tmp_path):
+    """Issue 54: `2 trials: 0 complete, 0 pruned, 2 failed`, no best_config.py, rc 0."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "broken_act.py").write_text("def act(x):\n    return x * float('nan')\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(REPO), str(user)])}
+    out = tmp_path / "sweep"
+    args = [*TINY_TRIAL, "--set", "model.activation=broken_act:act"]
+    result = _run(env, "sweep", "--config", TINY, "--out", str(out), *args, "--trials", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "0 complete, 0 pruned, 2 failed" in result.stdout, result.stdout
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("minigpt-jax sweep: error: no trial of study 'sweep' completed")
+    ), result.stderr
+
+
+def test_a_range_in_the_wrong_syntax_is_shown_the_range_syntax(tmp_path):
+    """Issue 54: `--space optim.lr=1e-4:1e-2:log` said "optim.lr is a number; give one."."""
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep.study import SweepError
+
+    argv = ["--config", TINY, "--out", str(tmp_path / "sweep"), "--space"]
+    with pytest.raises(SweepError) as refused:
+        sweep_command.check([*argv, "optim.lr=1e-4:1e-2:log"])
+    assert "e.g. --space optim.lr=log:1e-4..1e-2 (log:A..B, float:A..B, int:A..B" in str(
+        refused.value
+    )
+    with pytest.raises(SweepError, match=r"e\.g\. --space num_steps=int:200\.\.2000"):
+        sweep_command.check([*argv, "num_steps=10-20"])
+
+
+def test_a_postgres_url_without_its_driver_names_the_extra_and_masks_the_password(
+    tmp_path, monkeypatch
+):
+    """Issue 54: "Failed to import DB access module ... Please install appropriate one.; check
+    the URL." without naming the package, and the URL's password shown."""
+    from minigpt_apps.sweep import command as sweep_command
+    from minigpt_apps.sweep import study as sweep_study
+
+    for driver in ("psycopg", "psycopg2"):
+        monkeypatch.setitem(sys.modules, driver, None)  # `import psycopg` raises ImportError
+    url = "postgresql://sweeper:s3cret@127.0.0.1:1/studies"
+    argv = ["--config", TINY, "--out", str(tmp_path / "sweep"), *SPACE, "--storage", url]
+    with pytest.raises(sweep_study.SweepError) as refused:
+        sweep_study._storage(sweep_command.check(argv))
+    assert str(refused.value) == (
+        "--storage postgresql://sweeper:***@127.0.0.1:1/studies: the driver of postgresql:// "
+        "is not installed; install psycopg (3): pip install 'minigpt-jax[postgres]'."
+    )

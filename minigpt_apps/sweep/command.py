@@ -48,12 +48,14 @@ from minigpt_apps.sweep.study import (
     Sweep,
     SweepError,
     ask_lock,
+    masked_url,
     open_study,
     storage_errors,
     storage_failure,
 )
 from minigpt_apps.sweep.worker import WorkerStop, work
 from minigpt_jax.runtime.run_dir import entries_of, remove_created
+from minigpt_jax.runtime.signals import recorded_signal
 from minigpt_jax.settings.registry import user_module_digests
 
 HELP = "train many configs of a search space and rank them"  # minigpt-jax --help
@@ -266,8 +268,19 @@ def summary(study, sweep: Sweep, wall_s: float) -> list[str]:
         + (f", {len(plots)} plots in {sweep.folder / 'plots'}" if plots else "")
     )
     lines += [f"plot skipped: {note}" for note in skipped]
-    lines.append(f"live view: optuna-dashboard {sweep.storage_url}")
+    shown = masked_url(sweep.storage_url)
+    lines.append(
+        f"live view: optuna-dashboard {shown}"
+        + (" (with the password for ***)" if shown != sweep.storage_url else "")
+    )
     return lines
+
+
+def complete_trials(study) -> int:
+    """How many trials of `study` completed."""
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
 def _unlock_as_found(out: Path, found: set[str]) -> None:
@@ -298,14 +311,21 @@ def main(argv: list[str]) -> int:
     stop = WorkerStop()  # from here: a signal while the config loads is not swallowed
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    early = recorded_signal()  # one that came while the command started (minigpt_jax.__main__)
+    if early is not None:
+        stop(early, None)
     try:
         sweep = check(argv)
     except SweepError as error:
         print(f"minigpt-jax sweep: error: {error}", file=sys.stderr)
         return 2
     if stop.signal_name:
-        print(f"stopped by {stop.signal_name} before the study opened; nothing written.")
-        return 1
+        print(
+            f"minigpt-jax sweep: stopped by {stop.signal_name} before the study opened; "
+            "nothing written.",
+            file=sys.stderr,
+        )
+        return stop.exit_status
     found = entries_of(sweep.out)
     sweep.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -340,9 +360,18 @@ def main(argv: list[str]) -> int:
         return 2
     if stop.signal_name:
         print(
-            f"stopped by {stop.signal_name}: the trial in flight kept its checkpoint and is "
-            "queued; rerun the same command to resume the study.",
+            f"minigpt-jax sweep: stopped by {stop.signal_name}: the trial in flight kept its "
+            "checkpoint and is queued; rerun the same command to resume the study.",
+            file=sys.stderr,
             flush=True,
+        )
+        return stop.exit_status
+    if status == 0 and sweep.args.worker_index == 0 and not complete_trials(study):
+        print(
+            f"minigpt-jax sweep: error: no trial of study {sweep.args.study!r} completed "
+            f"(see {sweep.folder / 'trials.csv'} and each trial's train.log); fix what failed, "
+            "then start another --study (a failed trial is not run again).",
+            file=sys.stderr,
         )
         return 1
     return status

@@ -168,6 +168,9 @@ def parse_space(config, arguments: list[str], fixed: dict[str, Any]) -> list[Dim
     return list(dimensions.values())
 
 
+_INT_EXAMPLE = "200..2000"
+
+
 def _dimension(config, key: str, spec: str, kind: type) -> Dimension:
     match = _RANGE.match(spec)
     if match is None:
@@ -176,7 +179,16 @@ def _dimension(config, key: str, spec: str, kind: type) -> Dimension:
                 f"--space {key}={spec}: a range names its scale: log:A..B, float:A..B, "
                 "int:A..B or int:log:A..B."
             )
-        values = [typed(config, key, v.strip()) for v in spec.split(",")]
+        try:
+            values = [typed(config, key, v.strip()) for v in spec.split(",")]
+        except ValueError as error:
+            if kind not in (int, float):
+                raise
+            example = f"int:{_INT_EXAMPLE}" if kind is int else "log:1e-4..1e-2"
+            raise ValueError(
+                f"{error} Search it by listing values (a,b,c) or by a range with its scale, "
+                f"e.g. --space {key}={example} (log:A..B, float:A..B, int:A..B, int:log:A..B)."
+            ) from None
         if len(values) < 2:
             raise ValueError(f"--space {key}={spec} has one value; use --set {key}={spec}.")
         repeated = sorted({repr(v) for v in values if values.count(v) > 1})

@@ -9,6 +9,8 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -56,16 +58,75 @@ def _storage(sweep: Sweep):
         # Workers write at once: wait on SQLite's lock instead of failing with "locked".
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 300}}
     try:
-        return optuna.storages.RDBStorage(
-            sweep.storage_url,
-            heartbeat_interval=max(1, round(sweep.args.heartbeat)),
-            grace_period=max(4, round(4 * sweep.args.heartbeat)),
-            heartbeat_stale_trial_callback=resume_failed,
-            **kwargs,
-        )
+        for attempt in range(SCHEMA_ATTEMPTS):
+            try:
+                return optuna.storages.RDBStorage(
+                    sweep.storage_url,
+                    heartbeat_interval=max(1, round(sweep.args.heartbeat)),
+                    grace_period=max(4, round(4 * sweep.args.heartbeat)),
+                    heartbeat_stale_trial_callback=resume_failed,
+                    **kwargs,
+                )
+            except Exception as error:
+                # Two machines opening a new database at once both create Optuna's tables:
+                # one of them fails on a duplicate name, then finds the other's tables.
+                if attempt + 1 == SCHEMA_ATTEMPTS or not _created_meanwhile(error):
+                    raise
+                time.sleep(1.0 + attempt)
     except Exception as error:  # SQLAlchemy's many kinds: a missing driver, a refused login
+        shown = masked_url(sweep.storage_url)
+        driver = _missing_driver(sweep.storage_url, error)
+        if driver is not None:
+            raise SweepError(f"--storage {shown}: {driver}") from None
         line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise SweepError(f"--storage {sweep.storage_url}: {line}; check the URL.") from None
+        line = line.replace(sweep.storage_url, shown)
+        raise SweepError(f"--storage {shown}: {line}; check the URL.") from None
+
+
+SCHEMA_ATTEMPTS = 5
+
+
+def _created_meanwhile(error: Exception) -> bool:
+    """Whether `error` is a duplicate name from creating tables another process created."""
+    import sqlalchemy.exc
+
+    return isinstance(error, sqlalchemy.exc.IntegrityError) or (
+        isinstance(error, sqlalchemy.exc.ProgrammingError) and "already exists" in str(error)
+    )
+
+
+# The package that brings each database's driver (SQLAlchemy 2's default dialect driver).
+_DRIVERS = {
+    "postgresql": "psycopg (3): pip install 'minigpt-jax[postgres]'",
+    "mysql": "mysqlclient: pip install mysqlclient (or give mysql+pymysql:// and "
+    "pip install PyMySQL)",
+}
+
+
+def _missing_driver(url: str, error: Exception) -> str | None:
+    """The words for a storage URL whose database driver is not installed, or None."""
+    chain, cause = [], error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not any(isinstance(e, ImportError) for e in chain):
+        return None
+    scheme = url.partition("://")[0]
+    dialect = scheme.partition("+")[0]
+    package = _DRIVERS.get(dialect) if "+" not in scheme else None
+    return f"the driver of {scheme}:// is not installed; " + (
+        f"install {package}." if package else "install the driver the URL names."
+    )
+
+
+def masked_url(url: str) -> str:
+    """`url` with its password shown as ***, for every line and file a sweep writes."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: mask what looks like user:password@
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def storage_errors() -> tuple[type[Exception], ...]:
@@ -82,7 +143,7 @@ def storage_failure(sweep: Sweep, error: Exception) -> str:
     cause = error.__cause__ if error.__cause__ is not None else error
     reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()
     url = sweep.storage_url
-    where = url.partition(":///")[2] if url.startswith("sqlite:///") else url
+    where = url.partition(":///")[2] if url.startswith("sqlite:///") else masked_url(url)
     why = reason[0] if reason else type(cause).__name__
     return (
         f"the study's storage {where} cannot be used ({why}); "
@@ -127,8 +188,8 @@ def open_study(sweep: Sweep, sampler=None, pruner=None):
     if study.user_attrs["identity"] != sweep.digest:
         differs = _differences(study.user_attrs.get("fixed_settings", {}), sweep.identity)
         raise SweepError(
-            f"study {sweep.args.study!r} in {sweep.storage_url} was made with other fixed "
-            f"settings: {differs}; rerun its own command to resume it, or start a new study "
+            f"study {sweep.args.study!r} in {masked_url(sweep.storage_url)} was made with other "
+            f"fixed settings: {differs}; rerun its own command to resume it, or start a new study "
             f"with --study NEWNAME."
         )
     sweep.folder = sweep.out / study.user_attrs.get("folder", ".")  # none: made before folders
@@ -145,9 +206,10 @@ def _refuse_runs_of_a_lost_study(sweep: Sweep) -> None:
     runs = sorted(p.name for p in trials.iterdir() if p.is_dir()) if trials.is_dir() else []
     if runs:
         raise SweepError(
-            f"study {sweep.args.study!r} is not in {sweep.storage_url} (an empty, 0-byte or "
-            f"replaced study.db?), but {trials} holds {len(runs)} runs of it ({runs[0]}...); "
-            f"restore its study.db, or move {trials} aside to start the study afresh."
+            f"study {sweep.args.study!r} is not in {masked_url(sweep.storage_url)} (an empty, "
+            f"0-byte or replaced study.db?), but {trials} holds {len(runs)} runs of it "
+            f"({runs[0]}...); restore its study.db, or move {trials} aside to start the study "
+            "afresh."
         )
 
 

@@ -30,6 +30,11 @@ class WorkerStop:
         self.signal_name: str | None = None
         self.children: list[subprocess.Popen] = []  # spawned workers, told in turn
 
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal, as a shell reports it (130 SIGINT, 143 SIGTERM)."""
+        return 128 + int(signal.Signals[self.signal_name])
+
     def __call__(self, sig, frame) -> None:
         self.signal_name = signal.Signals(sig).name
         for child in self.children:

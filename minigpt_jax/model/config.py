@@ -95,16 +95,19 @@ class GPTConfig(Group):
 
     config_group: ClassVar[str] = "model"
 
-    vocab_size: int = setting(512, "V: rows of the token table W_E (the tokenizer's)", MODEL, low=1)
+    vocab_size: int = setting(
+        512, "V: rows of the token table W_E (the tokenizer's)", MODEL, low=1, high=1 << 24
+    )
     block_size: int = setting(
         64,
         "T_max: longest context; rows of the learned position table W_P",
         MODEL,
         low=1,
+        high=1 << 20,
         finetune_free=True,  # a shorter block crops the positions
     )
-    n_layer: int = setting(4, "N: transformer blocks", MODEL, low=1)
-    n_head: int = setting(4, "H: attention heads per block", MODEL, low=1)
+    n_layer: int = setting(4, "N: transformer blocks", MODEL, low=1, high=1024)
+    n_head: int = setting(4, "H: attention heads per block", MODEL, low=1, high=1024)
     # Grouped-query attention (Ainslie et al. 2023; multi-query: Shazeer 2019): G key/value
     # heads, query head h reading kv head h // (H / G); the KV cache holds G heads, not H.
     n_kv_head: int = setting(
@@ -113,11 +116,12 @@ class GPTConfig(Group):
         "0: one per query head",
         MODEL,
         low=0,
+        high=1024,
         requirement="0 (one per query head) or a divisor of n_head",
         gpt2=0,
         relation=_divides_n_head,
     )
-    n_embd: int = setting(128, "D: residual width", MODEL, low=1)
+    n_embd: int = setting(128, "D: residual width", MODEL, low=1, high=1 << 17)
     dropout: float = setting(
         0.1,
         "on embeddings, attention weights and residual branches",
@@ -181,10 +185,11 @@ class GPTConfig(Group):
         MODEL,
         low=0.0,
         low_open=True,
-        requirement="a positive number (8/3 = 2.6667 for LLaMA's SwiGLU)",
+        high=64.0,
+        requirement="a positive number below 64 (8/3 = 2.6667 for LLaMA's SwiGLU)",
     )
     # LLaMA: F = 8/3 · D rounded up to a multiple of 256 (4096 -> 11008).
-    mlp_multiple: int = setting(1, "round F up to a multiple of this", MODEL, low=1)
+    mlp_multiple: int = setting(1, "round F up to a multiple of this", MODEL, low=1, high=1 << 16)
     mlp: str = setting(
         "mlp",
         "the MLP: mlp (GPT-2's) | swiglu | gated, a key of blocks.MLPS or module:attr",
@@ -277,6 +282,7 @@ class GPTConfig(Group):
         "pad the token table's rows (an untied head's columns) to a multiple of this",
         MODEL,
         low=1,
+        high=1 << 16,
         finetune_free=True,
     )
     # n > 0: the cross-entropy n tokens at a time (recomputed in the backward pass), so the

@@ -38,6 +38,8 @@ _NO_VALUE = object()
 # sizes multiplied into them, stay below it.
 STEP_LIMIT = 2**31
 _STEPS = f"a positive integer below 2**31 = {STEP_LIMIT} (the step counter is int32)"
+# Learning rates and decay at or above it only diverge (1e30 overflowed float32 in numpy).
+MAX_LR = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,9 +457,15 @@ class Optim(Group):
     config_group: ClassVar[str] = "optim"
 
     lr: float = setting(
-        1e-3, "peak learning rate after warmup (0: a run that only evaluates)", TRAJECTORY, low=0.0
+        1e-3,
+        "peak learning rate after warmup (0: a run that only evaluates)",
+        TRAJECTORY,
+        low=0.0,
+        high=MAX_LR,
     )
-    min_lr: float = setting(1e-4, "the schedule's end, reached at num_steps", TRAJECTORY, low=0.0)
+    min_lr: float = setting(
+        1e-4, "the schedule's end, reached at num_steps", TRAJECTORY, low=0.0, high=MAX_LR
+    )
     warmup_steps: int = setting(
         100,
         "linear warmup from 0",
@@ -473,6 +481,7 @@ class Optim(Group):
         "decoupled decay of kernels and embedding tables, not biases or norms",
         TRAJECTORY,
         low=0.0,
+        high=MAX_LR,
     )
     grad_clip: float = setting(
         1.0, "global-norm clipping threshold", TRAJECTORY, low=0.0, low_open=True
@@ -502,6 +511,7 @@ class Optim(Group):
         "muon: the learning rate of the blocks' matrices (AdamW's stays lr)",
         TRAJECTORY,
         low=0.0,
+        high=MAX_LR,
     )
     muon_momentum: float = setting(
         0.95, "muon: Nesterov momentum of the blocks' matrices", TRAJECTORY, low=0.0, high=1.0
@@ -567,7 +577,11 @@ class Data(Group):
     )
     tokenizer: str = setting("bpe", "char | bpe (byte-level), or module:attr", TRAJECTORY, type=str)
     vocab_size: int = setting(
-        512, "BPE vocabulary (256 bytes + merges); char ignores it", TRAJECTORY, low=1
+        512,
+        "BPE vocabulary (256 bytes + merges); char ignores it",
+        TRAJECTORY,
+        low=1,
+        high=1 << 24,
     )
     val_fraction: float = setting(
         0.1,
@@ -592,10 +606,19 @@ class Data(Group):
         "the field of a .jsonl line, the column of a .csv/.parquet file, with the text",
         TRAJECTORY,
     )
-    shard_tokens: int = setting(1 << 27, "shards: tokens per shard file", TRAJECTORY, low=1)
-    tokenizer_sample_bytes: int = setting(
-        1 << 26, "shards: text a BPE tokenizer is trained on", TRAJECTORY, low=1
+    # At least 1,024 tokens a file, and at most MAX_SHARD_FILES files (data.shards.prepare).
+    shard_tokens: int = setting(
+        1 << 27,
+        "shards: tokens per shard file",
+        TRAJECTORY,
+        low=1024,
+        high=STEP_LIMIT,
+        requirement=f"an integer from 1024 to {STEP_LIMIT - 1} (2**31 - 1) tokens per file",
     )
+    tokenizer_sample_bytes: int = setting(
+        1 << 26, "shards: text a BPE tokenizer is trained on (read into memory)", TRAJECTORY,
+        low=1, high=1 << 32,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

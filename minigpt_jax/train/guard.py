@@ -95,7 +95,8 @@ def guarded(workdir: Path) -> Iterator[RunGuard]:
     workdir cleaned if it fails (FreshRunCleanup), a full disk while training named with what a
     rerun resumes from, and the run's logger and checkpointer closed on the way out."""
     run_guard = RunGuard(workdir)
-    with run_guard.stop, run_guard.lock, FreshRunCleanup(workdir, run_guard.lock) as cleanup:
+    stop, lock = run_guard.stop, run_guard.lock
+    with stop, lock, FreshRunCleanup(workdir, lock, stop) as cleanup:
         try:
             yield run_guard
         except OSError as error:
@@ -151,10 +152,27 @@ def non_finite_error(
         if suspects
         else ""
     )
+    at_once = checkpointer.suspect_restore(step)
+    if at_once is not None:
+        restored, older = at_once
+        folder = checkpointer.run_dir.checkpoints / str(restored)
+        suspect = (
+            f"the run resumed from checkpoint {restored} only {step - restored} steps before: "
+            f"if it trained well until then, {folder} may be damaged (its digest written after "
+            "the damage); "
+            + (
+                f"move it aside and rerun to resume from step {older}, the intact checkpoint "
+                "before it; else "
+                if older is not None
+                else "move it aside to start again; else "
+            )
+            + suspect
+        )
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (
-            f"The last good checkpoint, step {good}, is kept in {checkpointer.workdir}; "
+            f"The {'newest' if at_once else 'last good'} checkpoint, step {good}, is kept in "
+            f"{checkpointer.workdir}; "
             f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
             "with --allow_resume_changes to resume from it."
             if good is not None
@@ -265,14 +283,15 @@ def disk_full_error(error: OSError, checkpointer: Checkpointer) -> OSError:
 
 
 class FreshRunCleanup:
-    """`with FreshRunCleanup(workdir, lock):` a fresh run (its workdir holds no checkpoint yet)
-    that fails with an exception leaves its workdir as it was: what it created goes, run.lock
+    """`with FreshRunCleanup(workdir, lock, stop):` a fresh run (its workdir holds no checkpoint
+    yet) that fails with an exception leaves its workdir as it was: what it created goes, run.lock
     (released) too, unless a checkpoint holds trained steps by then (`kept`, set once the run
     stops training). A workdir with a run in it is never cleaned; Ctrl-C and SystemExit clean
-    nothing (they checkpoint or stop before writing)."""
+    nothing (they checkpoint or stop before writing). A signal during the cleanup is only
+    recorded (`stop`): the cleanup finishes and the run's own error is its one line."""
 
-    def __init__(self, workdir: Path, lock: RunLock):
-        self.workdir, self.lock = workdir, lock
+    def __init__(self, workdir: Path, lock: RunLock, stop: TrainingStop):
+        self.workdir, self.lock, self.stop = workdir, lock, stop
         self.kept = False  # a checkpoint holds trained steps: what it created stays
         has_run = workdir.exists() and RunDir(workdir).has_checkpoints()
         self.before = None if has_run else entries_of(workdir)
@@ -283,6 +302,7 @@ class FreshRunCleanup:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         failed = kind is not None and issubclass(kind, Exception)
         if failed and not self.kept and self.before is not None and jax.process_index() == 0:
+            self.stop.phase = None  # from here a signal is a flag: the cleanup is not cut short
             self.lock.__exit__(None, None, None)
             remove_created(self.workdir, self.before)
 

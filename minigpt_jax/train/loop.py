@@ -11,6 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,7 +93,12 @@ def train_and_evaluate(
         log = run_guard.closes(
             RunLogger(run.config, workdir, run.step, trainer.non_finite_step, progress=progress)
         )
-        _train(trainer, log, run_guard.stop, last_step)
+        try:
+            _train(trainer, log, run_guard.stop, last_step)
+        except OSError:
+            if log.writer.failed:  # the logs' disk is full: keep the steps, where space allows
+                _keep_after_a_log_failure(trainer, log)
+            raise
     return _summary(run, log, run_guard.stop.signal_name, wall_start)
 
 
@@ -119,6 +125,17 @@ def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int)
                 log.drain()
             if _after_chunk(trainer, log, stop, hooks, end, evaluate_now, save_now, hook_now):
                 break
+
+
+def _keep_after_a_log_failure(trainer: Trainer, log: RunLogger) -> None:
+    """Checkpoints the steps trained when writing metrics.jsonl or TensorBoard failed, so the
+    rerun resumes there (their rows since the last write are lost); a save that fails too (the
+    same full disk) leaves the last checkpoint, which the run's error names."""
+    run = trainer.run
+    config = run.config
+    evaluation_step = run.step % config.eval_every == 0 or run.step == config.num_steps
+    with contextlib.suppress(Exception):
+        trainer.save(pending_evaluation=evaluation_step and log.evaluated_step != run.step)
 
 
 def _before_the_first_chunk(
@@ -439,6 +456,7 @@ def _stopped_before_training(
         + ": nothing new to save"
         + (f" (checkpoint {step} is unchanged)" if step else "")
         + "; rerun the same command to resume.",
+        file=sys.stderr,
         flush=True,
     )
     return RunSummary(

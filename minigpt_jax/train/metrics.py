@@ -8,6 +8,7 @@ any moment leaves at most a torn trailing line; `read_metrics` drops such a tail
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -47,20 +48,87 @@ def reserved_key(name: str) -> str | None:
     return None
 
 
-def _summary_writer_class() -> type:
-    """tensorboardX's SummaryWriter, imported without torch: its writer module imports torch
-    only to accept torch tensors (this writes Python floats), and where torch is installed that
-    import alone costs a `train` 1-2 s of start-up. Where torch is already imported, as it is."""
-    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
-        from tensorboardX import SummaryWriter
+def _tensorboardx():
+    """The tensorboardX modules this writes with (its event protos and its synchronous
+    EventsWriter), imported without torch: the package imports its SummaryWriter, whose module
+    imports torch only to accept torch tensors (this writes Python floats), and where torch is
+    installed that import alone costs a `train` 1-2 s of start-up. Where torch is already
+    imported, as it is."""
+    if "torch" not in sys.modules and "tensorboardX" not in sys.modules:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX allows
+        try:
+            import tensorboardX  # noqa: F401
+        finally:
+            del sys.modules["torch"]  # a later `import torch` imports it as usual
+    from tensorboardX import event_file_writer
+    from tensorboardX.proto import event_pb2, summary_pb2
 
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX allows
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]  # a later `import torch` imports it as usual
-    return SummaryWriter
+    return event_file_writer, event_pb2, summary_pb2
+
+
+class EventFile:
+    """TensorBoard's event file, written in the calling thread: tensorboardX's SummaryWriter
+    writes from a thread of its own, which dies on a full disk while the training thread
+    blocks for ever on its full queue, deaf to signals; here a failed write raises an OSError
+    naming the file where the run can answer it (a checkpoint, one line).
+
+    purge_step: a resumed run's first step; TensorBoard hides the older file's events from it
+    on (the events a crash left past the checkpoint)."""
+
+    def __init__(self, logdir: Path, purge_step: int | None = None):
+        event_file_writer, self._event_pb2, self._summary_pb2 = _tensorboardx()
+        self.logdir = logdir
+        self._broken = False
+        logdir.mkdir(parents=True, exist_ok=True)
+        with self._naming_the_file():
+            # Opens events.out.tfevents.<time>.<host> and writes the file-version event.
+            self._writer = event_file_writer.EventsWriter(str(logdir / "events"))
+            if purge_step is not None:
+                event_pb2 = self._event_pb2
+                self._writer.write_event(
+                    event_pb2.Event(step=purge_step, file_version="brain.Event:2")
+                )
+                start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+                self._writer.write_event(event_pb2.Event(step=purge_step, session_log=start))
+
+    @contextlib.contextmanager
+    def _naming_the_file(self):
+        """An OSError of a write names the event file (a buffered write names none); the file
+        takes no more writes after one."""
+        try:
+            yield
+        except OSError as error:
+            self._broken = True
+            path = getattr(getattr(self, "_writer", None), "_file_name", str(self.logdir))
+            raise OSError(error.errno, error.strerror, path) from error
+
+    def add_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """One event holding every scalar of `step`."""
+        if self._broken or not scalars:
+            return
+        summary = self._summary_pb2.Summary(
+            value=[
+                self._summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()
+            ]
+        )
+        with self._naming_the_file():
+            self._writer.write_event(
+                self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+            )
+
+    def flush(self) -> None:
+        if not self._broken:
+            with self._naming_the_file():
+                self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes; after a failed write, only closes (the error was raised)."""
+        if self._broken:
+            with contextlib.suppress(OSError):
+                self._writer.close()
+            return
+        with self._naming_the_file():
+            self._writer.close()
 
 
 class MetricsWriter:
@@ -72,6 +140,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: str | Path, resume_step: int = 0, *, enabled: bool = True):
         self.enabled = enabled
+        self.failed = False  # a write failed (a full disk): the run keeps its steps and ends
         if not enabled:
             return
         run_dir = RunDir(workdir)
@@ -84,9 +153,8 @@ class MetricsWriter:
         elif self.path.exists():
             self.path.unlink()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._tensorboard = _summary_writer_class()(
-            str(run_dir.tensorboard),
-            purge_step=resume_step + 1 if resume_step else None,
+        self._tensorboard = EventFile(
+            run_dir.tensorboard, purge_step=resume_step + 1 if resume_step else None
         )
 
     def write(self, step: int, metrics: dict[str, float], *, tensorboard: bool = True) -> None:
@@ -99,6 +167,7 @@ class MetricsWriter:
             value = float(value)
             record[key] = value if math.isfinite(value) else str(value)
         data = (json.dumps(record) + "\n").encode()
+        self.failed = True  # until both writes are done
         try:
             written = os.write(self._fd, data)  # O_APPEND: one write, one whole line
         except OSError as error:  # os.write names no file: name metrics.jsonl
@@ -108,15 +177,17 @@ class MetricsWriter:
             raise OSError(
                 errno.ENOSPC, f"wrote {written} of {len(data)} bytes of a record", str(self.path)
             )
-        if tensorboard:
-            for key, value in metrics.items():
-                if math.isfinite(value):  # TensorBoard logs a NaN with lines naming nothing
-                    self._tensorboard.add_scalar(key, value, int(step))
+        if tensorboard:  # TensorBoard logs a NaN with lines naming nothing: finite values only
+            finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
+            self._tensorboard.add_scalars(int(step), finite)
+        self.failed = False
 
     def flush(self) -> None:
         if not self.enabled:
             return
+        self.failed = True
         self._tensorboard.flush()
+        self.failed = False
 
     def close(self) -> None:
         if not self.enabled:
@@ -165,6 +236,7 @@ class RunLogger:
         self.chunk_seconds: list[float] = []
         self.train_loss: float | None = None
         self.val_loss: float | None = None
+        self.evaluated_step: int | None = None  # the step of the last evaluation recorded
         self.eval_train_loss: float | None = None
         self._warned_non_finite: set[str] = set()  # keys already warned of
         self._pending = None  # (first_step, device metrics, dispatched_at) of the chunk in flight
@@ -215,6 +287,7 @@ class RunLogger:
         row.update({f"eval_train_{k}": v for k, v in train.items()})
         self._warn_non_finite(step, row, EVALUATION_VALUES)
         self.writer.write(step, row)
+        self.evaluated_step = step
         self.bar.write(
             f"step {step}: train loss {self.eval_train_loss:.4f}, val loss {self.val_loss:.4f}"
         )
@@ -243,7 +316,8 @@ class RunLogger:
         self._ready_at = time.perf_counter()
 
     def message(self, text: str) -> None:
-        self.bar.write(text)
+        """A line about the run (a stop, a checkpoint kept), on stderr, beside the bar."""
+        self.bar.write(text, file=sys.stderr)
 
     def median_step_ms(self) -> float | None:
         if not self.chunk_seconds:

@@ -103,7 +103,21 @@ def check_resume(
             + "), so resuming would not continue the same run. Rerun with the saved values, "
             "use a fresh --workdir, or pass --allow_resume_changes to continue with the new ones."
         )
-    return trajectory
+    return trajectory + schedule_change(saved_config, meta["config"])
+
+
+def schedule_change(saved_config: dict, config: dict) -> list[str]:
+    """The words for a changed num_steps that reshapes the learning-rate schedule (every
+    schedule but a constant one spans num_steps), for the resume to name; [] if none."""
+    old, new = saved_config.get("num_steps"), config.get("num_steps")
+    schedule = config.get("optim", {}).get("schedule", "cosine")
+    if old is None or old == new or schedule == "constant":
+        return []
+    return [
+        f"config.num_steps: {old} -> {new}, which reshapes the {schedule} learning-rate schedule "
+        f"from here on (it spans num_steps): the run no longer matches an uninterrupted run of "
+        f"either length"
+    ]
 
 
 def check_resume_data(

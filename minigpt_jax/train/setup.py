@@ -102,8 +102,10 @@ def set_up(
         latest = checkpointer.latest_step()
         at = latest or 0
         # A pretrained model brings its tokenizer and vocabulary (config.data's are then unused).
-        on_phase("reading config.init_from", at)
+        if config.init_from:
+            on_phase("reading config.init_from", at)
         pretrained = load_model(config.init_from) if config.init_from else None
+        on_phase("checking the model's memory and the optimizer", at)
         plan = _plan(config, checkpointer, latest, pretrained, allow_resume_changes)
         on_phase("reading the data", at)
         data_check = _DataCheck(config, checkpointer, latest, allow_resume_changes)

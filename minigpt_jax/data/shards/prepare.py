@@ -64,14 +64,22 @@ if TYPE_CHECKING:  # the group's type only
     from minigpt_jax.settings.groups import Data
 
 _log = logging.getLogger(__name__)
+# The most shard files one corpus may take (data.shard_tokens is refused below it).
+MAX_SHARD_FILES = 10_000
 
 
 def inputs_fingerprint(sources: list[Source]) -> str:
-    """sha256 of every input's path, size and mtime (of the text itself for embedded data),
-    and of its file format's name unless it is .txt or .jsonl (as older manifests have it)."""
+    """sha256 of every input's path, size, mtime, inode and change time (of the text itself
+    for embedded data), and of its file format's name unless it is .txt or .jsonl. The change
+    time moves with any write, even one that keeps the size and puts the mtime back: shards
+    whose inputs' fingerprint changed are checked by content (the stream the inputs encode to;
+    update_shards) before they are used again."""
     digest = hashlib.sha256()
     for source in sources:
         stamp = hashlib.sha256(source.data).hexdigest() if source.data is not None else ""
+        if source.data is None:
+            stat = os.stat(source.path)
+            stamp += f"\0{stat.st_ino}\0{stat.st_ctime_ns}"
         if source.format.name not in ("txt", "jsonl"):
             stamp += f"\0{source.format.name}"
         digest.update(f"{source.path}\0{source.size}\0{source.mtime_ns}\0{stamp}\n".encode())
@@ -197,6 +205,7 @@ def update_shards(
     is called. Returns (manifest, the ShardCheck of shards found prepared or None, the digest
     check_data saw or None).
     """
+    check_shard_files(sources, settings)
     wanted = _wanted(sources, settings)
     manifest, check = _prepared(directory, wanted, tokenizer)
     checked = planned = None
@@ -220,6 +229,21 @@ def update_shards(
         with _prepare_lock(directory):
             manifest = _prepare_locked(directory, sources, settings, wanted, tokenizer, progress)
     return manifest, None, checked
+
+
+def check_shard_files(sources: list[Source], settings: ShardSettings) -> None:
+    """Refuses data.shard_tokens so small that the shards of these inputs could pass
+    MAX_SHARD_FILES files (a token per byte at most: the byte-level and char tokenizers), before
+    anything is written: each file costs an inode, a descriptor while read and a digest."""
+    total = sum(source.size for source in sources)
+    files = -(-total // settings.shard_tokens)
+    if files > MAX_SHARD_FILES:
+        enough = -(-total // MAX_SHARD_FILES)
+        raise ValueError(
+            f"config.data.shard_tokens={settings.shard_tokens:,} would write up to {files:,} "
+            f"shard files for the {total:,} bytes of input; the bound is {MAX_SHARD_FILES:,} "
+            f"files: raise data.shard_tokens to at least {enough:,} (the default is 2**27)."
+        )
 
 
 def _wanted(sources: list[Source], settings: ShardSettings) -> dict:
