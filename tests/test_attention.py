@@ -233,7 +233,7 @@ class AttentionScoreTest(parameterized.TestCase):
                 CFG.replace(attention=kernel, attention_score="alibi")
 
     def test_auto_takes_the_explicit_path_under_a_score(self):
-        from minigpt_jax.model.attention_fns import choose_kernel
+        from minigpt_jax.model.speed.kernels import choose_kernel
 
         cfg = CFG.replace(attention_score="alibi")
         for cached in (False, True):

@@ -14,9 +14,10 @@ import pytest
 from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.configs import speedrun_char
-from minigpt_jax.model import backend, param_meta
+from minigpt_jax.model import param_meta
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
+from minigpt_jax.model.speed import backend
 from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizers import (
     OPTIMIZERS,

@@ -25,10 +25,8 @@ whose `picks` says yes).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import flax.linen as nn
@@ -36,19 +34,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model import backend, param_meta
+from minigpt_jax.model import param_meta
+from minigpt_jax.model.config import NO_SCORE, GPTConfig
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings.groups import AUTO, MODEL, options_of, setting
+from minigpt_jax.settings.groups import MODEL, options_of, setting
 from minigpt_jax.settings.registry import (
     ContractError,
     Registry,
-    RegistryError,
     declares,
     expect_shape,
 )
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 
@@ -134,7 +129,6 @@ ATTENTION_MASKS: Registry[AttentionMask] = Registry(
 # ----------------------------------------------------------------------------- scores
 
 ScoreFn = Callable[[Array, Array, Array, "GPTConfig"], Array]
-NO_SCORE = "none"
 
 
 def no_score(
@@ -360,200 +354,3 @@ def explicit_attention(
     weights.)"""
     mask = _triangle(mask, causal, q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
     return mix_values(attention_weights(q_BxTxHxK, k_BxSxHxK, mask, score), v_BxSxHxK)
-
-
-def fused_attention(
-    q_BxTxHxK: Array,
-    k_BxSxHxK: Array,
-    v_BxSxHxK: Array,
-    mask: Array | None,
-    *,
-    causal: bool,
-    implementation: str,
-    score: Callable[[Array], Array] | None = None,
-) -> Array:
-    """out_BxTxHxK = softmax(q·kᵀ / sqrt(K)) · v through `jax.nn.dot_product_attention`.
-
-    implementation "xla" or "cudnn" (flash attention: bf16/fp16, head dim a multiple of 8).
-    causal: query t sees keys 0..t (the top-left-aligned triangle, what self-attention over
-    positions 0..T-1 needs); mask (broadcasting to B, H, T, S; False: no weight) is for the cache
-    path and for masks other than the triangle, where XLA takes it. Neither returns the weights
-    nor drops them out, nor applies a score (a score raises ValueError).
-    """
-    if score is not None:
-        raise ValueError(
-            f"the {implementation!r} attention kernel cannot apply an attention score: use "
-            f"model.attention=explicit (or auto)."
-        )
-    return jax.nn.dot_product_attention(
-        q_BxTxHxK,
-        k_BxSxHxK,
-        v_BxSxHxK,
-        mask=mask,
-        is_causal=causal,
-        implementation=implementation,
-    )
-
-
-KernelFn = Callable[..., Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionKernel:
-    """A kernel's function and how it is called and when "auto" picks it.
-
-    fn: (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask | None, *, causal, score) -> out_BxTxHxK, with
-    mask as `fused_attention` takes it, causal the top-left triangle and score None or a
-    function over the raw scores_BxHxTxS.
-    explicit: the einsum + softmax path, which can return the weights and drop them out (the
-    attention module runs it itself rather than calling fn).
-    takes_any_mask: it reads an arbitrary mask array (the KV cache's, a custom mask entry's);
-    one that cannot falls back to XLA's kernel for such calls.
-    takes_score: it applies an attention score; one that does not is refused with any score
-    but "none" (naming model.attention=explicit).
-    picks: (cfg, weight_dropout, plain_mask) -> whether "auto" takes it; entries are asked in
-    table order. plain_mask: no mask or the causal triangle over positions 0..T-1.
-    """
-
-    fn: KernelFn
-    explicit: bool = False
-    takes_any_mask: bool = True
-    takes_score: bool = False
-    picks: Callable[[GPTConfig, bool, bool], bool] = lambda cfg, dropout, plain: False
-
-
-def _as_kernel(value: Any) -> AttentionKernel:
-    if isinstance(value, AttentionKernel):
-        return value
-    if callable(value):
-        return AttentionKernel(value)
-    raise TypeError(
-        "an attention kernel must be an attention_fns.AttentionKernel or a function "
-        "(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, causal, score) -> out_BxTxHxK, got "
-        f"{type(value).__name__}."
-    )
-
-
-ATTENTION_KERNELS: Registry[AttentionKernel] = Registry(
-    "attention kernel",
-    "model.attention",
-    {
-        # cuDNN flash attention where it runs; never while weights are dropped out.
-        "cudnn": AttentionKernel(
-            functools.partial(fused_attention, implementation="cudnn"),
-            takes_any_mask=False,
-            picks=lambda cfg, dropout, plain: (
-                plain and not dropout and backend.cudnn_attention_supported(cfg)
-            ),
-        ),
-        # On CPU XLA compiles the explicit path with fewer copies than dot_product_attention's
-        # and runs it faster (benchmarks/README.md); only it drops out attention weights.
-        "explicit": AttentionKernel(
-            explicit_attention,
-            explicit=True,
-            takes_score=True,
-            picks=lambda cfg, dropout, plain: dropout or jax.default_backend() == "cpu",
-        ),
-        "xla": AttentionKernel(
-            functools.partial(fused_attention, implementation="xla"),
-            picks=lambda cfg, dropout, plain: True,
-        ),
-    },
-    coerce=_as_kernel,
-    shape="an attention_fns.AttentionKernel, or a function (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, "
-    "mask, *, causal, score) -> out_BxTxHxK",
-    contract=lambda kernel, cfg: _kernel_contract(kernel, cfg),
-)
-
-
-def _kernel_contract(kernel: AttentionKernel, cfg: GPTConfig) -> None:
-    """kernel.fn(q, k, v, mask, causal=, score=None) is out_BxTxHxK, with the causal triangle
-    and with a mask array (S > T: the KV cache's keys)."""
-    b, t, s, h, k = 2, 5, 7, cfg.n_head, cfg.head_dim
-    q = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
-    kv = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
-    out = jax.eval_shape(lambda *a: kernel.fn(*a, None, causal=True, score=None), q, kv, kv)
-    expect_shape(out, (b, t, h, k), "its output (q_BxTxHxK in)", dtype_kind="f")
-    if kernel.takes_any_mask:
-        keys = jax.ShapeDtypeStruct((b, s, h, k), cfg.compute_dtype)
-        mask = jax.ShapeDtypeStruct((b, 1, t, s), jnp.bool_)
-        out = jax.eval_shape(
-            lambda *a: kernel.fn(*a[:3], a[3], causal=False, score=None), q, keys, keys, mask
-        )
-        expect_shape(out, (b, t, h, k), "its output with a mask of S keys", dtype_kind="f")
-
-
-class KernelChoices:
-    """What model.attention may hold: "auto" or an ATTENTION_KERNELS key (module:attr too)."""
-
-    def __contains__(self, key: object) -> bool:
-        return key == AUTO or key in ATTENTION_KERNELS
-
-    def __iter__(self):
-        return iter([AUTO, *ATTENTION_KERNELS])
-
-    def check(self, key: str) -> None:
-        if key == AUTO:
-            return
-        try:
-            ATTENTION_KERNELS.check(key)
-        except RegistryError as error:
-            kernels = "the attention kernels are "
-            raise RegistryError(str(error).replace(kernels, f"{kernels}{AUTO}, ", 1)) from None
-
-
-def check_kernel(cfg: GPTConfig) -> None:
-    """Raises ValueError when cfg.attention names a kernel that cannot run cfg: one that does
-    not apply an attention score under a score, one that cannot drop weights out with
-    dropout."""
-    if cfg.attention == AUTO:
-        return
-    kernel = ATTENTION_KERNELS[cfg.attention]
-    if cfg.attention_score != NO_SCORE and not kernel.takes_score:
-        raise ValueError(
-            f"GPTConfig.attention={cfg.attention!r} does not apply attention scores "
-            f"(attention_score={cfg.attention_score!r}): use model.attention=explicit (or auto, "
-            f"which takes the explicit path under a score), or attention_score='none'."
-        )
-    if not kernel.explicit and cfg.dropout > 0:
-        raise ValueError(
-            f"GPTConfig.attention={cfg.attention!r} cannot drop out attention weights "
-            f"(dropout={cfg.dropout}): use attention='auto' (the explicit path while "
-            f"dropout is active) or 'explicit', or set dropout=0."
-        )
-
-
-def choose_kernel(cfg: GPTConfig, *, weight_dropout: bool, cached: bool, plain_mask: bool = True):
-    """The kernel a call takes: cfg.attention, or for "auto" the first entry that `picks` it
-    (the explicit path under an attention score: a fused kernel would skip it).
-
-    cached: the KV-cache path, whose mask (left padding, causality by position) cuDNN's causal
-    and sequence-length masks cannot express: a kernel without `takes_any_mask` gives way to
-    XLA's there, and for masks other than the triangle (a one-token decode step is bound by
-    reading the cache anyway).
-    """
-    plain = plain_mask and not cached
-    scored = cfg.attention_score != NO_SCORE
-    if cfg.attention != AUTO:
-        check_kernel(cfg)
-        kernel = ATTENTION_KERNELS[cfg.attention]
-        return cfg.attention if plain or kernel.takes_any_mask or scored else "xla"
-    if scored:
-        return "explicit"
-    for name in ATTENTION_KERNELS:
-        kernel = ATTENTION_KERNELS[name]
-        if (plain or kernel.takes_any_mask) and kernel.picks(cfg, weight_dropout, plain):
-            return name
-    return "xla"
-
-
-def kernel_table(cfg: GPTConfig) -> dict[tuple[bool, bool, bool], AttentionKernel]:
-    """{(weight_dropout, cached, plain_mask): the AttentionKernel `choose_kernel` picks}: every
-    kind of call, chosen once per config (`GPTConfig.speed`) rather than in each layer's call."""
-    kinds = itertools.product((False, True), repeat=3)
-    return {
-        (dropout, cached, plain): ATTENTION_KERNELS[
-            choose_kernel(cfg, weight_dropout=dropout, cached=cached, plain_mask=plain)
-        ]
-        for dropout, cached, plain in kinds
-    }

@@ -16,7 +16,7 @@ mlp(ln_1(x)) (GPT-J, PaLM: one norm, both branches from it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import flax.linen as nn
@@ -25,13 +25,10 @@ import jax
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS
-from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.model.layers import NORMS, activation_fn
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.layers import INIT_STDDEV, NORMS, activation_fn, dense_options, residual_init
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 

@@ -1,10 +1,11 @@
-"""Dense contractions with a hand-written VJP: the same math as autodiff, faster on XLA:CPU.
+"""Dense contractions with a hand-written VJP and bfloat16 operands: the same math as
+autodiff's, faster on XLA:CPU.
 
 `GPTConfig.dense_grad` picks it: "autodiff" leaves flax's Dense layers on `lax.dot_general`
 and `jax.grad`; "direct" hands them `direct_grad_dot_general`, whose backward pass writes
 dx = dy·Wᵀ and dW = xᵀ·dy as two plain 2-D dots (benchmarks/train_throughput.py times both);
-"auto" is direct on CPU, autodiff elsewhere (`backend.dense_grad`, resolved once per config:
-`cfg.speed`).
+"auto" is direct on CPU, autodiff elsewhere (`speed.backend.dense_grad`, resolved once per
+config: `speed_of(cfg)`).
 
 `GPTConfig.matmul_dtype` = "bfloat16" rounds the operands of those contractions (forward and both
 backward dots) to bfloat16 and accumulates in float32; weights, activations and gradients stay in
@@ -15,21 +16,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
-
 Array = chex.Array
-
-# Every weight of the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT; the projections
-# into the residual stream are scaled down further (`residual_init`).
-INIT_STDDEV = 0.02
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -149,28 +141,12 @@ def rounded_operand_dot_general(
     )
 
 
-def dense_options(cfg: GPTConfig) -> dict:
-    """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
-    the `dot_general` that `cfg.dense_grad` and `cfg.matmul_dtype` pick (None is flax's lax
-    default)."""
-    direct = cfg.speed.dense_grad == "direct"
-    rounded = cfg.speed.matmul_dtype == "bfloat16"
-    if rounded:
+def dot_general_for(dense_grad: str, matmul_dtype: str):
+    """The `dot_general` Dense layers take for resolved settings (None: flax's lax default):
+    `direct_grad_dot_general` for dense_grad "direct", operands rounded to bfloat16 for
+    matmul_dtype "bfloat16"."""
+    direct = dense_grad == "direct"
+    if matmul_dtype == "bfloat16":
         dot = direct_grad_dot_general if direct else rounded_operand_dot_general
-        dot_general = functools.partial(dot, operand_dtype=jnp.bfloat16)
-    else:
-        dot_general = direct_grad_dot_general if direct else None
-    return dict(
-        use_bias=cfg.use_bias,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.weight_dtype,
-        dot_general=dot_general,
-    )
-
-
-def residual_init(cfg: GPTConfig):
-    """Init of the projections into the residual stream: GPT-2 scales N(0, 0.02²) by
-    1/sqrt(2N), two per block; zeros with cfg.zero_init_proj (the NanoGPT speedrun)."""
-    if cfg.zero_init_proj:
-        return nn.initializers.zeros_init()
-    return nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
+        return functools.partial(dot, operand_dtype=jnp.bfloat16)
+    return direct_grad_dot_general if direct else None
