@@ -108,7 +108,7 @@ class _Registries(Mapping[str, "Registry"]):
     never changes what is walked."""
 
     def __getitem__(self, config_key: str) -> Registry:
-        return _resolve_registry(REGISTRY_INDEX[config_key])
+        return _resolve(REGISTRY_INDEX[config_key])
 
     def __iter__(self) -> Iterator[str]:
         return iter(REGISTRY_INDEX)
@@ -118,9 +118,19 @@ class _Registries(Mapping[str, "Registry"]):
 
 
 @functools.cache
-def _resolve_registry(where: str) -> Registry:
+def _resolve(where: str) -> Any:
+    """The object `NAME` of the package's module `module` for "module:NAME"."""
     module_name, _, name = where.partition(":")
     return getattr(importlib.import_module(module_name), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Builtin:
+    """A built-in entry that lives in another module ("module:NAME", e.g. a variant in
+    minigpt_jax/model/variants/), imported when first picked: the registry's module names it
+    without importing it, so the default path never imports the variants."""
+
+    where: str
 
 
 # Every registry by the config key that picks its entries (config_dict.py walks them).
@@ -618,7 +628,10 @@ class Registry(Generic[Entry]):
         if not isinstance(key, str):
             raise RegistryError(self._unknown(key))
         if key in self._entries:
-            return self._entries[key]
+            entry = self._entries[key]
+            if isinstance(entry, Builtin):
+                entry = self._entries[key] = _resolve(entry.where)
+            return entry
         if not is_user_key(key) or not self.user_entries:
             raise RegistryError(self._unknown(key))
         if key not in self._user:
