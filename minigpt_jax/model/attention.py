@@ -22,7 +22,8 @@ from minigpt_jax.model.attention_fns import (
     score_fn,
 )
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.layers import INIT_STDDEV, dense_options, residual_init, rms_normalize
+from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
+from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of

@@ -33,8 +33,9 @@ from minigpt_jax.model.attention import KVCache
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS
 from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import REMAT_POLICIES, GPTConfig
+from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
-from minigpt_jax.model.layers import INIT_STDDEV, NORM_EPS
+from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.model.losses import (
     CROSS_ENTROPY,
     cross_entropy,
