@@ -15,8 +15,9 @@ scores_BxHxTxS` over the raw scores q·kᵀ/√K (float32), applied before the m
 in training, evaluation and the KV cache alike; or a flax module class with a `cfg` field, called
 the same way inside the attention module (its parameters live under `attn/score`).
 
-`explicit_attention` is the plain kernel; the fused ones (XLA's, cuDNN's) and the "auto" choice
-are the speed room's (model/speed/kernels.py).
+`explicit_attention` is the plain kernel; `AttentionKernel` is the entry shape of
+model.attention's registry, whose fused kernels (XLA's, cuDNN's) and "auto" choice are the
+speed room's (model/speed/kernels.py).
 """
 
 from __future__ import annotations
@@ -239,3 +240,30 @@ def explicit_attention(
     weights.)"""
     mask = _triangle(mask, causal, q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
     return mix_values(attention_weights(q_BxTxHxK, k_BxSxHxK, mask, score), v_BxSxHxK)
+
+
+KernelFn = Callable[..., Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    """A kernel's function and how it is called and when "auto" picks it.
+
+    fn: (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask | None, *, causal, score) -> out_BxTxHxK, with
+    mask as `speed.kernels.fused_attention` takes it, causal the top-left triangle and score
+    None or a function over the raw scores_BxHxTxS.
+    explicit: the einsum + softmax path, which can return the weights and drop them out (the
+    attention module runs it itself rather than calling fn).
+    takes_any_mask: it reads an arbitrary mask array (the KV cache's, a custom mask entry's);
+    one that cannot falls back to XLA's kernel for such calls.
+    takes_score: it applies an attention score; one that does not is refused with any score
+    but "none" (naming model.attention=explicit).
+    picks: (cfg, weight_dropout, plain_mask) -> whether "auto" takes it; entries are asked in
+    table order. plain_mask: no mask or the causal triangle over positions 0..T-1.
+    """
+
+    fn: KernelFn
+    explicit: bool = False
+    takes_any_mask: bool = True
+    takes_score: bool = False
+    picks: Callable[[GPTConfig, bool, bool], bool] = lambda cfg, dropout, plain: False
