@@ -58,6 +58,28 @@ def test_an_entry_of_the_wrong_kind_is_refused():
         GPTConfig(pos_encoding="math:sqrt")
 
 
+def test_the_registry_index_names_every_registry_of_the_package_where_it_lives():
+    """REGISTRY_INDEX (config key -> module:NAME, resolved on first use) holds exactly the
+    registries the package defines at module level, each under its own config key."""
+    import ast
+    from pathlib import Path
+
+    from minigpt_jax.settings.registry import REGISTRIES, REGISTRY_INDEX
+
+    package = Path(__file__).resolve().parents[1] / "minigpt_jax"
+    defined = {}
+    for path in package.rglob("*.py"):
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Registry":
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                defined[value.args[1].value] = f"{module}:{target.id}"
+    assert defined == REGISTRY_INDEX
+    for config_key in REGISTRY_INDEX:
+        assert REGISTRIES[config_key].config_key == config_key
+
+
 def test_the_default_model_imports_no_variant_and_a_pick_imports_its_own():
     """The variants (model/variants/) are named in their registries' tables, not imported: a
     fresh process that builds and runs the default GPT imports none of them, and picking one

@@ -21,6 +21,11 @@ refused naming the key, the `module:attr` and the contract. An exception raised 
 config key and `module:attr`, then the frames of the user's own files. A run records the sha256
 of every user module it imports (`user_module_digests`).
 
+The package's registries are found by the config key that picks their entries through one
+index, `REGISTRY_INDEX` (config key -> "module:NAME"), imported on first use (`REGISTRIES`);
+a built-in entry kept in another module (a variant) is a `Builtin("module:NAME")` in its table.
+So no registry fills by importing its consumers, and the default path imports no variant.
+
 A leaf module: it imports nothing of minigpt_jax.
 """
 
