@@ -177,7 +177,7 @@ def test_a_model_entry_whose_file_imports_the_optimizers_loads_in_a_fresh_proces
         tmp_path, "sample", "--workdir", "runs/w", "--prompt=a", "--max_new_tokens=3", check=False
     )
     assert sampled.returncode == 0, sampled.stderr[-2000:]
-    assert "---------- sample" in sampled.stdout
+    assert sampled.stdout.startswith("a") and len(sampled.stdout.rstrip("\n")) > 1  # prompt + text
 
 
 # ----------------------------------------------------------------------------- plug-in errors
