@@ -14,7 +14,9 @@ evaluation and checkpoints only at the end). A function is on the path when it r
 traces the train step (the Python code that is the step: loss, model, optimizer update), or
 when each step more calls it the same number of times more (the host's work per step: the batch,
 the dispatch, the metrics line), and so are the package's functions that call those (the command
-line down to the loop). Lines are the definitions' lines of the functions on the path.
+line down to the loop). Lines are the definitions' lines of the functions on the path. The path
+is measured twice: with the default config, and with the speed settings set to the plain path
+(`PLAIN`: the reference core alone). The import graph counts `TYPE_CHECKING` imports too.
 """
 
 from __future__ import annotations
@@ -127,18 +129,10 @@ def repeated_blocks(repo: Path) -> tuple[int, int]:
     return blocks, lines
 
 
-def runtime_nodes(tree: ast.AST):
-    """Every node of `tree` but the bodies of `if TYPE_CHECKING:` (a type-only import runs
-    nothing, so it is no edge of the import graph)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", "") == "TYPE_CHECKING":
-                stack.extend(child.orelse)
-            else:
-                stack.append(child)
+def import_nodes(tree: ast.AST):
+    """Every node of `tree`, the bodies of `if TYPE_CHECKING:` included: a type-only import is
+    an edge of the import graph too (a circle through one is still a circle to a reader)."""
+    return ast.walk(tree)
 
 
 def module_imports(repo: Path) -> dict[str, set[str]]:
@@ -151,7 +145,7 @@ def module_imports(repo: Path) -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         found = set()
-        for node in runtime_nodes(ast.parse(path.read_text())):
+        for node in import_nodes(ast.parse(path.read_text())):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -200,7 +194,17 @@ def room_cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- the step path
 
 
-def _trace_child(steps: int, workdir: str) -> None:
+# The speed settings set to the plain path: flax's Dense and LayerNorm under autodiff, float32
+# operands, the explicit softmax attention (the reference core alone, no speed entry).
+PLAIN = (
+    "--config.model.dense_grad=autodiff",
+    "--config.model.norm_grad=autodiff",
+    "--config.model.matmul_dtype=float32",
+    "--config.model.attention=explicit",
+)
+
+
+def _trace_child(steps: int, workdir: str, extra: list[str]) -> None:
     """In the child: runs `train` under a profiler, prints {"calls": ..., "traced": ...}."""
     package_dir = os.path.join(os.getcwd(), PACKAGE) + os.sep
     calls = collections.Counter()  # (function, the package's callers above it) -> calls
@@ -234,7 +238,7 @@ def _trace_child(steps: int, workdir: str) -> None:
         "minigpt-jax", "train", "--config", "configs/tiny.py", "--workdir", workdir,
         f"--config.num_steps={steps}", "--config.steps_per_call=1", "--config.log_every=1",
         "--config.eval_every=1000", "--config.checkpoint_every=1000",
-        "--config.optim.warmup_steps=0", "--progress=false",
+        "--config.optim.warmup_steps=0", "--progress=false", *extra,
     ]  # fmt: skip
     from minigpt_jax import cli
 
@@ -258,13 +262,14 @@ def _trace_child(steps: int, workdir: str) -> None:
     )
 
 
-def _trace(repo: Path, steps: int, workdir: str | None = None) -> dict:
-    """The child's calls for `steps` steps, in a fresh workdir, or in `workdir` (a resume)."""
+def _trace(repo: Path, steps: int, workdir: str | None = None, extra: tuple = ()) -> dict:
+    """The child's calls for `steps` steps, in a fresh workdir, or in `workdir` (a resume);
+    `extra`: more command-line flags (`PLAIN`)."""
     with tempfile.TemporaryDirectory() as fresh:
         env = {**os.environ, "PYTHONPATH": str(repo), "MINIGPT_JAX_COMPILATION_CACHE": "off"}
         child = [sys.executable, str(Path(__file__).resolve()), "--trace-child", str(steps)]
         result = subprocess.run(
-            [*child, workdir or fresh],
+            [*child, workdir or fresh, *extra],
             cwd=repo,
             env=env,
             capture_output=True,
@@ -277,13 +282,14 @@ def _trace(repo: Path, steps: int, workdir: str | None = None) -> dict:
     raise SystemExit(f"the traced run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
 
 
-def step_path(repo: Path) -> tuple[set[tuple], dict[tuple, int]]:
-    """The functions (file, qualname, first line) on one step's path, and their lines."""
+def step_path(repo: Path, extra: tuple = ()) -> tuple[set[tuple], dict[tuple, int]]:
+    """The functions (file, qualname, first line) on one step's path, and their lines (`extra`:
+    flags of the traced command, `PLAIN` for the plain path)."""
 
     def counted(trace):
         return {(tuple(k), tuple(map(tuple, chain))): n for k, chain, n in trace["calls"]}
 
-    runs = [_trace(repo, steps) for steps in (3, 4, 5, 6)]
+    runs = [_trace(repo, steps, extra=extra) for steps in (3, 4, 5, 6)]
     counts = [counted(run) for run in runs]
     path = {tuple(k) for k in runs[-1]["traced"]}
     for (key, chain), n in counts[-1].items():
@@ -340,7 +346,7 @@ def model_config_builds(repo: Path) -> tuple[int, int]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trace-child":
-        _trace_child(int(sys.argv[2]), sys.argv[3])
+        _trace_child(int(sys.argv[2]), sys.argv[3], sys.argv[4:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent))
@@ -369,22 +375,27 @@ def main() -> None:
     graph = module_imports(repo)
     count, cycles = layers(graph)
     print(
-        f"imports: {sum(len(d) for d in graph.values())} between {len(graph)} modules, "
-        f"{count} layers, {len(cycles)} module cycles, rooms importing each other: "
-        + (", ".join(f"{a}<->{b}" for a, b in room_cycles(graph)) or "none")
+        f"imports (TYPE_CHECKING ones included): {sum(len(d) for d in graph.values())} between "
+        f"{len(graph)} modules, {count} layers, {len(cycles)} module cycles, rooms importing "
+        "each other: " + (", ".join(f"{a}<->{b}" for a, b in room_cycles(graph)) or "none")
     )
     fresh, resumed = model_config_builds(repo)
     print(
         f"model config (GPTConfig) built: {fresh} times in a fresh run, {resumed} on a resume; "
         f"parameters named like a config and typed Any (or untyped): {config_typed_any(repo)}"
     )
-    path, path_sizes = step_path(repo)
+    for label, extra in (("default config", ()), ("speed set to plain", PLAIN)):
+        print_step_path(repo, label, extra)
+
+
+def print_step_path(repo: Path, label: str, extra: tuple) -> None:
+    path, path_sizes = step_path(repo, extra)
     path_files = sorted({file for file, _, _ in path})
     comprehensions = sum(
         1 for _, name, _ in path if re.search(r"<(genexpr|listcomp|dictcomp|setcomp)>$", name)
     )
     print(
-        f"one training step: {len(path_files)} files, {len(path)} functions "
+        f"one training step ({label}): {len(path_files)} files, {len(path)} functions "
         f"({len(path) - comprehensions} without comprehensions), "
         f"{sum(path_sizes.values()):,} lines of them"
     )

@@ -247,7 +247,7 @@ def torch_column(
 
 def _matmul_operand_dtype(cfg) -> str:
     """The dtype the Dense matmuls multiply in: what the column's MFU is read against."""
-    from minigpt_jax.model import backend
+    from minigpt_jax.model.speed import backend
 
     return "bfloat16" if backend.for_training(cfg).matmul_dtype == "bfloat16" else cfg.dtype
 
@@ -264,8 +264,8 @@ def matmul_counterpart(config) -> str:
 
 def _model_note(cfg) -> str:
     """The model's speed settings, "auto" ones as this backend resolves them."""
-    from minigpt_jax.model import backend
-    from minigpt_jax.model.attention_fns import choose_kernel
+    from minigpt_jax.model.speed import backend
+    from minigpt_jax.model.speed.kernels import choose_kernel
 
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)

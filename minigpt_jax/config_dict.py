@@ -20,12 +20,6 @@ from typing import Any, TypeAlias
 import ml_collections
 from ml_collections import config_dict
 
-from minigpt_jax import (  # noqa: F401 (their registries pick hooks, step_metrics)
-    hooks,
-    optimizers,  # noqa: F401 (its registries pick optim.*)
-    step_metrics,
-)
-from minigpt_jax.data import formats  # noqa: F401 (its registries pick data.*)
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.settings import groups as settings

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from minigpt_jax.model import backend, param_meta
+from minigpt_jax.model import param_meta
+from minigpt_jax.model.speed import backend
 from minigpt_jax.muon import (
     is_dimension_numbers,
     muon_dimension_numbers,

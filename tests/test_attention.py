@@ -129,12 +129,12 @@ def _numpy_alibi_slopes(n_head, max_bias=8.0):
 class AttentionScoreTest(parameterized.TestCase):
     @parameterized.parameters(1, 2, 4, 6, 8, 12)
     def test_alibi_slopes_are_the_papers(self, heads):
-        from minigpt_jax.model.attention_fns import alibi_slopes
+        from minigpt_jax.model.variants.attention import alibi_slopes
 
         np.testing.assert_allclose(alibi_slopes(heads), _numpy_alibi_slopes(heads), rtol=1e-6)
 
     def test_alibi_adds_minus_slope_times_distance(self):
-        from minigpt_jax.model.attention_fns import alibi
+        from minigpt_jax.model.variants.attention import alibi
 
         cfg = CFG.replace(attention_score="alibi", entry_settings=(("alibi_max_bias", 4.0),))
         scores_BxHxTxS = np.random.default_rng(0).normal(size=(2, 4, 3, 5)).astype(np.float32)
@@ -148,7 +148,7 @@ class AttentionScoreTest(parameterized.TestCase):
         np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
 
     def test_softcap_is_cap_tanh(self):
-        from minigpt_jax.model.attention_fns import softcap
+        from minigpt_jax.model.variants.attention import softcap
 
         cfg = CFG.replace(attention_score="softcap", entry_settings=(("attention_softcap", 5.0),))
         scores = np.linspace(-40, 40, 24, dtype=np.float32).reshape(1, 2, 3, 4)
@@ -203,7 +203,7 @@ class AttentionScoreTest(parameterized.TestCase):
 
     def test_relative_bias_buckets_are_t5s(self):
         """T5's buckets (mesh-tensorflow's `_relative_position_bucket`), here in NumPy."""
-        from minigpt_jax.model.attention_fns import relative_bucket
+        from minigpt_jax.model.variants.attention import relative_bucket
 
         def numpy_bucket(relative, bidirectional, num_buckets=32, max_distance=128):
             ret, n = 0, -relative
@@ -233,7 +233,7 @@ class AttentionScoreTest(parameterized.TestCase):
                 CFG.replace(attention=kernel, attention_score="alibi")
 
     def test_auto_takes_the_explicit_path_under_a_score(self):
-        from minigpt_jax.model.attention_fns import choose_kernel
+        from minigpt_jax.model.speed.kernels import choose_kernel
 
         cfg = CFG.replace(attention_score="alibi")
         for cached in (False, True):

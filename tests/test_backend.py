@@ -15,12 +15,12 @@ import numpy as np
 from absl.testing import parameterized
 
 from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
-from minigpt_jax.model import backend, dense
-from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
-from minigpt_jax.model.attention_fns import choose_kernel
+from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
 from minigpt_jax.model.embeddings import read_out
 from minigpt_jax.model.gpt import forward_with_cache, init_cache
-from minigpt_jax.model.layers import DirectLayerNorm
+from minigpt_jax.model.speed import backend, dense, kernels
+from minigpt_jax.model.speed.kernels import choose_kernel, fused_attention
+from minigpt_jax.model.speed.layernorm import DirectLayerNorm
 from minigpt_jax.sampling.api import generate
 
 CFG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
@@ -60,25 +60,25 @@ class ResolutionTest(chex.TestCase):
         self.assertEqual(choose_kernel(CFG, weight_dropout=True, cached=False), "explicit")
 
     def test_cudnn_needs_half_precision_and_a_head_dim_multiple_of_8(self):
-        self.assertFalse(backend.cudnn_attention_supported(CFG))  # float32
+        self.assertFalse(kernels.cudnn_attention_supported(CFG))  # float32
         odd_heads = CFG.replace(dtype="bfloat16", n_embd=36, n_head=6)  # head dim 6
-        self.assertFalse(backend.cudnn_attention_supported(odd_heads))
+        self.assertFalse(kernels.cudnn_attention_supported(odd_heads))
 
     @ON_CPU
     def test_cudnn_needs_an_nvidia_gpu(self):
-        self.assertFalse(backend.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))
+        self.assertFalse(kernels.cudnn_attention_supported(CFG.replace(dtype="bfloat16")))
 
     def test_speed_is_chosen_once_per_config(self):
-        """cfg.speed holds what the backend functions resolve, the kernel of each kind of call
+        """speed_of(cfg) holds what the backend functions resolve, the kernel of each kind of call
         as choose_kernel names it; it is made once per config (a backend that changed after
         does not move it; a new config sees the change), and a pickle leaves it out."""
         import itertools
         import pickle
 
-        from minigpt_jax.model.attention_fns import ATTENTION_KERNELS
+        from minigpt_jax.model.speed.kernels import ATTENTION_KERNELS
 
         cfg = CFG.replace(n_layer=3)  # a config of this test's own, its speed not made yet
-        speed = cfg.speed
+        speed = backend.speed_of(cfg)
         self.assertEqual(
             (speed.dense_grad, speed.norm_grad, speed.matmul_dtype),
             (backend.dense_grad(cfg), backend.norm_grad(cfg), backend.matmul_dtype(cfg)),
@@ -88,18 +88,20 @@ class ResolutionTest(chex.TestCase):
             self.assertIs(speed.kernels[dropout, cached, plain], ATTENTION_KERNELS[name])
         elsewhere = "gpu" if jax.default_backend() == "cpu" else "cpu"
         with unittest.mock.patch.object(jax, "default_backend", lambda: elsewhere):
-            self.assertIs(cfg.speed, speed)
+            self.assertIs(backend.speed_of(cfg), speed)
             fresh = CFG.replace(n_layer=5)
-            self.assertEqual(fresh.speed.dense_grad, "direct" if elsewhere == "cpu" else "autodiff")
+            self.assertEqual(
+                backend.speed_of(fresh).dense_grad, "direct" if elsewhere == "cpu" else "autodiff"
+            )
         restored = pickle.loads(pickle.dumps(cfg))
-        self.assertNotIn("speed", restored.__dict__)
+        self.assertNotIn("_speed", restored.__dict__)
         self.assertEqual(restored, cfg)
-        self.assertEqual(restored.speed.dense_grad, speed.dense_grad)
+        self.assertEqual(backend.speed_of(restored).dense_grad, speed.dense_grad)
 
     def test_for_training_makes_the_speed_choices_before_the_trace(self):
         trained = backend.for_training(CFG.replace(n_layer=6))
-        self.assertIn("speed", trained.__dict__)
-        self.assertEqual(trained.speed.matmul_dtype, backend.training_matmul_dtype())
+        self.assertIn("_speed", trained.__dict__)
+        self.assertEqual(backend.speed_of(trained).matmul_dtype, backend.training_matmul_dtype())
 
     def test_explicit_choices_are_kept(self):
         self.assertEqual(backend.dense_grad(CFG.replace(dense_grad="autodiff")), "autodiff")
@@ -191,8 +193,8 @@ class DenseGradTest(chex.TestCase):
 
 
 class NormGradTest(parameterized.TestCase):
-    """norm_grad="direct" (layers.DirectLayerNorm) is flax's nn.LayerNorm: the same parameter
-    tree, output and gradients (input, scale, bias), within float32 tolerance."""
+    """norm_grad="direct" (speed.layernorm.DirectLayerNorm) is flax's nn.LayerNorm: the same
+    parameter tree, output and gradients (input, scale, bias), within float32 tolerance."""
 
     @parameterized.product(use_bias=(True, False), dtype=("float32", "bfloat16"))
     def test_direct_layer_norm_equals_flax(self, use_bias, dtype):

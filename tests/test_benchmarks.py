@@ -13,8 +13,8 @@ pytest.importorskip("torch")  # the `bench` extra
 
 from benchmarks import train_throughput  # noqa: E402
 from minigpt_jax.config_dict import gpt_config_from, load_config_file  # noqa: E402
-from minigpt_jax.model import backend  # noqa: E402
 from minigpt_jax.model.config import GPTConfig  # noqa: E402
+from minigpt_jax.model.speed import backend  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

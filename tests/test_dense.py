@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from minigpt_jax.model.dense import direct_grad_dot_general, rounded_operand_dot_general
+from minigpt_jax.model.speed.dense import direct_grad_dot_general, rounded_operand_dot_general
 
 # (lhs shape, rhs shape, dimension numbers): what nn.Dense (one contracted dim) and the
 # attention's DenseGeneral layers ask for (qkv: D -> 3xHxK; proj: HxK -> D).

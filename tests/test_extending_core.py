@@ -165,6 +165,21 @@ def test_a_clash_with_a_built_in_setting_names_both(user_dir):
         check_experiment_config(config)
 
 
+def test_a_model_entry_whose_file_imports_the_optimizers_loads_in_a_fresh_process(tmp_path):
+    """A model entry kept in one file with an optimizer (the file imports
+    minigpt_jax.optimizers): the run it trained loads and samples in a fresh process, where
+    the entry's import is the first to import the optimizers (issue 52: building GPTConfig
+    once raised "dictionary changed size during iteration" while that import registered the
+    optimizers' registries)."""
+    _write(tmp_path, "my_masks.py", "import minigpt_jax.optimizers  # noqa: F401\n" + MASKS)
+    _train(tmp_path, "runs/w", "--config.model.attention_mask=my_masks:sliding_window")
+    sampled = cli_in(
+        tmp_path, "sample", "--workdir", "runs/w", "--prompt=a", "--max_new_tokens=3", check=False
+    )
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.startswith("a") and len(sampled.stdout.rstrip("\n")) > 1  # prompt + text
+
+
 # ----------------------------------------------------------------------------- plug-in errors
 
 BAD = """\

@@ -21,9 +21,9 @@ from jax.sharding import PartitionSpec
 
 from minigpt_jax import GPTConfig, forward, init_params, sharding
 from minigpt_jax.checkpoint import load_params
-from minigpt_jax.model import attention_fns
 from minigpt_jax.model.gpt import GPT, init_annotated_params
 from minigpt_jax.model.param_meta import UndeclaredParameterError
+from minigpt_jax.model.variants import attention as variants
 from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizers import decay_mask
 from minigpt_jax.train.metrics import read_metrics
@@ -232,7 +232,7 @@ def test_user_alibi_equals_the_builtin_slopes(user_dir):
     cfg = CFG.replace(attention_score="my_scores:alibi")
     np.testing.assert_allclose(
         alibi(scores_BxHxTxS, q_BxT, k_BxS, cfg),
-        attention_fns.alibi(scores_BxHxTxS, q_BxT, k_BxS, CFG.replace(attention_score="alibi")),
+        variants.alibi(scores_BxHxTxS, q_BxT, k_BxS, CFG.replace(attention_score="alibi")),
         rtol=1e-6,
     )
     gentle = cfg.replace(entry_settings=(("max_bias", 4.0),))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from minigpt_jax import GPTConfig, forward, init_params, next_token_losses
-from minigpt_jax.model import backend
-from minigpt_jax.model.attention import attention_weights, causal_mask, fused_attention, mix_values
-from minigpt_jax.model.attention_fns import choose_kernel
+from minigpt_jax.model.attention import attention_weights, causal_mask, mix_values
+from minigpt_jax.model.speed import backend, kernels
+from minigpt_jax.model.speed.kernels import choose_kernel, fused_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,7 +29,7 @@ CFG = GPTConfig(
 @pytest.mark.parametrize("causal", [True, False])
 def test_cudnn_kernel_equals_explicit(causal):
     """Values and gradients of softmax(q·kᵀ/√K)·v, B=2, T=S=64, H=4, K=64, in bf16."""
-    if not backend.cudnn_attention_supported(CFG):
+    if not kernels.cudnn_attention_supported(CFG):
         pytest.skip("cuDNN flash attention needs an NVIDIA GPU of compute capability >= 8.0")
     q, k, v = (
         jax.random.normal(jax.random.key(i), (2, 64, 4, 64)).astype(jnp.bfloat16) for i in range(3)
@@ -58,7 +58,7 @@ def test_cudnn_kernel_equals_explicit(causal):
 
 
 def test_auto_picks_cudnn_and_the_model_agrees():
-    if not backend.cudnn_attention_supported(CFG):
+    if not kernels.cudnn_attention_supported(CFG):
         pytest.skip("cuDNN flash attention needs an NVIDIA GPU of compute capability >= 8.0")
     assert choose_kernel(CFG, weight_dropout=False, cached=False) == "cudnn"
     assert backend.dense_grad(CFG) == "autodiff"

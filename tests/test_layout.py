@@ -9,7 +9,7 @@ from pathlib import Path
 
 import chex
 
-from benchmarks.house import runtime_nodes  # the import graph's edges, as the census reads them
+from benchmarks.house import import_nodes  # the import graph's edges (TYPE_CHECKING ones too)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minigpt_jax"
@@ -69,7 +69,7 @@ def package_imports(module: str) -> set[str]:
     (function bodies too): `from minigpt_jax.model import gpt` counts as model/gpt, `from
     minigpt_jax import cli` as cli; `from minigpt_jax.model.gpt import forward` as model/gpt."""
     found = set()
-    for node in runtime_nodes(ast.parse(_source_file(module).read_text())):
+    for node in import_nodes(ast.parse(_source_file(module).read_text())):
         if isinstance(node, ast.Import):
             dotted_names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

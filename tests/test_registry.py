@@ -1,6 +1,7 @@
 """Registries: names and `module:attr` resolve to entries; what does not resolve is named with
 the entries and the fix; the built-in entries compute what their papers say."""
 
+import subprocess
 import sys
 
 import chex
@@ -14,9 +15,10 @@ import pytest
 from configs import default
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.configs import speedrun_char
-from minigpt_jax.model import backend, param_meta
+from minigpt_jax.model import param_meta
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
+from minigpt_jax.model.speed import backend
 from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizers import (
     OPTIMIZERS,
@@ -54,6 +56,48 @@ def test_an_entry_of_the_wrong_kind_is_refused():
         OPTIMIZERS["math:pi"]
     with pytest.raises(RegistryError, match="must be a positions.PositionEncoding"):
         GPTConfig(pos_encoding="math:sqrt")
+
+
+def test_the_registry_index_names_every_registry_of_the_package_where_it_lives():
+    """REGISTRY_INDEX (config key -> module:NAME, resolved on first use) holds exactly the
+    registries the package defines at module level, each under its own config key."""
+    import ast
+    from pathlib import Path
+
+    from minigpt_jax.settings.registry import REGISTRIES, REGISTRY_INDEX
+
+    package = Path(__file__).resolve().parents[1] / "minigpt_jax"
+    defined = {}
+    for path in package.rglob("*.py"):
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Registry":
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                defined[value.args[1].value] = f"{module}:{target.id}"
+    assert defined == REGISTRY_INDEX
+    for config_key in REGISTRY_INDEX:
+        assert REGISTRIES[config_key].config_key == config_key
+
+
+def test_the_default_model_imports_no_variant_and_a_pick_imports_its_own():
+    """The variants (model/variants/) are named in their registries' tables, not imported: a
+    fresh process that builds and runs the default GPT imports none of them, and picking one
+    (ALiBi) imports its module and gives the registry's entry."""
+    code = (
+        "import sys, jax, jax.numpy as jnp\n"
+        "from minigpt_jax import GPTConfig, forward, init_params\n"
+        "cfg = GPTConfig(vocab_size=16, n_layer=1, n_embd=8, n_head=2, block_size=4)\n"
+        "forward(init_params(cfg, jax.random.key(0)), jnp.zeros((1, 4), jnp.int32), cfg)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('minigpt_jax.model.variants.')))\n"
+        "from minigpt_jax.model.attention_fns import ATTENTION_SCORES\n"
+        "from minigpt_jax.model.variants.attention import alibi\n"
+        "print(ATTENTION_SCORES['alibi'] is alibi)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert result.stdout.split("\n")[:2] == ["[]", "True"], result.stdout
 
 
 def test_register_adds_a_table_row():

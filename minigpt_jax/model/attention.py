@@ -1,13 +1,13 @@
 """Multi-head self-attention: the linen module and its KV cache.
 
-The swappable parts (masks, scores, kernels, the "auto" choice) are `attention_fns`'s
-registries; `causal_mask`, `attention_weights`, `mix_values` and `fused_attention` are
-re-exported here.
+The math is `attention_fns`'s (masks, scores, softmax(q·kᵀ/√K)·v); a fused kernel of the speed
+room (model/speed/kernels.py) stands in for the softmax path in one call, where "auto" picks
+one. `causal_mask`, `attention_weights` and `mix_values` are re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import chex
 import flax.linen as nn
@@ -18,17 +18,15 @@ from minigpt_jax.model.attention_fns import (
     ATTENTION_MASKS,
     attention_weights,
     causal_mask,
-    fused_attention,
     mix_values,
     score_fn,
 )
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.speed.backend import speed_of
 
 Array = chex.Array
 ATTENTION = ("attention",)  # the tag of every parameter of the attention (param_meta)
@@ -39,7 +37,6 @@ __all__ = [
     "MultiHeadAttention",
     "attention_weights",
     "causal_mask",
-    "fused_attention",
     "mix_values",
 ]
 
@@ -115,7 +112,7 @@ class MultiHeadAttention(nn.Module):
 
     `cfg.attention_mask` picks the mask, `cfg.attention_score` the score function (with the
     query and key positions: the cache's for the KV-cache path) and
-    `attention_fns.choose_kernel` the kernel (once per config: `cfg.speed.kernels`). The
+    `speed.kernels.choose_kernel` the kernel (once per config: `speed_of(cfg).kernels`). The
     explicit path sows the attention weights (B, H, T, S) into the 'intermediates' collection
     as `attention_weights`; see `model.forward_with_attention`, which asks for it.
 
@@ -161,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         # scores -> softmax -> mix, through the kernel chosen for this kind of call; the
         # explicit path sows its weights (B, H, T, S) as `attention_weights` and drops them out.
         weight_dropout = not deterministic and cfg.dropout > 0
-        kernel = cfg.speed.kernels[weight_dropout, cache is not None, mask is None or triangle]
+        kernel = speed_of(cfg).kernels[weight_dropout, cache is not None, mask is None or triangle]
         entry_score, score = score_fn(cfg), None
         if entry_score is not None:
 

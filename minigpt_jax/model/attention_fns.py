@@ -1,6 +1,6 @@
-"""Attention's swappable parts: masks, scores and kernels, the registries `ATTENTION_MASKS`,
-`ATTENTION_SCORES` and `ATTENTION_KERNELS`, and the "auto" kernel choice read from the kernels'
-entries.
+"""Attention's math and its swappable parts: the causal mask, softmax(q·kᵀ/√K)·v, and the
+registries `ATTENTION_MASKS` and `ATTENTION_SCORES` (their variants, the document mask and the
+ALiBi, soft-cap and relative scores, live in model/variants/attention.py, named here).
 
 A mask entry is one function `(q_positions_BxT, k_positions_BxS, cfg) -> mask_Bx1xTxS` (True:
 the query may attend to the key; None: every key), used by training, evaluation and the KV
@@ -15,40 +15,30 @@ scores_BxHxTxS` over the raw scores q·kᵀ/√K (float32), applied before the m
 in training, evaluation and the KV cache alike; or a flax module class with a `cfg` field, called
 the same way inside the attention module (its parameters live under `attn/score`).
 
-A kernel computes softmax(score(q·kᵀ/√K))·v: an `AttentionKernel` holding its function. One
-that cannot apply a score (`takes_score=False`: the fused ones) is refused with any score but
-"none". `config.model.attention_mask`, `.attention_score` and `.attention` pick them
-(`module:attr` for your own; "auto": the explicit path under a score, else the first kernel
-whose `picks` says yes).
+`explicit_attention` is the plain kernel; `AttentionKernel` is the entry shape of
+model.attention's registry, whose fused kernels (XLA's, cuDNN's) and "auto" choice are the
+speed room's (model/speed/kernels.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from minigpt_jax.model import backend, param_meta
-from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings.groups import AUTO, MODEL, options_of, setting
+from minigpt_jax.model import param_meta
+from minigpt_jax.model.config import NO_SCORE, GPTConfig
 from minigpt_jax.settings.registry import (
+    Builtin,
     ContractError,
     Registry,
-    RegistryError,
-    declares,
     expect_shape,
 )
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 
@@ -70,19 +60,6 @@ class AttentionMask:
     causal_triangle: bool = False
     # fn also takes (q_segments_BxT, k_segments_BxS): the documents of packed sequences
     documents: bool = False
-
-
-def same_document_causal(
-    q_positions_BxT: Array,
-    k_positions_BxS: Array,
-    cfg: GPTConfig,
-    q_segments_BxT: Array,
-    k_segments_BxS: Array,
-) -> Array:
-    """mask_Bx1xTxS: a query sees the keys of its own document at positions <= its own (the
-    positions restart at each document, so within one they still order the tokens)."""
-    same_BxTxS = q_segments_BxT[:, :, None] == k_segments_BxS[:, None, :]
-    return same_BxTxS[:, None] & causal_mask(q_positions_BxT, k_positions_BxS)
 
 
 def _causal_or_full(q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig):
@@ -121,7 +98,7 @@ ATTENTION_MASKS: Registry[AttentionMask] = Registry(
     "model.attention_mask",
     {
         "causal": AttentionMask(_causal_or_full, causal_triangle=True),
-        "document": AttentionMask(same_document_causal, documents=True),
+        "document": Builtin("minigpt_jax.model.variants.attention:DOCUMENT"),
     },
     entry_class=AttentionMask,
     arity=3,
@@ -134,7 +111,6 @@ ATTENTION_MASKS: Registry[AttentionMask] = Registry(
 # ----------------------------------------------------------------------------- scores
 
 ScoreFn = Callable[[Array, Array, Array, "GPTConfig"], Array]
-NO_SCORE = "none"
 
 
 def no_score(
@@ -142,107 +118,6 @@ def no_score(
 ) -> Array:
     """The raw scores unchanged (the default)."""
     return scores_BxHxTxS
-
-
-def alibi_slopes(n_head: int, max_bias: float = 8.0) -> np.ndarray:
-    """slopes_H of ALiBi (Press et al. 2022, arXiv:2108.12409): the geometric sequence
-    2^(-max_bias·h/n), h = 1..n, for n heads a power of two; otherwise those of the power of two
-    below, then every other slope of the power of two above (their code's `get_slopes`)."""
-
-    def power_of_two(n: int) -> list[float]:
-        return [2.0 ** (-max_bias * (h + 1) / n) for h in range(n)]
-
-    if n_head & (n_head - 1) == 0:
-        return np.asarray(power_of_two(n_head), np.float32)
-    below = 2 ** int(np.floor(np.log2(n_head)))
-    extra = power_of_two(2 * below)[0::2][: n_head - below]
-    return np.asarray(power_of_two(below) + extra, np.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class AlibiOptions:
-    """The built-in alibi score's own setting (`model.alibi_max_bias`)."""
-
-    # Press et al. (2022): slopes 2^(-8h/H); 8 is the paper's.
-    alibi_max_bias: float = setting(
-        8.0, "ALiBi's slopes are 2^(-alibi_max_bias * h / H)", MODEL, low=0.0, low_open=True
-    )
-
-
-@declares(AlibiOptions)
-def alibi(
-    scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
-) -> Array:
-    """ALiBi: scores − slope_h · |q position − k position|, slopes `alibi_slopes(H,
-    AlibiOptions.alibi_max_bias)` (with causal masking, −slope · (t − s) for the keys t sees)."""
-    max_bias = options_of(cfg, AlibiOptions).alibi_max_bias
-    slopes_H = jnp.asarray(alibi_slopes(scores_BxHxTxS.shape[1], max_bias))
-    distance_BxTxS = jnp.abs(q_positions_BxT[:, :, None] - k_positions_BxS[:, None, :])
-    bias_BxHxTxS = -slopes_H[None, :, None, None] * distance_BxTxS[:, None].astype(jnp.float32)
-    return scores_BxHxTxS + bias_BxHxTxS
-
-
-# Gemma 2 (Team et al. 2024) caps attention logits at 50.
-@declares(
-    attention_softcap=setting(
-        50.0, "the cap of scores -> cap * tanh(scores / cap)", MODEL, low=0.0, low_open=True
-    )
-)
-def softcap(
-    scores_BxHxTxS: Array, q_positions_BxT: Array, k_positions_BxS: Array, cfg: GPTConfig
-) -> Array:
-    """Gemma 2's attention-logit soft cap (Team et al. 2024): cap · tanh(scores / cap), cap
-    the entry's own setting model.attention_softcap."""
-    cap = options_of(cfg, softcap).attention_softcap
-    return cap * jnp.tanh(scores_BxHxTxS / cap)
-
-
-def relative_bucket(relative_BxTxS: Array, causal: bool, num_buckets: int, max_distance: int):
-    """T5's bucket of each relative position k − q (Raffel et al. 2020; mesh-tensorflow's
-    `_relative_position_bucket`): exact buckets for small distances, logarithmic ones up to
-    max_distance; bidirectional attention spends half the buckets on each side."""
-    n = -relative_BxTxS
-    bucket = jnp.zeros_like(n)
-    if not causal:
-        num_buckets //= 2
-        bucket = bucket + (n < 0).astype(n.dtype) * num_buckets
-        n = jnp.abs(n)
-    else:
-        n = jnp.maximum(n, 0)
-    max_exact = num_buckets // 2
-    large = max_exact + (
-        jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
-        / np.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).astype(n.dtype)
-    large = jnp.minimum(large, num_buckets - 1)
-    return bucket + jnp.where(n < max_exact, n, large)
-
-
-class RelativeBias(nn.Module):
-    """T5's learned relative-position bias: scores + b[bucket(k − q), h], one table b (buckets,
-    H) per layer at `attn/score/rel_bias` (AdamW, no decay; the tensor axis splits the heads)."""
-
-    cfg: GPTConfig
-    num_buckets: int = 32
-    max_distance: int = 128
-
-    @nn.compact
-    def __call__(
-        self,
-        scores_BxHxTxS: Array,
-        q_positions_BxT: Array,
-        k_positions_BxS: Array,
-        cfg: GPTConfig,
-    ) -> Array:
-        init = declare(nn.initializers.normal(0.02), (None, "tensor"), decay=False)
-        table_NxH = self.param("rel_bias", init, (self.num_buckets, cfg.n_head), jnp.float32)
-        relative_BxTxS = k_positions_BxS[:, None, :] - q_positions_BxT[:, :, None]
-        bucket_BxTxS = relative_bucket(
-            relative_BxTxS, cfg.causal, self.num_buckets, self.max_distance
-        )
-        bias_BxTxSxH = table_NxH[bucket_BxTxS]
-        return scores_BxHxTxS + jnp.moveaxis(bias_BxTxSxH, -1, 1)
 
 
 def _as_score(value: Any) -> Any:
@@ -289,7 +164,12 @@ def _check_declared(variables: Any) -> None:
 ATTENTION_SCORES: Registry[Any] = Registry(
     "attention score",
     "model.attention_score",
-    {NO_SCORE: no_score, "alibi": alibi, "softcap": softcap, "relative": RelativeBias},
+    {
+        NO_SCORE: no_score,
+        "alibi": Builtin("minigpt_jax.model.variants.attention:alibi"),
+        "softcap": Builtin("minigpt_jax.model.variants.attention:softcap"),
+        "relative": Builtin("minigpt_jax.model.variants.attention:RelativeBias"),
+    },
     coerce=_as_score,
     shape="a function (scores_BxHxTxS, q_positions_BxT, k_positions_BxS, cfg) -> "
     "scores_BxHxTxS, or a flax module class with a cfg field called so",
@@ -362,39 +242,6 @@ def explicit_attention(
     return mix_values(attention_weights(q_BxTxHxK, k_BxSxHxK, mask, score), v_BxSxHxK)
 
 
-def fused_attention(
-    q_BxTxHxK: Array,
-    k_BxSxHxK: Array,
-    v_BxSxHxK: Array,
-    mask: Array | None,
-    *,
-    causal: bool,
-    implementation: str,
-    score: Callable[[Array], Array] | None = None,
-) -> Array:
-    """out_BxTxHxK = softmax(q·kᵀ / sqrt(K)) · v through `jax.nn.dot_product_attention`.
-
-    implementation "xla" or "cudnn" (flash attention: bf16/fp16, head dim a multiple of 8).
-    causal: query t sees keys 0..t (the top-left-aligned triangle, what self-attention over
-    positions 0..T-1 needs); mask (broadcasting to B, H, T, S; False: no weight) is for the cache
-    path and for masks other than the triangle, where XLA takes it. Neither returns the weights
-    nor drops them out, nor applies a score (a score raises ValueError).
-    """
-    if score is not None:
-        raise ValueError(
-            f"the {implementation!r} attention kernel cannot apply an attention score: use "
-            f"model.attention=explicit (or auto)."
-        )
-    return jax.nn.dot_product_attention(
-        q_BxTxHxK,
-        k_BxSxHxK,
-        v_BxSxHxK,
-        mask=mask,
-        is_causal=causal,
-        implementation=implementation,
-    )
-
-
 KernelFn = Callable[..., Array]
 
 
@@ -403,8 +250,8 @@ class AttentionKernel:
     """A kernel's function and how it is called and when "auto" picks it.
 
     fn: (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask | None, *, causal, score) -> out_BxTxHxK, with
-    mask as `fused_attention` takes it, causal the top-left triangle and score None or a
-    function over the raw scores_BxHxTxS.
+    mask as `speed.kernels.fused_attention` takes it, causal the top-left triangle and score
+    None or a function over the raw scores_BxHxTxS.
     explicit: the einsum + softmax path, which can return the weights and drop them out (the
     attention module runs it itself rather than calling fn).
     takes_any_mask: it reads an arbitrary mask array (the KV cache's, a custom mask entry's);
@@ -420,140 +267,3 @@ class AttentionKernel:
     takes_any_mask: bool = True
     takes_score: bool = False
     picks: Callable[[GPTConfig, bool, bool], bool] = lambda cfg, dropout, plain: False
-
-
-def _as_kernel(value: Any) -> AttentionKernel:
-    if isinstance(value, AttentionKernel):
-        return value
-    if callable(value):
-        return AttentionKernel(value)
-    raise TypeError(
-        "an attention kernel must be an attention_fns.AttentionKernel or a function "
-        "(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, causal, score) -> out_BxTxHxK, got "
-        f"{type(value).__name__}."
-    )
-
-
-ATTENTION_KERNELS: Registry[AttentionKernel] = Registry(
-    "attention kernel",
-    "model.attention",
-    {
-        # cuDNN flash attention where it runs; never while weights are dropped out.
-        "cudnn": AttentionKernel(
-            functools.partial(fused_attention, implementation="cudnn"),
-            takes_any_mask=False,
-            picks=lambda cfg, dropout, plain: (
-                plain and not dropout and backend.cudnn_attention_supported(cfg)
-            ),
-        ),
-        # On CPU XLA compiles the explicit path with fewer copies than dot_product_attention's
-        # and runs it faster (benchmarks/README.md); only it drops out attention weights.
-        "explicit": AttentionKernel(
-            explicit_attention,
-            explicit=True,
-            takes_score=True,
-            picks=lambda cfg, dropout, plain: dropout or jax.default_backend() == "cpu",
-        ),
-        "xla": AttentionKernel(
-            functools.partial(fused_attention, implementation="xla"),
-            picks=lambda cfg, dropout, plain: True,
-        ),
-    },
-    coerce=_as_kernel,
-    shape="an attention_fns.AttentionKernel, or a function (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, "
-    "mask, *, causal, score) -> out_BxTxHxK",
-    contract=lambda kernel, cfg: _kernel_contract(kernel, cfg),
-)
-
-
-def _kernel_contract(kernel: AttentionKernel, cfg: GPTConfig) -> None:
-    """kernel.fn(q, k, v, mask, causal=, score=None) is out_BxTxHxK, with the causal triangle
-    and with a mask array (S > T: the KV cache's keys)."""
-    b, t, s, h, k = 2, 5, 7, cfg.n_head, cfg.head_dim
-    q = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
-    kv = jax.ShapeDtypeStruct((b, t, h, k), cfg.compute_dtype)
-    out = jax.eval_shape(lambda *a: kernel.fn(*a, None, causal=True, score=None), q, kv, kv)
-    expect_shape(out, (b, t, h, k), "its output (q_BxTxHxK in)", dtype_kind="f")
-    if kernel.takes_any_mask:
-        keys = jax.ShapeDtypeStruct((b, s, h, k), cfg.compute_dtype)
-        mask = jax.ShapeDtypeStruct((b, 1, t, s), jnp.bool_)
-        out = jax.eval_shape(
-            lambda *a: kernel.fn(*a[:3], a[3], causal=False, score=None), q, keys, keys, mask
-        )
-        expect_shape(out, (b, t, h, k), "its output with a mask of S keys", dtype_kind="f")
-
-
-class KernelChoices:
-    """What model.attention may hold: "auto" or an ATTENTION_KERNELS key (module:attr too)."""
-
-    def __contains__(self, key: object) -> bool:
-        return key == AUTO or key in ATTENTION_KERNELS
-
-    def __iter__(self):
-        return iter([AUTO, *ATTENTION_KERNELS])
-
-    def check(self, key: str) -> None:
-        if key == AUTO:
-            return
-        try:
-            ATTENTION_KERNELS.check(key)
-        except RegistryError as error:
-            kernels = "the attention kernels are "
-            raise RegistryError(str(error).replace(kernels, f"{kernels}{AUTO}, ", 1)) from None
-
-
-def check_kernel(cfg: GPTConfig) -> None:
-    """Raises ValueError when cfg.attention names a kernel that cannot run cfg: one that does
-    not apply an attention score under a score, one that cannot drop weights out with
-    dropout."""
-    if cfg.attention == AUTO:
-        return
-    kernel = ATTENTION_KERNELS[cfg.attention]
-    if cfg.attention_score != NO_SCORE and not kernel.takes_score:
-        raise ValueError(
-            f"GPTConfig.attention={cfg.attention!r} does not apply attention scores "
-            f"(attention_score={cfg.attention_score!r}): use model.attention=explicit (or auto, "
-            f"which takes the explicit path under a score), or attention_score='none'."
-        )
-    if not kernel.explicit and cfg.dropout > 0:
-        raise ValueError(
-            f"GPTConfig.attention={cfg.attention!r} cannot drop out attention weights "
-            f"(dropout={cfg.dropout}): use attention='auto' (the explicit path while "
-            f"dropout is active) or 'explicit', or set dropout=0."
-        )
-
-
-def choose_kernel(cfg: GPTConfig, *, weight_dropout: bool, cached: bool, plain_mask: bool = True):
-    """The kernel a call takes: cfg.attention, or for "auto" the first entry that `picks` it
-    (the explicit path under an attention score: a fused kernel would skip it).
-
-    cached: the KV-cache path, whose mask (left padding, causality by position) cuDNN's causal
-    and sequence-length masks cannot express: a kernel without `takes_any_mask` gives way to
-    XLA's there, and for masks other than the triangle (a one-token decode step is bound by
-    reading the cache anyway).
-    """
-    plain = plain_mask and not cached
-    scored = cfg.attention_score != NO_SCORE
-    if cfg.attention != AUTO:
-        check_kernel(cfg)
-        kernel = ATTENTION_KERNELS[cfg.attention]
-        return cfg.attention if plain or kernel.takes_any_mask or scored else "xla"
-    if scored:
-        return "explicit"
-    for name in ATTENTION_KERNELS:
-        kernel = ATTENTION_KERNELS[name]
-        if (plain or kernel.takes_any_mask) and kernel.picks(cfg, weight_dropout, plain):
-            return name
-    return "xla"
-
-
-def kernel_table(cfg: GPTConfig) -> dict[tuple[bool, bool, bool], AttentionKernel]:
-    """{(weight_dropout, cached, plain_mask): the AttentionKernel `choose_kernel` picks}: every
-    kind of call, chosen once per config (`GPTConfig.speed`) rather than in each layer's call."""
-    kinds = itertools.product((False, True), repeat=3)
-    return {
-        (dropout, cached, plain): ATTENTION_KERNELS[
-            choose_kernel(cfg, weight_dropout=dropout, cached=cached, plain_mask=plain)
-        ]
-        for dropout, cached, plain in kinds
-    }

@@ -7,16 +7,17 @@ positions_BxT, deterministic, cache) -> (x_BxTxD, cache)` (deterministic positio
 or `module:attr` names your own. Each parameter is created with `param_meta.declare`: its mesh
 axes, optimizer group (Muon or AdamW), weight decay and GPT-2 name beside its init.
 
-MLPs: "mlp" D -> F -> activation -> D (GPT-2); "swiglu" proj(silu(gate·x) ⊙ up·x) and "gated"
-the same with cfg.activation (Shazeer 2020, GLU variants; LLaMA's SwiGLU at mlp_ratio 8/3).
-Blocks: "pre_ln" x + attn(ln_1(x)), then + mlp(ln_2(x)) (GPT-2); "parallel" x + attn(ln_1(x)) +
-mlp(ln_1(x)) (GPT-J, PaLM: one norm, both branches from it).
+MLPs: "mlp" D -> F -> activation -> D (GPT-2); the variants "swiglu" proj(silu(gate·x) ⊙ up·x)
+and "gated" the same with cfg.activation (Shazeer 2020, GLU variants; LLaMA's SwiGLU at mlp_ratio
+8/3). Blocks: "pre_ln" x + attn(ln_1(x)), then + mlp(ln_2(x)) (GPT-2); the variant "parallel"
+x + attn(ln_1(x)) + mlp(ln_1(x)) (GPT-J, PaLM). The variants live in model/variants/blocks.py,
+named here (`Builtin`) and imported only when picked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import flax.linen as nn
@@ -25,13 +26,11 @@ import jax
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import NORMS, activation_fn
 from minigpt_jax.model.param_meta import declare
-from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.settings.registry import Builtin, ContractError, Registry, expect_shape
 
 Array = chex.Array
 
@@ -104,45 +103,6 @@ class MLP(nn.Module):
         return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
 
-class GatedMLP(nn.Module):
-    """proj(act(gate·x) ⊙ up·x): gate and up each a (D, F) kernel of its own (Muon, decayed,
-    F split by tensor), act cfg.activation ("gated"); no GPT-2 form."""
-
-    cfg: GPTConfig
-
-    def gate_activation(self) -> Callable[[Array], Array]:
-        return activation_fn(self.cfg)
-
-    @nn.compact
-    def __call__(self, x_BxTxD: Array, *, deterministic: bool = True) -> Array:
-        cfg = self.cfg
-
-        def dense(name):
-            kernel_init = declare(
-                HIDDEN_INIT, (None, "tensor"), muon=MATRIX, decay=True, tags=MLP_TAGS
-            )
-            bias_init = declare(nn.initializers.zeros_init(), ("tensor",), tags=MLP_TAGS)
-            return nn.Dense(
-                cfg.mlp_dim,
-                kernel_init=kernel_init,
-                bias_init=bias_init,
-                name=name,
-                **dense_options(cfg),
-            )
-
-        gate_BxTxF = self.gate_activation()(dense("gate")(x_BxTxD))
-        h_BxTxF = gate_BxTxF * dense("up")(x_BxTxD)
-        out_BxTxD = out_proj(cfg, gpt2=False)(h_BxTxF)
-        return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
-
-
-class SwiGLU(GatedMLP):
-    """`GatedMLP` with SiLU, LLaMA's (Touvron et al. 2023): proj(silu(gate·x) ⊙ up·x)."""
-
-    def gate_activation(self) -> Callable[[Array], Array]:
-        return nn.silu
-
-
 def _module_class(what: str, call: str) -> Callable[[Any], Any]:
     def coerce(value: Any) -> Any:
         if not (isinstance(value, type) and issubclass(value, nn.Module)):
@@ -175,7 +135,11 @@ def _mlp_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
 MLPS: Registry[type[nn.Module]] = Registry(
     "MLP",
     "model.mlp",
-    {"mlp": MLP, "swiglu": SwiGLU, "gated": GatedMLP},
+    {
+        "mlp": MLP,
+        "swiglu": Builtin("minigpt_jax.model.variants.blocks:SwiGLU"),
+        "gated": Builtin("minigpt_jax.model.variants.blocks:GatedMLP"),
+    },
     coerce=_module_class("MLP", "(x_BxTxD, deterministic=) -> out_BxTxD"),
     shape="a flax module class with a cfg field, called (x_BxTxD, deterministic=) -> out_BxTxD",
     contract=_mlp_contract,
@@ -213,35 +177,6 @@ class Block(nn.Module):
         return x_BxTxD + h_BxTxD, cache
 
 
-class ParallelBlock(nn.Module):
-    """x + Attn(LN(x)) + MLP(LN(x)), one norm `ln_1` for both (GPT-J; Chowdhery et al. 2022,
-    PaLM): the two branches read the same input, so they may run at once."""
-
-    cfg: GPTConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        x_BxTxD: Array,
-        positions_BxT: Array,
-        deterministic: bool = True,
-        cache: KVCache | None = None,
-        segments_BxT: Array | None = None,
-    ) -> tuple[Array, KVCache | None]:
-        cfg = self.cfg
-        n_BxTxD = norm(cfg, "ln_1")(x_BxTxD)
-        a_BxTxD, cache = MultiHeadAttention(cfg, name="attn")(
-            n_BxTxD,
-            positions_BxT,
-            deterministic=deterministic,
-            cache=cache,
-            segments_BxT=segments_BxT,
-        )
-        m_BxTxD = MLPS[cfg.mlp](cfg, name="mlp")(n_BxTxD, deterministic=deterministic)
-        a_BxTxD = nn.Dropout(cfg.dropout)(a_BxTxD, deterministic=deterministic)
-        return x_BxTxD + a_BxTxD + m_BxTxD, cache
-
-
 def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
     """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None), and each of its matrices
     declares metadata; with a mask that packs documents it takes `segments_BxT=` too."""
@@ -272,7 +207,7 @@ def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
 BLOCKS: Registry[type[nn.Module]] = Registry(
     "block",
     "model.block",
-    {"pre_ln": Block, "parallel": ParallelBlock},
+    {"pre_ln": Block, "parallel": Builtin("minigpt_jax.model.variants.blocks:ParallelBlock")},
     coerce=_module_class(
         "block",
         "(x_BxTxD, positions_BxT, deterministic, cache[, segments_BxT]) -> (x_BxTxD, cache)",

@@ -7,47 +7,37 @@ config holds is declared in `settings`, and how a config file is loaded is `conf
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model import backend
-from minigpt_jax.model.attention_fns import (
-    ATTENTION_MASKS,
-    ATTENTION_SCORES,
-    KernelChoices,
-    check_kernel,
-    kernel_table,
-)
-from minigpt_jax.model.blocks import BLOCKS, MLPS
-from minigpt_jax.model.layers import ACTIVATIONS, NORMS
-from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.settings.groups import MODEL, SPEED, Group, check_values, setting
-from minigpt_jax.settings.registry import Registry
+from minigpt_jax.settings.groups import AUTO, MODEL, SPEED, Group, check_values, setting
+from minigpt_jax.settings.registry import REGISTRIES, Registry, RegistryError, RegistryRef
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
+# The model's other registries live beside their entries (positions, attention_fns, layers,
+# blocks) and import this module: its settings name them by config key (`RegistryRef`).
 _DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}
-_DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
-_PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
-_DENSE_GRADS = Registry(
+DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
+PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
+DENSE_GRADS = Registry(
     "Dense gradient",
     "model.dense_grad",
     {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
     user_entries=False,
 )
-_NORM_GRADS = Registry(
+NORM_GRADS = Registry(
     "LayerNorm gradient",
     "model.norm_grad",
     {
         "auto": "direct on CPU, else autodiff",
         "autodiff": "jax.grad",
-        "direct": "layers.DirectLayerNorm's VJP",
+        "direct": "speed.layernorm.DirectLayerNorm's VJP",
     },
     user_entries=False,
 )
-_MATMUL_DTYPES = Registry(
+MATMUL_DTYPES = Registry(
     "matmul dtype",
     "model.matmul_dtype",
     {
@@ -70,6 +60,50 @@ REMAT_POLICIES = Registry(
     },
     user_entries=False,
 )
+
+
+# The attention_score that applies none (attention_fns.ATTENTION_SCORES' no_score).
+NO_SCORE = "none"
+
+
+class KernelChoices:
+    """What model.attention may hold: "auto" or an ATTENTION_KERNELS key (module:attr too)."""
+
+    def __contains__(self, key: object) -> bool:
+        return key == AUTO or key in REGISTRIES["model.attention"]
+
+    def __iter__(self):
+        return iter([AUTO, *REGISTRIES["model.attention"]])
+
+    def check(self, key: str) -> None:
+        if key == AUTO:
+            return
+        try:
+            REGISTRIES["model.attention"].check(key)
+        except RegistryError as error:
+            kernels = "the attention kernels are "
+            raise RegistryError(str(error).replace(kernels, f"{kernels}{AUTO}, ", 1)) from None
+
+
+def check_kernel(cfg: GPTConfig) -> None:
+    """Raises ValueError when cfg.attention names a kernel that cannot run cfg: one that does
+    not apply an attention score under a score, one that cannot drop weights out with
+    dropout."""
+    if cfg.attention == AUTO:
+        return
+    kernel = REGISTRIES["model.attention"][cfg.attention]
+    if cfg.attention_score != NO_SCORE and not kernel.takes_score:
+        raise ValueError(
+            f"GPTConfig.attention={cfg.attention!r} does not apply attention scores "
+            f"(attention_score={cfg.attention_score!r}): use model.attention=explicit (or auto, "
+            f"which takes the explicit path under a score), or attention_score='none'."
+        )
+    if not kernel.explicit and cfg.dropout > 0:
+        raise ValueError(
+            f"GPTConfig.attention={cfg.attention!r} cannot drop out attention weights "
+            f"(dropout={cfg.dropout}): use attention='auto' (the explicit path while "
+            f"dropout is active) or 'explicit', or set dropout=0."
+        )
 
 
 def _divides_n_head(n_kv_head: int, values: dict[str, Any]) -> str | None:
@@ -135,7 +169,7 @@ class GPTConfig(Group):
         "learned",
         "learned | sinusoidal | rope | none: a key of positions.POSITION_ENCODINGS or module:attr",
         MODEL,
-        choices=POSITION_ENCODINGS,
+        choices=RegistryRef("model.pos_encoding"),
         gpt2="learned",
     )
     tie_embeddings: bool = setting(
@@ -160,7 +194,7 @@ class GPTConfig(Group):
         "causal",
         "which keys a query sees: a key of attention_fns.ATTENTION_MASKS or module:attr",
         MODEL,
-        choices=ATTENTION_MASKS,
+        choices=RegistryRef("model.attention_mask"),
         gpt2="causal",
     )
     # QK-norm (Henry et al. 2020; Dehghani et al. 2023; the NanoGPT speedrun): queries and keys
@@ -176,7 +210,7 @@ class GPTConfig(Group):
         "layernorm",
         "layernorm | rmsnorm: a key of layers.NORMS or module:attr",
         MODEL,
-        choices=NORMS,
+        choices=RegistryRef("model.norm"),
         gpt2="layernorm",
     )
     mlp_ratio: float = setting(
@@ -194,7 +228,7 @@ class GPTConfig(Group):
         "mlp",
         "the MLP: mlp (GPT-2's) | swiglu | gated, a key of blocks.MLPS or module:attr",
         MODEL,
-        choices=MLPS,
+        choices=RegistryRef("model.mlp"),
         gpt2="mlp",
     )
     block: str = setting(
@@ -202,7 +236,7 @@ class GPTConfig(Group):
         "the block: pre_ln (GPT-2's) | parallel (GPT-J / PaLM), a key of blocks.BLOCKS or "
         "module:attr",
         MODEL,
-        choices=BLOCKS,
+        choices=RegistryRef("model.block"),
         gpt2="pre_ln",
     )
     attention_score: str = setting(
@@ -210,7 +244,7 @@ class GPTConfig(Group):
         "a function of the raw attention scores and positions: none | alibi | softcap | "
         "relative, a key of attention_fns.ATTENTION_SCORES or module:attr",
         MODEL,
-        choices=ATTENTION_SCORES,
+        choices=RegistryRef("model.attention_score"),
         gpt2="none",
     )
     # The NanoGPT speedrun zero-initialises every projection into the residual stream (and its
@@ -226,48 +260,49 @@ class GPTConfig(Group):
         "gelu",
         "the MLP's: gelu | gelu_tanh | relu | relu2, a key of layers.ACTIVATIONS or module:attr",
         MODEL,
-        choices=ACTIVATIONS,
+        choices=RegistryRef("model.activation"),
         gpt2="gelu",  # with gelu_approximate either way
     )
     # GPT-2 used the tanh approximation of GELU; the exact erf form is PyTorch's default.
     gelu_approximate: bool = setting(
         False, "with activation gelu: True is GPT-2's tanh form, False the exact erf", MODEL
     )
-    # "direct" is minigpt_jax.model.dense's hand-written VJP, faster on XLA:CPU (measured there
-    # only: benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere, when the model
-    # is traced (minigpt_jax.model.backend), so a run's config stays portable.
+    # "direct" is minigpt_jax.model.speed.dense's hand-written VJP, faster on XLA:CPU (measured
+    # there only: benchmarks/README.md); "auto" picks direct on CPU, autodiff elsewhere, when the
+    # model is traced (minigpt_jax.model.speed.backend), so a run's config stays portable.
     dense_grad: str = setting(
         "auto",
         "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",
         SPEED,
-        choices=_DENSE_GRADS,
+        choices=DENSE_GRADS,
     )
-    # "direct" is minigpt_jax.model.layers.DirectLayerNorm (flax's parameters, a hand-written VJP
-    # in fewer passes), faster on XLA:CPU (measured there only: benchmarks/README.md); "auto"
-    # picks direct on CPU, autodiff (flax's nn.LayerNorm) elsewhere, when the model is traced.
+    # "direct" is minigpt_jax.model.speed.layernorm.DirectLayerNorm (flax's parameters, a
+    # hand-written VJP in fewer passes), faster on XLA:CPU (measured there only:
+    # benchmarks/README.md); "auto" picks direct on CPU, autodiff (flax's nn.LayerNorm)
+    # elsewhere, when the model is traced.
     norm_grad: str = setting(
         "auto",
         "how LayerNorms (norm layernorm) are differentiated: auto (direct on CPU) | autodiff | "
         "direct",
         SPEED,
-        choices=_NORM_GRADS,
+        choices=NORM_GRADS,
     )
     # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
     # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
     # CPUs with AVX512-BF16 or AMX (benchmarks/README.md); the loss curve stays within seed noise
     # of float32 (README's Speed section); "auto" is bfloat16 in the training step on such CPUs
-    # and float32 elsewhere and in evaluation, sampling and export (minigpt_jax.model.backend).
+    # and float32 elsewhere and in evaluation, sampling and export (model/speed/backend.py).
     matmul_dtype: str = setting(
         "auto",
         "Dense matmul operands: auto (bfloat16 in training on CPUs with AVX512-BF16 or AMX) | "
         "float32 | bfloat16 (float32 sums and master weights)",
         SPEED,
-        choices=_MATMUL_DTYPES,
+        choices=MATMUL_DTYPES,
     )
     # "explicit" is the einsum + softmax path that can return the weights and drop them out;
     # "xla" and "cudnn" are jax.nn.dot_product_attention's (cuDNN flash attention: NVIDIA GPUs,
     # bf16 or fp16, head dim a multiple of 8); "auto" takes the first kernel of
-    # attention_fns.ATTENTION_KERNELS that picks itself, once per config (GPTConfig.speed).
+    # speed.kernels.ATTENTION_KERNELS that picks itself, once per config (speed_of).
     attention: str = setting(
         "auto",
         "the kernel of softmax(q·kᵀ/√K)·v: auto (cuDNN on NVIDIA GPUs) | explicit | xla | cudnn, "
@@ -305,11 +340,11 @@ class GPTConfig(Group):
         "float32",
         "activations / compute; logits and softmax are always float32",
         MODEL,
-        choices=_DTYPES,
+        choices=DTYPES,
         finetune_free=True,
     )
     param_dtype: str = setting(
-        "float32", "parameters", MODEL, choices=_PARAM_DTYPES, finetune_free=True
+        "float32", "parameters", MODEL, choices=PARAM_DTYPES, finetune_free=True
     )
 
     def __post_init__(self):
@@ -335,7 +370,7 @@ class GPTConfig(Group):
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
-        POSITION_ENCODINGS[self.pos_encoding].validate(self)
+        REGISTRIES["model.pos_encoding"][self.pos_encoding].validate(self)
         check_kernel(self)
         if self.attention == "cudnn" and (self.dtype == "float32" or self.head_dim % 8):
             raise ValueError(
@@ -344,21 +379,10 @@ class GPTConfig(Group):
                 f"use attention='auto', which falls back to XLA."
             )
 
-    @functools.cached_property
-    def speed(self) -> backend.SpeedChoices:
-        """The speed settings as this backend runs them ("auto" resolved: `model.backend`),
-        chosen once per config on first use (after JAX's backends are up; never saved): what
-        the Dense layers, the norms and the attention read."""
-        return backend.SpeedChoices(
-            dense_grad=backend.dense_grad(self),
-            norm_grad=backend.norm_grad(self),
-            matmul_dtype=backend.matmul_dtype(self),
-            kernels=kernel_table(self),
-        )
-
     def __getstate__(self) -> dict[str, Any]:
-        """A pickle leaves `speed` out: another process (another backend) chooses its own."""
-        return {k: v for k, v in super().__getstate__().items() if k != "speed"}
+        """A pickle leaves the speed choices out: another process (another backend) makes its
+        own (`model.speed.backend.speed_of`)."""
+        return {k: v for k, v in super().__getstate__().items() if k != "_speed"}
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare

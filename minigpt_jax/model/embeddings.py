@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
-
 
 Array = chex.Array
 

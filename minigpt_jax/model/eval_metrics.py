@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import jax.numpy as jnp
 
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings.registry import Registry, is_user_key
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 MetricFn = Callable[[Any, Array, dict, Any], Array]

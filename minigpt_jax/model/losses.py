@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape, is_user_key
-
-if TYPE_CHECKING:  # config imports this module (its registries): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.settings.groups import MODEL, options_of, setting
 from minigpt_jax.settings.registry import Registry, declares, expect_shape
-
-if TYPE_CHECKING:  # config imports this module (its registry): a type-only import
-    from minigpt_jax.model.config import GPTConfig
 
 Array = chex.Array
 

@@ -227,10 +227,11 @@ class Group:
         entry_settings pairs over the class's defaults, each checked by its rule."""
         values = dict(self.entry_settings)
         built: dict[type, Any] = {}
-        for config_key, registry in REGISTRIES.items():
+        for config_key in REGISTRIES:  # a fixed index: an import here adds no registry
             group, _, field_name = config_key.rpartition(".")
             if group != self.config_group or field_name not in self.__dict__:
                 continue
+            registry = REGISTRIES[config_key]
             for key in registry.keys_in(self.__dict__[field_name]):
                 try:
                     classes = registry.options_classes_of(key)
@@ -519,7 +520,7 @@ class Optim(Group):
     # bfloat16 operands with float32 sums in Muon's Newton-Schulz dots; the momentum and the
     # weights stay float32. The update is within a stated, tested tolerance of float32's
     # (tests/test_registry.py); "auto" resolves when the optimizer is built, like the training
-    # step's model.matmul_dtype (minigpt_jax.model.backend.bf16_matmuls_pay).
+    # step's model.matmul_dtype (minigpt_jax.model.speed.backend.bf16_matmuls_pay).
     muon_ns_dtype: str = setting(
         "auto",
         "muon: Newton-Schulz dot operands: auto (bfloat16 on CPUs with AVX512-BF16 or AMX) | "

@@ -21,6 +21,11 @@ refused naming the key, the `module:attr` and the contract. An exception raised 
 config key and `module:attr`, then the frames of the user's own files. A run records the sha256
 of every user module it imports (`user_module_digests`).
 
+The package's registries are found by the config key that picks their entries through one
+index, `REGISTRY_INDEX` (config key -> "module:NAME"), imported on first use (`REGISTRIES`);
+a built-in entry kept in another module (a variant) is a `Builtin("module:NAME")` in its table.
+So no registry fills by importing its consumers, and the default path imports no variant.
+
 A leaf module: it imports nothing of minigpt_jax.
 """
 
@@ -70,8 +75,90 @@ class PluginError(Exception):
         return "\n".join([self.header, *self.frames, *([self.note] if self.note else [])])
 
 
+# Where each registry lives, by the config key that picks its entries: "module:NAME", imported
+# on first use (`REGISTRIES`), so no module is imported for its registry to be found and a
+# registry's consumers need not be imported first. The registries sit beside their entries.
+REGISTRY_INDEX: dict[str, str] = {
+    "model.pos_encoding": "minigpt_jax.model.positions:POSITION_ENCODINGS",
+    "model.attention_mask": "minigpt_jax.model.attention_fns:ATTENTION_MASKS",
+    "model.attention_score": "minigpt_jax.model.attention_fns:ATTENTION_SCORES",
+    "model.norm": "minigpt_jax.model.layers:NORMS",
+    "model.mlp": "minigpt_jax.model.blocks:MLPS",
+    "model.block": "minigpt_jax.model.blocks:BLOCKS",
+    "model.activation": "minigpt_jax.model.layers:ACTIVATIONS",
+    "model.dense_grad": "minigpt_jax.model.config:DENSE_GRADS",
+    "model.norm_grad": "minigpt_jax.model.config:NORM_GRADS",
+    "model.matmul_dtype": "minigpt_jax.model.config:MATMUL_DTYPES",
+    "model.attention": "minigpt_jax.model.speed.kernels:ATTENTION_KERNELS",
+    "model.remat": "minigpt_jax.model.config:REMAT_POLICIES",
+    "model.dtype": "minigpt_jax.model.config:DTYPES",
+    "model.param_dtype": "minigpt_jax.model.config:PARAM_DTYPES",
+    "optim.name": "minigpt_jax.optimizers:OPTIMIZERS",
+    "optim.schedule": "minigpt_jax.optimizers:SCHEDULES",
+    "optim.eval_params": "minigpt_jax.optimizers:EVAL_PARAMS",
+    "data.corpus": "minigpt_jax.data.sources:CORPORA",
+    "data.file_format": "minigpt_jax.data.corpus:FILE_FORMATS",
+    "data.tokenizer": "minigpt_jax.data.tokenizers:TOKENIZERS",
+    "data.format": "minigpt_jax.data.formats:DATA_FORMATS",
+    "loss.terms": "minigpt_jax.model.losses:LOSS_TERMS",
+    "eval.metrics": "minigpt_jax.model.eval_metrics:METRICS",
+    "step_metrics": "minigpt_jax.step_metrics:STEP_METRICS",
+    "hooks.names": "minigpt_jax.hooks:HOOKS",
+}
+
+
+class _Registries(Mapping[str, "Registry"]):
+    """{config key: Registry} of `REGISTRY_INDEX`, each imported on first use. Its keys are
+    fixed, so walking it while an import runs (a user's entry importing a library module)
+    never changes what is walked."""
+
+    def __getitem__(self, config_key: str) -> Registry:
+        return _resolve(REGISTRY_INDEX[config_key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY_INDEX)
+
+    def __len__(self) -> int:
+        return len(REGISTRY_INDEX)
+
+
+@functools.cache
+def _resolve(where: str) -> Any:
+    """The object `NAME` of the package's module `module` for "module:NAME"."""
+    module_name, _, name = where.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Builtin:
+    """A built-in entry that lives in another module ("module:NAME", e.g. a variant in
+    minigpt_jax/model/variants/), imported when first picked: the registry's module names it
+    without importing it, so the default path never imports the variants."""
+
+    where: str
+
+
 # Every registry by the config key that picks its entries (config_dict.py walks them).
-REGISTRIES: dict[str, Registry] = {}
+REGISTRIES: Mapping[str, Registry] = _Registries()
+
+
+class RegistryRef:
+    """The registry of `config_key`, found through `REGISTRIES` when first asked: a setting's
+    `choices` in a module that the registry's own module imports (GPTConfig's model group)."""
+
+    def __init__(self, config_key: str):
+        self.config_key = config_key
+
+    def __contains__(self, key: object) -> bool:
+        return key in REGISTRIES[self.config_key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRIES[self.config_key])
+
+    def check(self, key: str) -> None:
+        REGISTRIES[self.config_key].check(key)
+
+
 # {module name: (file, [picking keys])} of every user module a registry key imported.
 _USER_MODULES: dict[str, tuple[str | None, list[str]]] = {}
 
@@ -463,7 +550,6 @@ class Registry(Generic[Entry]):
         self._user: dict[str, Entry] = {}
         self._raw: dict[str, Any] = {}  # what a user key's module holds, before coercion
         self._split = split
-        REGISTRIES[config_key] = self
 
     def _default_shape(self) -> str:
         parts = []
@@ -547,7 +633,10 @@ class Registry(Generic[Entry]):
         if not isinstance(key, str):
             raise RegistryError(self._unknown(key))
         if key in self._entries:
-            return self._entries[key]
+            entry = self._entries[key]
+            if isinstance(entry, Builtin):
+                entry = self._entries[key] = _resolve(entry.where)
+            return entry
         if not is_user_key(key) or not self.user_entries:
             raise RegistryError(self._unknown(key))
         if key not in self._user:

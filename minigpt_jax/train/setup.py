@@ -26,11 +26,11 @@ from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
-from minigpt_jax.model.attention_fns import choose_kernel
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.losses import parse_terms, term_name
+from minigpt_jax.model.speed.kernels import choose_kernel
 from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules

@@ -15,7 +15,6 @@ import optax
 from jax.sharding import Mesh
 
 from minigpt_jax import sharding
-from minigpt_jax.model import backend
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import (
     Params,
@@ -25,6 +24,7 @@ from minigpt_jax.model.gpt import (
     target_weights,
 )
 from minigpt_jax.model.losses import CROSS_ENTROPY
+from minigpt_jax.model.speed import backend
 from minigpt_jax.step_metrics import step_metric_values
 
 Array = chex.Array

@@ -1,10 +1,13 @@
 """The "auto" speed settings, resolved per backend (and, for the training step's matmul dtype,
-per CPU) once per model config.
+per CPU) once per model config: the one door from the reference core to the speed room.
 
 A `GPTConfig` keeps "auto" (it is saved with checkpoints and must load on any backend); what
 "auto" means on `jax.default_backend()` is decided here, once per config, on its first use
-(`GPTConfig.speed`, a `SpeedChoices`: after JAX's backends are up, never saved), and the
-model's layers read that. Each choice is the same math as the plain path within float
+(`speed_of(cfg)`, a `SpeedChoices`: after JAX's backends are up, never saved), and the
+model's layers take what it holds: the Dense layers' `dot_general`, the LayerNorm class, the
+attention kernel of each kind of call. With every speed setting plain (dense_grad and norm_grad
+"autodiff", matmul_dtype "float32", attention "explicit") those are flax's and the plain
+softmax path. Each choice is the same math as the plain path within float
 tolerance (tests/test_backend.py checks values and gradients), but for bfloat16 matmul
 operands in training, within a stated, tested one.
 """
@@ -15,33 +18,53 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import flax.linen as nn
 import jax
 
-if TYPE_CHECKING:  # the type only: this module imports nothing of the package when it runs
-    from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.speed.dense import dot_general_for
+from minigpt_jax.model.speed.kernels import kernel_table
+from minigpt_jax.model.speed.layernorm import DirectLayerNorm
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeedChoices:
-    """A config's speed settings as this backend runs them, "auto" resolved (`GPTConfig.speed`).
+    """A config's speed settings as this backend runs them, "auto" resolved (`speed_of`).
 
     dense_grad, norm_grad: "direct" (the hand-written VJP) or "autodiff"; matmul_dtype: the
-    Dense layers' operand dtype, "float32" or "bfloat16"; kernels: the attention kernel
-    (an `attention_fns.AttentionKernel`) of each kind of call, by (weight_dropout, cached,
-    plain_mask) as `attention_fns.choose_kernel` takes them.
+    Dense layers' operand dtype, "float32" or "bfloat16"; dot_general: what the Dense layers
+    contract with (None: flax's lax.dot_general); layer_norm: nn.LayerNorm or
+    `DirectLayerNorm` (the same parameters); kernels: the attention kernel (a
+    `kernels.AttentionKernel`) of each kind of call, by (weight_dropout, cached, plain_mask)
+    as `kernels.choose_kernel` takes them.
     """
 
     dense_grad: str
     norm_grad: str
     matmul_dtype: str
     kernels: Mapping[tuple[bool, bool, bool], Any]
+    dot_general: Any = None
+    layer_norm: type[nn.Module] = nn.LayerNorm
 
 
-# cuDNN flash attention's head-dim limit (jax._src.cudnn.fused_attention_stablehlo
-# .check_is_flash_attention): a multiple of 8, at most 128 before Hopper, 256 from Hopper on.
-_CUDNN_HEAD_DIM_MAX = {8: 128, 9: 256}
+def speed_of(cfg: GPTConfig) -> SpeedChoices:
+    """cfg's speed choices, made on first use and kept with the config (a pickle leaves them
+    out: another process, another backend, makes its own)."""
+    made = cfg.__dict__.get("_speed")
+    if made is None:
+        dense, norm, operands = dense_grad(cfg), norm_grad(cfg), matmul_dtype(cfg)
+        made = SpeedChoices(
+            dense_grad=dense,
+            norm_grad=norm,
+            matmul_dtype=operands,
+            kernels=kernel_table(cfg),
+            dot_general=dot_general_for(dense, operands),
+            layer_norm=DirectLayerNorm if norm == "direct" else nn.LayerNorm,
+        )
+        object.__setattr__(cfg, "_speed", made)  # frozen: set as cached_property would
+    return made
 
 
 def dense_grad(cfg: GPTConfig) -> str:
@@ -52,7 +75,7 @@ def dense_grad(cfg: GPTConfig) -> str:
 
 
 def norm_grad(cfg: GPTConfig) -> str:
-    """cfg.norm_grad resolved: "auto" is "direct" (layers.DirectLayerNorm's VJP) on XLA:CPU,
+    """cfg.norm_grad resolved: "auto" is "direct" (layernorm.DirectLayerNorm's VJP) on XLA:CPU,
     where it runs the norms in fewer passes (benchmarks/README.md), and "autodiff" elsewhere."""
     return _direct_on_cpu(cfg.norm_grad)
 
@@ -107,7 +130,7 @@ def for_training(cfg: GPTConfig) -> GPTConfig:
     every rerun."""
     if cfg.matmul_dtype == "auto":
         cfg = cfg.replace(matmul_dtype=training_matmul_dtype())
-    cfg.speed  # noqa: B018 (made now, once, rather than while the step is traced)
+    speed_of(cfg)  # made now, once, rather than while the step is traced
     return cfg
 
 
@@ -115,28 +138,3 @@ def training_matmul_dtype() -> str:
     """What "auto" means for a training step's matmul operands here (the model's Dense layers,
     Muon's Newton-Schulz): "bfloat16" where `bf16_matmuls_pay()`, else "float32"."""
     return "bfloat16" if bf16_matmuls_pay() else "float32"
-
-
-@functools.cache
-def _cuda_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the first device when it is an NVIDIA GPU (a CUDA client that reports a
-    compute capability), else None (CPU, TPU, ROCm)."""
-    device = jax.devices()[0]
-    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
-    capability = getattr(device, "compute_capability", None)
-    if device.platform != "gpu" or "cuda" not in version or capability is None:
-        return None
-    major, minor = str(capability).split(".")[:2]
-    return int(major), int(minor)
-
-
-def cudnn_attention_supported(cfg: GPTConfig) -> bool:
-    """Whether cuDNN flash attention runs `cfg`'s attention here: an NVIDIA GPU of compute
-    capability 8.0 or later (Ampere+), bf16/fp16 activations, a head dim that is a multiple of 8
-    within the limit of that GPU generation."""
-    if cfg.dtype not in ("bfloat16", "float16") or cfg.head_dim % 8:
-        return False
-    capability = _cuda_compute_capability() if jax.default_backend() == "gpu" else None
-    if capability is None or capability < (8, 0):
-        return False
-    return cfg.head_dim <= _CUDNN_HEAD_DIM_MAX[min(max(capability[0], 8), 9)]
