@@ -258,6 +258,22 @@ def test_the_readme_is_a_map():
     assert "## The core" in first and "minigpt_jax/train/step.py` (" in text
 
 
+def test_the_readmes_links_reach_files_and_headings():
+    """The README is read on GitHub, outside the site's build: each relative link names a file
+    of the repository, and each #anchor a heading of that page."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([\w-]+))?\)", page_text(README))
+    assert len(links) >= 10, links
+    for path, anchor in links:
+        if path.startswith("http"):
+            continue
+        target = REPO / path
+        assert target.is_file(), path
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", page_text(target), re.M)
+            slugs = {re.sub(r"[^\w]+", "-", h.lower()).strip("-") for h in headings}
+            assert anchor in slugs, (path, anchor)
+
+
 def test_the_readmes_install_and_test_commands_are_cis():
     """.ci/run installs at least the README's extras and runs the README's test command."""
     install, *_, tests = readme_commands()
