@@ -77,6 +77,7 @@ def test_every_python_block_is_a_named_file_and_run_by_a_test():
     assert plugins <= set(blocks) and scripts <= set(blocks)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_plugin_files_import_as_written(tmp_path):
     """docs/extending/'s files, written into a folder outside the package, import (their
     decorators and declarations run) in a fresh interpreter."""
@@ -96,6 +97,7 @@ SCRIPTS = {
 }
 
 
+@pytest.mark.slow  # a subprocess each, one trains
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_script_blocks_run_as_written(name, tmp_path):
     page, source = python_blocks()[name]
