@@ -198,6 +198,19 @@ def test_every_dotted_name_the_pages_mention_imports():
     assert wrong == {}, f"names the pages mention that do not import: {wrong}"
 
 
+def test_every_page_the_code_names_exists():
+    """Messages and docstrings send readers to pages (`docs/extending/model.md, 'A gated
+    MLP'`): each page the library, the apps, the configs and the tests name exists."""
+    named = {}
+    for root in ("minigpt_jax", "minigpt_apps", "configs", "tests", "benchmarks", "experiments"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for page in re.findall(r"\bdocs/[\w/-]+\.md\b", path.read_text(encoding="utf-8")):
+                named.setdefault(page, str(path.relative_to(REPO)))
+    assert "docs/extending/model.md" in named, named
+    missing = {page: where for page, where in named.items() if not (REPO / page).is_file()}
+    assert missing == {}, f"pages named that do not exist: {missing}"
+
+
 # ----------------------------------------------------------------------------- API reference
 
 
