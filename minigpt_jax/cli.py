@@ -35,7 +35,7 @@ with its own flags; a package of yours adds a command the same way.
 (MINIGPT_JAX_COMPILATION_CACHE=DIR moves it, =off turns it off).
 
 Every key that picks a part (optim.name, model.attention_mask, loss.terms, ...) also takes
-`module:attr`, code of your own importable from the working directory (docs/extending.md).
+`module:attr`, code of your own importable from the working directory (docs/extending/index.md).
 """
 
 from __future__ import annotations

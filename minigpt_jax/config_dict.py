@@ -166,25 +166,36 @@ def settings_table(config: RunConfig | None = None) -> str:
     each group followed by the settings its built-in entries declare. With `config`, the
     values of that (completed) config instead of the defaults, and the settings of the
     entries it picks."""
+    lines, last = [], None
+    for group, name, value, kind, doc in settings_rows(config):
+        if group != last:
+            lines.append(f"config.{group}" if group else "config")
+            last = group
+        lines.append(f"  {name:<24} {value!r:<12} {kind:<12} {doc}")
+    return "\n".join(lines)
+
+
+def settings_rows(config: RunConfig | None = None) -> list[tuple[str, str, Any, str, str]]:
+    """(group, key, value, kind, doc) of every setting, as `settings_table` lists them (the
+    documentation site's table is made from these too)."""
     if config is not None:
         config = complete(config)
         declared = entry_settings(config.to_dict())
     else:
         declared = _builtin_entry_settings()
-    lines = []
+    rows = []
     for group, cls in (("", settings.Loop), *GROUP_SETTINGS.items()):
-        lines.append(f"config.{group}" if group else "config")
         node = config if config is None or not group else config[group]
         for name, spec in declarations(cls).items():
             if cls is GPTConfig and name == "vocab_size":
                 continue
             value = settings.defaults(cls)[name] if config is None else node[name]
-            lines.append(f"  {name:<24} {value!r:<12} {spec.kind:<12} {spec.doc}")
+            rows.append((group, name, value, spec.kind, spec.doc))
         for name, (field, where) in declared.get(group, {}).items():
             spec = field.metadata["setting"]
             value = field.default if config is None else node[name]
-            lines.append(f"  {name:<24} {value!r:<12} {spec.kind:<12} {spec.doc} ({where})")
-    return "\n".join(lines)
+            rows.append((group, name, value, spec.kind, f"{spec.doc} ({where})"))
+    return rows
 
 
 def _builtin_entry_settings() -> dict[str, dict[str, tuple[Any, str]]]:

@@ -16,6 +16,9 @@ from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+# The pages of docs/extending/, one a seam; their ```python blocks that open with `# name.py` are
+# files of a researcher's own, which the extending tests write into a folder outside the package.
+EXTENDING_PAGES = sorted((REPO / "docs" / "extending").glob("*.md"))
 
 # Saves every 4 steps keep the crash tests' kill targets dense; 2 kept checkpoints leave one to
 # fall back to (the reference run: checkpoints 36 and 40).
@@ -171,3 +174,14 @@ def tensorboard_scalars(workdir: Path) -> dict[str, dict[int, float]]:
                 scalars.setdefault(value.tag, {})[event.step] = value.simple_value
             offset += 12 + length + 4
     return scalars
+
+
+def extending_files() -> dict[str, str]:
+    """{file name: source} of every ```python block of docs/extending/'s pages that opens with
+    `# name.py`, as written there."""
+    files = {}
+    for page in EXTENDING_PAGES:
+        for name, source in re.findall(r"```python\n# (\w+\.py)\n(.*?)```", page.read_text(), re.S):
+            assert name not in files, f"{name} is shown twice in docs/extending/"
+            files[name] = source
+    return files

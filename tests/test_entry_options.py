@@ -148,16 +148,13 @@ def test_a_configdict_group_gives_the_options_of_its_values():
 def test_a_tokenizer_entry_reads_its_own_path_setting_through_the_cli(
     tmp_path, corpus_file, data_format
 ):
-    """docs/extending.md's my_tokenizers.py: its alphabet_path setting reaches the entry (the
+    """docs/extending/data.md's my_tokenizers.py: its alphabet_path setting reaches the entry (the
     file's characters, absent from the corpus, are in the run's tokenizer)."""
-    import re
     import subprocess
-    from pathlib import Path
 
-    from helpers import train_args
+    from helpers import extending_files, train_args
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
-    [source] = re.findall(r"```python\n# my_tokenizers\.py\n(.*?)```", doc, re.DOTALL)
+    source = extending_files()["my_tokenizers.py"]
     (tmp_path / "my_tokenizers.py").write_text(source)
     (tmp_path / "alphabet.txt").write_text("\u2603\u265e")
     assert "\u2603" not in corpus_file.read_text()

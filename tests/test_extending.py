@@ -1,8 +1,7 @@
-"""A researcher's changes as files of their own: docs/extending.md's examples, written into a
+"""A researcher's changes as files of their own: docs/extending/'s examples, written into a
 folder outside the package, train through the command line's `module:attr` form, show up in
 the metrics and resume bit-exactly; and each one computes what it says."""
 
-import re
 import struct
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import pydoc_text, train_args
+from helpers import extending_files, pydoc_text, train_args
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
@@ -32,7 +31,6 @@ from minigpt_jax.train.step import loss_fn
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "extending.md"
 PLUGINS = [
     "--config.optim.name=my_opts:lion",
     "--config.model.attention_mask=my_masks:sliding_window",
@@ -43,10 +41,9 @@ PLUGINS = [
 
 
 def doc_files() -> dict[str, str]:
-    """{file name: source} of every ```python block of docs/extending.md that opens with
+    """{file name: source} of every ```python block of docs/extending/ that opens with
     `# name.py`."""
-    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```", DOC.read_text(), re.DOTALL)
-    return dict(blocks)
+    return extending_files()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """A researcher's own data and config, from a folder outside the package: CSV and parquet
-corpora in memory and in shards, a file format of their own (docs/extending.md's
+corpora in memory and in shards, a file format of their own (docs/extending/'s
 my_formats.py), an unknown suffix and a missing column refused before anything is written,
 `--config tiny` and a config file that starts from minigpt_jax.configs.tiny (my_config.py).
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import extending_files
 
 from minigpt_jax.data import corpus
 from minigpt_jax.data.in_memory import prepare_dataset
@@ -28,7 +29,6 @@ from minigpt_jax.data.tokenizers import TOKENIZERS, load_tokenizer
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "extending.md"
 # Quotes, commas, a newline inside a cell; csv.writer ends rows with \r\n.
 DOCUMENTS = [
     f"row {i}: " + ["plain text", 'a "quoted" word, a comma', "two\nlines", "ends with,"][i % 4]
@@ -47,9 +47,8 @@ FAST = [
 
 
 def doc_file(name: str) -> str:
-    """The ```python block of docs/extending.md that opens with `# name`."""
-    blocks = dict(re.findall(r"```python\n# (\w+\.py)\n(.*?)```", DOC.read_text(), re.DOTALL))
-    return blocks[name]
+    """The ```python block of docs/extending/ that opens with `# name`."""
+    return extending_files()[name]
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
 """Optax factories by name, the parameters evaluation uses (schedule-free's x, an EMA) and
-metrics over the model's intermediates: docs/extending.md's examples, written into a folder
+metrics over the model's intermediates: docs/extending/'s examples, written into a folder
 outside the package, trained through the command line, and checked against independent
 computations of what each says."""
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import pydoc_text, tensorboard_scalars, train_args
+from helpers import extending_files, pydoc_text, tensorboard_scalars, train_args
 
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.checkpoint import load_params
@@ -31,14 +30,12 @@ from minigpt_jax.train.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "extending.md"
 MINE = ("my_schedule_free.py", "my_metrics.py")
 STEPS = 20
 
 
 def doc_files() -> dict[str, str]:
-    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```", DOC.read_text(), re.DOTALL)
-    return dict(blocks)
+    return extending_files()
 
 
 @pytest.fixture(scope="module")

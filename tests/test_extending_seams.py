@@ -1,4 +1,4 @@
-"""The module seams from a researcher's own files: docs/extending.md's gated MLP, block,
+"""The module seams from a researcher's own files: docs/extending/'s gated MLP, block,
 attention score and kernel, written into a folder outside the package, train through the
 command line; each parameter's metadata (Muon group, sharding rule) comes from its creation
 site, a matrix declaring none is refused naming its path, and a kernel that cannot apply a
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import pydoc_text, train_args
+from helpers import extending_files, pydoc_text, train_args
 from jax.sharding import PartitionSpec
 
 from minigpt_jax import GPTConfig, forward, init_params, sharding
@@ -32,7 +32,6 @@ from minigpt_jax.train.metrics import read_metrics
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "extending.md"
 SEAM_FILES = {"my_mlp.py", "my_blocks.py", "my_scores.py", "my_kernels.py"}
 
 # A user MLP whose matrix declares nothing: refused, naming the parameter's path.
@@ -51,8 +50,7 @@ class Plain(nn.Module):
 
 
 def doc_files() -> dict[str, str]:
-    blocks = re.findall(r"```python\n# (\w+\.py)\n(.*?)```", DOC.read_text(), re.DOTALL)
-    return dict(blocks)
+    return extending_files()
 
 
 @pytest.fixture(scope="module")

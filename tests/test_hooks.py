@@ -1,19 +1,17 @@
-"""Hooks through the command line from a folder outside the package: docs/extending.md's early
+"""Hooks through the command line from a folder outside the package: docs/extending/'s early
 stop sees every evaluation and stops the run with a checkpoint that a rerun resumes; the
 built-in samples hook writes its samples; a hook that raises is one plug-in error naming
 config.hooks.names and its frame, after the steps trained so far are saved."""
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import steps, train_args
+from helpers import extending_files, steps, train_args
 
 pytestmark = pytest.mark.slow  # trainings through the CLI
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 FAILING = """
 class Boom:
     every = 1
@@ -60,7 +58,7 @@ def _train(folder: Path, workdir: Path, corpus_file, *extra) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user_hooks")
-    [source] = re.findall(r"```python\n# my_hooks\.py\n(.*?)```", DOC.read_text(), re.DOTALL)
+    source = extending_files()["my_hooks.py"]
     (folder / "my_hooks.py").write_text(source)
     (folder / "my_failing_hooks.py").write_text(FAILING)
     (folder / "my_periodic_hooks.py").write_text(PERIODIC)

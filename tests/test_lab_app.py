@@ -5,7 +5,7 @@ starts from a fresh table (the browser's storage cleared). After every change th
 that the shared table is finite and that every part shows a result computed from it: each view
 carries the fingerprint (`data-w`) of the table it was computed from.
 
-Set LAB_SCREENSHOTS=docs/lab to write the README's screenshots (each part, desktop and phone).
+Set LAB_SCREENSHOTS=docs/lab to write docs/lab.md's screenshots (each part, desktop and phone).
 """
 
 import ast
@@ -407,7 +407,7 @@ class Page:
 
 
 def _shrink(path: Path) -> None:
-    """A screenshot reduced to a 256-colour palette (the README's stay small)."""
+    """A screenshot reduced to a 256-colour palette (the docs' stay small)."""
     from PIL import Image
 
     with Image.open(path) as image:

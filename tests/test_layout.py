@@ -1,4 +1,4 @@
-"""The packages' imports run one way: the layers the README's Layout section lists (the
+"""The packages' imports run one way: the layers docs/layout.md's Layout section lists (the
 library's, then the apps'), no cycles, the library never importing an app, and no package
 attribute that shadows a submodule."""
 
@@ -39,9 +39,9 @@ def _source_file(module: str) -> Path:
 
 
 def readme_layers() -> dict[str, int]:
-    """{module: layer} from the README's layer table: lines `  <n>  a.py model/b.py ...` (a
+    """{module: layer} from docs/layout.md's layer table: lines `  <n>  a.py model/b.py ...` (a
     two-digit layer takes one of the two leading spaces)."""
-    layout = ROOT.joinpath("README.md").read_text().split("## Layout", 1)[1]
+    layout = ROOT.joinpath("docs", "layout.md").read_text().split("## Layout", 1)[1]
     layers = {}
     for number, names in re.findall(r"^ {1,2}(\d{1,2}) {2}((?:\S+\.py ?)+)$", layout, re.MULTILINE):
         for name in names.split():
@@ -106,7 +106,7 @@ class LayoutTest(chex.TestCase):
             for dep in sorted(package_imports(module))
             if _is_app(dep) == _is_app(module) and layers[dep] >= layers[module]
         ]
-        self.assertEmpty(wrong, "imports against README.md's layer order")
+        self.assertEmpty(wrong, "imports against docs/layout.md's layer order")
 
     def test_the_library_imports_no_app(self):
         """The apps left the library (issue 35): cli finds their commands as entry points."""
@@ -228,3 +228,22 @@ def test_the_readmes_core_names_library_modules_that_exist():
     assert len(core) >= 10, core
     assert [f for f in core if not (ROOT / f).is_file()] == []
     assert "minigpt_jax/train/step.py" in core and "minigpt_jax/model/gpt.py" in core
+
+
+def test_the_readmes_core_states_each_files_line_count():
+    """README's "The core" gives each file's line count, `minigpt_jax/x.py (N lines)` or `(N)`;
+    each must equal the file's (`wc -l`), so a moved or grown core file is caught here: update
+    the README's list (the site's Layout page includes it)."""
+    from benchmarks.house import core_files
+
+    section = ROOT.joinpath("README.md").read_text().split("## The core", 1)[1].split("\n## ")[0]
+    stated = dict(re.findall(r"`(minigpt_jax/[\w/]+\.py)` \((\d+)(?: lines)?\)", section))
+    assert sorted(stated) == core_files(ROOT), "every core file in the README needs its count"
+    actual = {
+        name: str(len(ROOT.joinpath(name).read_bytes().splitlines()))
+        for name in stated
+        if ROOT.joinpath(name).is_file()
+    }
+    wrong = {name: (count, actual.get(name)) for name, count in stated.items()}
+    wrong = {name: pair for name, pair in wrong.items() if pair[0] != pair[1]}
+    assert wrong == {}, f"README's core: {{file: (stated, actual lines)}} {wrong}"

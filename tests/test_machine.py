@@ -1,5 +1,5 @@
 """benchmarks/machine.py: the CPU description every side-by-side benchmark prints, read from
-/proc/cpuinfo texts of the three CPUs the README's speed tables come from. The expected peaks are
+/proc/cpuinfo texts of the three CPUs docs/speed.md's tables come from. The expected peaks are
 the published per-core rates worked out by hand (clock × cores × FLOP/cycle), not the module's."""
 
 import pytest

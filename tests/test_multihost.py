@@ -2,7 +2,7 @@
 
 Each process is `python -m minigpt_jax train` with 2 fake CPU devices and the
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID variables, exactly the two-terminal
-commands of the README; cross-process collectives run over gloo. The pair shares one run
+commands of docs/devices.md; cross-process collectives run over gloo. The pair shares one run
 directory, as hosts share a filesystem, on a data=2 x fsdp=2 mesh (the batch split four ways,
 params over fsdp); the reference is one process with 4 devices and the same mesh, batch and
 seed. Within one topology a resume is bit-exact; across process counts gloo sums in another

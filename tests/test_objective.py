@@ -4,9 +4,7 @@ metrics equal what they name, computed here by hand; through the command line fr
 outside the package, every step logs them beside the cross-entropy."""
 
 import json
-import re
 import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +19,6 @@ from minigpt_jax.train.step import init_state, loss_fn, train_step
 
 CFG = GPTConfig(vocab_size=30, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
 BATCH_BxT1 = jax.random.randint(jax.random.key(7), (4, 9), 0, CFG.vocab_size)
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 def explicit_activation_l2(params):
@@ -114,12 +111,12 @@ def test_a_step_metric_that_reuses_a_logged_name_is_refused():
 
 @pytest.mark.slow
 def test_the_command_line_logs_internal_terms_and_step_metrics_every_step(tmp_path, corpus_file):
-    """docs/extending.md's my_aux.py from a folder of its own: its term reaches the objective
+    """docs/extending/losses.md's my_aux.py from a folder of its own: its term reaches the objective
     (train_loss = cross_entropy + 0.01 · mlp_l1 every step) beside the built-in activation_l2,
     and the step metrics are in every step's record."""
-    from helpers import train_args
+    from helpers import extending_files, train_args
 
-    [source] = re.findall(r"```python\n# my_aux\.py\n(.*?)```", DOC.read_text(), re.DOTALL)
+    source = extending_files()["my_aux.py"]
     (tmp_path / "my_aux.py").write_text(source)
     workdir = tmp_path / "run"
     args = train_args(

@@ -7,7 +7,7 @@ Needs:    tinyshakespeare.txt (1,115,394 bytes) in $MINIGPT_JAX_DATA or at --con
 Expect:   val loss <= 1.90 at step 2000 (the PyTorch recipe reaches about 1.88); measured:
           train 1.7409, val 1.8742, in 122 s on a 2-core AMD EPYC (median 50 ms/step,
           float32); with this CPU's defaults (bf16 matmuls, the LayerNorm's hand-written VJP:
-          README "Speed") train 1.7416, val 1.8754 in 71.9 s (median 28.8 ms/step), and 1.8741
+          docs/speed.md) train 1.7416, val 1.8754 in 71.9 s (median 28.8 ms/step), and 1.8741
           with model.norm_grad=autodiff: the VJP's float rounding, not a different model.
 Variant:  `configs/shakespeare_char.py:nanogpt` is nanoGPT's own recipe exactly (exact GELU, no
           biases), the PyTorch twin's in benchmarks/time_to_loss.py.

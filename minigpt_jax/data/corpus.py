@@ -423,7 +423,7 @@ def sources(path: str | os.PathLike, picked: FileFormat | None = None) -> list[S
                 f"{file}: no file format reads {file.suffix or 'files without a suffix'}; the "
                 f"known suffixes are {', '.join(known)}. Rename the file, narrow data.path, or "
                 f"set data.file_format to a format that reads it (txt, jsonl, csv, parquet, or "
-                f"module:attr of your own, docs/extending.md)."
+                f"module:attr of your own, docs/extending/data.md)."
             )
     if not files:
         raise ValueError(

@@ -290,7 +290,7 @@ class GPTConfig(Group):
     # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
     # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
     # CPUs with AVX512-BF16 or AMX (benchmarks/README.md); the loss curve stays within seed noise
-    # of float32 (README's Speed section); "auto" is bfloat16 in the training step on such CPUs
+    # of float32 (docs/speed.md); "auto" is bfloat16 in the training step on such CPUs
     # and float32 elsewhere and in evaluation, sampling and export (model/speed/backend.py).
     matmul_dtype: str = setting(
         "auto",

@@ -108,7 +108,7 @@ def metadata(annotated_params: Any, prefix: Path = ()) -> dict[Path, ParamMeta]:
                 f"parameter {'/'.join(names)} (shape {tuple(value.shape)}) declares no optimizer "
                 f"group or weight decay: create it with "
                 f"minigpt_jax.model.param_meta.declare(init, axes, muon=..., decay=...) in place "
-                f"of its init (muon=None for AdamW; docs/extending.md, 'A gated MLP')."
+                f"of its init (muon=None for AdamW; docs/extending/model.md, 'A gated MLP')."
             )
         found[names] = VECTOR
     return found

@@ -125,7 +125,7 @@ def for_training(cfg: GPTConfig) -> GPTConfig:
     """The config a training step is traced with, its `speed` choices made before the trace:
     matmul_dtype "auto" resolved to "bfloat16" where `bf16_matmuls_pay()` (0.87-0.91x the
     ms/step on an AMD EPYC with AVX512-BF16, its loss curve within seed noise of float32:
-    README.md, Speed) and "float32" elsewhere; any other value as it is. The run's config
+    docs/speed.md) and "float32" elsewhere; any other value as it is. The run's config
     keeps "auto" (checkpoints move between machines); each machine's step is the same on
     every rerun."""
     if cfg.matmul_dtype == "auto":
