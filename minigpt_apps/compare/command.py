@@ -63,11 +63,12 @@ import sys
 import time
 from pathlib import Path
 
+from minigpt_apps.command_line import OneLineParser, lock_out
 from minigpt_apps.compare import plan as plans
 from minigpt_apps.compare import report
 from minigpt_apps.compare.record import has_ended, read_record
 from minigpt_apps.compare.runs import CompareStop, run_children, run_here
-from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
+from minigpt_jax.runtime.locks import LockHeld
 from minigpt_jax.runtime.signals import record_signals_while_starting
 
 PROG = "minigpt-jax compare"
@@ -75,20 +76,8 @@ DEFAULT_EVAL_TOKENS = 8192
 HELP = "train arms of a config over paired seeds; is the difference real?"
 
 
-class _Parser(argparse.ArgumentParser):
-    """The command's flags, this module's docstring as their help; an error is one line."""
-
-    def __init__(self):
-        summary, details = __doc__.split("\n\n", 1)
-        kind = argparse.RawDescriptionHelpFormatter
-        super().__init__(prog=PROG, description=summary, epilog=details, formatter_class=kind)
-
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise plans.CompareError(f"{message}; see {PROG} --help.")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser()
+    parser = OneLineParser(PROG, __doc__, plans.CompareError)
     add = parser.add_argument
     add("--config", default=None, help="the base config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the comparison's folder: ARM/seed-S/, report-METRIC.md, ...")
@@ -257,20 +246,6 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
     return comparison, args
 
 
-def _lock(out: Path) -> int:
-    """One command at a time on OUT: a lock the OS releases when this process ends."""
-    fd = os.open(out / plans.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    lock_file(
-        fd,
-        lambda pid, host: (
-            f"another compare command (pid {pid} on {host}) is "
-            f"running on {out}; wait for it, or stop it and rerun."
-        ),
-    )
-    write_holder(fd)
-    return fd
-
-
 def _warnings(comparison: plans.Comparison, metric: str) -> list[str]:
     """Lines that warn of arms scored unlike the baseline."""
     lines = []
@@ -314,7 +289,7 @@ def main(argv: list[str]) -> int:
         state = plans.check_out(comparison, code)
         try:
             comparison.out.mkdir(parents=True, exist_ok=True)
-            lock = _lock(comparison.out)
+            lock = lock_out(comparison.out / plans.LOCK_FILE, "compare")
         except OSError as error:
             raise plans.CompareError(
                 f"--out {comparison.out} cannot be written ({error.strerror or error}); give a "

@@ -41,9 +41,10 @@ import sys
 import time
 from pathlib import Path
 
+from minigpt_apps.command_line import OneLineParser, lock_out
 from minigpt_apps.scale import plan as plans
 from minigpt_apps.scale import report, runs
-from minigpt_jax.runtime.locks import LockHeld, lock_file, write_holder
+from minigpt_jax.runtime.locks import LockHeld
 from minigpt_jax.runtime.signals import record_signals_while_starting
 
 PROG = "minigpt-jax scale"
@@ -54,18 +55,8 @@ CHECK_FILE = "check.json"  # the check run's shape, chosen once from the fit
 STEP_S, RUN_S = 0.004, 15.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self):
-        summary, details = __doc__.split("\n\n", 1)
-        kind = argparse.RawDescriptionHelpFormatter
-        super().__init__(prog=PROG, description=summary, epilog=details, formatter_class=kind)
-
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise plans.ScaleError(f"{message}; see {PROG} --help.")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser()
+    parser = OneLineParser(PROG, __doc__, plans.ScaleError)
     add = parser.add_argument
     add("--config", required=True, help="the base config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the study's folder: runs/, report.md, results.csv, ...")
@@ -162,19 +153,6 @@ def grid_lines(study: plans.Study, gflops: float) -> list[str]:
     return lines
 
 
-def _lock(out: Path) -> int:
-    fd = os.open(out / plans.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    lock_file(
-        fd,
-        lambda pid, host: (
-            f"another scale command (pid {pid} on {host}) is running on {out}; wait for it, "
-            "or stop it and rerun."
-        ),
-    )
-    write_holder(fd)
-    return fd
-
-
 def _check_point(study: plans.Study, findings: report.Findings, args) -> plans.Point | None:
     """The check run: the ladder shape nearest N_opt at the predicted budget, chosen once
     (OUT/check.json) so a rerun trains the same run whatever a refit says."""
@@ -211,7 +189,7 @@ def main(argv: list[str]) -> int:
             return 0
         resuming = plans.check_out(study)
         study.out.mkdir(parents=True, exist_ok=True)
-        lock = _lock(study.out)
+        lock = lock_out(study.out / plans.LOCK_FILE, "scale")
     except (plans.ScaleError, LockHeld) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

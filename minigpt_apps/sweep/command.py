@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from minigpt_apps.command_line import OneLineParser
 from minigpt_apps.sweep.study import (
     DEFAULT_STUDY,
     MAX_SEED,
@@ -62,18 +63,8 @@ HELP = "train many configs of a search space and rank them"  # minigpt-jax --hel
 MAX_HEARTBEAT_S = 3600  # a stale trial is found 4 heartbeats late: hours at most
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise SweepError(f"{message}; see minigpt-jax sweep --help.")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="minigpt-jax sweep",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    parser = OneLineParser("minigpt-jax sweep", __doc__, SweepError)
     add = parser.add_argument
     add("--config", required=True, help="config file[:arg], e.g. configs/tiny.py")
     add("--out", required=True, help="the sweep folder: study.db, trials/, trials.csv, plots/")
