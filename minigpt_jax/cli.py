@@ -403,11 +403,15 @@ class _EntrySettingsParser(ConfigFileFlagParser):
     overrides: dict[str, str] = {}
 
     def parse(self, path):
-        config = super().parse(path)
+        from minigpt_jax.runtime.signals import raising_while_starting
+
+        with raising_while_starting("reading the config file"):
+            config = super().parse(path)
         if isinstance(config, ml_collections.ConfigDict):
             from minigpt_jax.config_dict import add_entry_settings
 
-            add_entry_settings(config, self.overrides)
+            with raising_while_starting("importing the config's plug-ins"):
+                add_entry_settings(config, self.overrides)
         return config
 
 
@@ -596,11 +600,21 @@ def main() -> None:
     if named[:1] and named[0] in apps:  # its own flags (argparse), not absl's
         index = sys.argv.index(named[0])
         sys.exit(apps[named[0]].load()(sys.argv[1:index] + sys.argv[index + 1 :]))
-    from minigpt_jax.runtime.signals import record_signals_while_starting
+    from minigpt_jax.runtime.signals import StoppedWhileStarting, record_signals_while_starting
 
     record_signals_while_starting()  # until the command's own stop handling takes them over
     logging.set_verbosity(logging.WARNING)  # absl INFO lines (e.g. "no TPU found") are noise here
-    app.run(_run, flags_parser=_parse_flags)
+    try:
+        app.run(_run, flags_parser=_parse_flags)
+    except StoppedWhileStarting as stop:  # a config file or plug-in module that did not return
+        command = named[0] if named else "minigpt-jax"
+        print(
+            f"{stop.signal_name} received while {stop.what}, before {command} began: nothing "
+            "was written; rerun the same command.",
+            file=sys.stderr,
+            flush=True,
+        )
+        _exit_stopped(stop.exit_status)
 
 
 if __name__ == "__main__":
