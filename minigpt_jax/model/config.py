@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
 import jax.numpy as jnp
 
 from minigpt_jax.settings.groups import AUTO, MODEL, SPEED, Group, check_values, setting
@@ -17,51 +16,11 @@ from minigpt_jax.settings.registry import REGISTRIES, Registry, RegistryError, R
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
 # The model's other registries live beside their entries (positions, attention_fns, layers,
-# blocks) and import this module: its settings name them by config key (`RegistryRef`).
+# blocks; the speed settings' in model/speed/choices.py) and import this module: its settings
+# name them by config key (`RegistryRef`).
 _DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}
 DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
 PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
-DENSE_GRADS = Registry(
-    "Dense gradient",
-    "model.dense_grad",
-    {"auto": "direct on CPU, else autodiff", "autodiff": "jax.grad", "direct": "dense.py's VJP"},
-    user_entries=False,
-)
-NORM_GRADS = Registry(
-    "LayerNorm gradient",
-    "model.norm_grad",
-    {
-        "auto": "direct on CPU, else autodiff",
-        "autodiff": "jax.grad",
-        "direct": "speed.layernorm.DirectLayerNorm's VJP",
-    },
-    user_entries=False,
-)
-MATMUL_DTYPES = Registry(
-    "matmul dtype",
-    "model.matmul_dtype",
-    {
-        "auto": "bfloat16 in training on CPUs with a bf16 dot unit, else float32",
-        "float32": "float32 operands",
-        "bfloat16": "bfloat16 operands, float32 sums",
-    },
-    user_entries=False,
-)
-# What each block keeps for the backward pass (model.remat); the rest is recomputed. "full"
-# keeps only the block's input; "dots" also keeps the matmul outputs (the cheap elementwise work
-# is redone); "none" keeps everything (no remat).
-REMAT_POLICIES = Registry(
-    "remat policy",
-    "model.remat",
-    {
-        "none": None,
-        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "full": jax.checkpoint_policies.nothing_saveable,
-    },
-    user_entries=False,
-)
-
-
 # The attention_score that applies none (attention_fns.ATTENTION_SCORES' no_score).
 NO_SCORE = "none"
 
@@ -274,7 +233,7 @@ class GPTConfig(Group):
         "auto",
         "how Dense layers are differentiated: auto (direct on CPU) | autodiff | direct",
         SPEED,
-        choices=DENSE_GRADS,
+        choices=RegistryRef("model.dense_grad"),
     )
     # "direct" is minigpt_jax.model.speed.layernorm.DirectLayerNorm (flax's parameters, a
     # hand-written VJP in fewer passes), faster on XLA:CPU (measured there only:
@@ -285,7 +244,7 @@ class GPTConfig(Group):
         "how LayerNorms (norm layernorm) are differentiated: auto (direct on CPU) | autodiff | "
         "direct",
         SPEED,
-        choices=NORM_GRADS,
+        choices=RegistryRef("model.norm_grad"),
     )
     # bfloat16 operands with float32 accumulation in the Dense contractions (forward and both
     # backward dots); weights, optimizer state, activations and logits stay float32. Faster on
@@ -297,7 +256,7 @@ class GPTConfig(Group):
         "Dense matmul operands: auto (bfloat16 in training on CPUs with AVX512-BF16 or AMX) | "
         "float32 | bfloat16 (float32 sums and master weights)",
         SPEED,
-        choices=MATMUL_DTYPES,
+        choices=RegistryRef("model.matmul_dtype"),
     )
     # "explicit" is the einsum + softmax path that can return the weights and drop them out;
     # "xla" and "cudnn" are jax.nn.dot_product_attention's (cuDNN flash attention: NVIDIA GPUs,
@@ -332,9 +291,9 @@ class GPTConfig(Group):
     )
     remat: str = setting(
         "none",
-        "recompute activations in the backward pass: none | dots | full (REMAT_POLICIES)",
+        "recompute activations in the backward pass: none | dots | full",
         SPEED,
-        choices=REMAT_POLICIES,
+        choices=RegistryRef("model.remat"),
     )
     dtype: str = setting(
         "float32",

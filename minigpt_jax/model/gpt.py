@@ -32,7 +32,7 @@ from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
 from minigpt_jax.model.attention_fns import ATTENTION_MASKS
 from minigpt_jax.model.blocks import BLOCKS, norm
-from minigpt_jax.model.config import REMAT_POLICIES, GPTConfig
+from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import NORM_EPS
@@ -46,6 +46,7 @@ from minigpt_jax.model.losses import (
 )
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
+from minigpt_jax.model.speed.backend import speed_of
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -98,7 +99,7 @@ class GPT(nn.Module):
         block = BLOCKS[cfg.block]
         if cfg.remat != "none":
             # Argument 3 counts the module: (self, x, positions, deterministic).
-            block = nn.remat(block, static_argnums=(3,), policy=REMAT_POLICIES[cfg.remat])
+            block = nn.remat(block, static_argnums=(3,), policy=speed_of(cfg).remat_policy)
         self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
         self.ln_f = norm(cfg, "ln_f")
         if not cfg.tie_embeddings:

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 
 from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.speed.choices import REMAT_POLICIES
 from minigpt_jax.model.speed.dense import dot_general_for
 from minigpt_jax.model.speed.kernels import kernel_table
 from minigpt_jax.model.speed.layernorm import DirectLayerNorm
@@ -38,7 +39,8 @@ class SpeedChoices:
     contract with (None: flax's lax.dot_general); layer_norm: nn.LayerNorm or
     `DirectLayerNorm` (the same parameters); kernels: the attention kernel (a
     `kernels.AttentionKernel`) of each kind of call, by (weight_dropout, cached, plain_mask)
-    as `kernels.choose_kernel` takes them.
+    as `kernels.choose_kernel` takes them; remat_policy: what model.remat keeps for the
+    backward pass (`choices.REMAT_POLICIES`; None: everything).
     """
 
     dense_grad: str
@@ -47,6 +49,7 @@ class SpeedChoices:
     kernels: Mapping[tuple[bool, bool, bool], Any]
     dot_general: Any = None
     layer_norm: type[nn.Module] = nn.LayerNorm
+    remat_policy: Any = None
 
 
 def speed_of(cfg: GPTConfig) -> SpeedChoices:
@@ -62,6 +65,7 @@ def speed_of(cfg: GPTConfig) -> SpeedChoices:
             kernels=kernel_table(cfg),
             dot_general=dot_general_for(dense, operands),
             layer_norm=DirectLayerNorm if norm == "direct" else nn.LayerNorm,
+            remat_policy=REMAT_POLICIES[cfg.remat],
         )
         object.__setattr__(cfg, "_speed", made)  # frozen: set as cached_property would
     return made
