@@ -192,6 +192,60 @@ def test_censored_sign_test_counts_a_miss_as_slowest():
     assert result.p == pytest.approx(scipy_stats.binomtest(1, 3).pvalue)
 
 
+def test_log_rank_matches_the_textbook_leukemia_trial():
+    """Freireich's 6-MP trial (Gehan 1965; Kleinbaum & Klein, Survival Analysis, ch. 2): weeks
+    in remission, + censored. 6-MP: 9 relapses where 19.25 were expected; log-rank chi-square
+    16.79 on 1 df, p = 4.17e-5."""
+    drug = [6, 6, 6, "6+", 7, "9+", 10, "10+", "11+", 13, 16, "17+", "19+", "20+", 22, 23,
+            "25+", "32+", "32+", "34+", "35+"]  # fmt: skip
+    placebo = [1, 1, 2, 2, 3, 4, 4, 5, 5, 8, 8, 8, 8, 11, 11, 12, 12, 15, 17, 22, 23]
+
+    def reached(weeks):
+        return [None if str(w).endswith("+") else float(w) for w in weeks]
+
+    def ended(weeks):
+        return [float(str(w).rstrip("+")) for w in weeks]
+
+    result = stats.log_rank(reached(drug), ended(drug), reached(placebo), ended(placebo))
+    assert result.observed == 9 and result.expected == pytest.approx(19.25, abs=0.005)
+    assert result.chisq == pytest.approx(16.79, abs=0.005)
+    assert result.p == pytest.approx(4.17e-5, rel=0.01)
+
+
+def _log_rank_by_hand(arm_times, arm_events, base_times, base_events):
+    """The textbook log-rank: over the distinct event times, O − E of the arm and the
+    hypergeometric variance, chi-square (O − E)² / V on 1 df."""
+    times = np.array([*arm_times, *base_times])
+    events = np.array([*arm_events, *base_events], dtype=bool)
+    in_arm = np.arange(times.size) < len(arm_times)
+    o_minus_e = variance = 0.0
+    for when in np.unique(times[events]):
+        at_risk = times >= when
+        n, n_arm = at_risk.sum(), (at_risk & in_arm).sum()
+        d, d_arm = (events & (times == when)).sum(), (events & (times == when) & in_arm).sum()
+        o_minus_e += d_arm - d * n_arm / n
+        if n > 1:
+            variance += d * (n_arm / n) * (1 - n_arm / n) * (n - d) / (n - 1)
+    chisq = o_minus_e**2 / variance
+    return chisq, scipy_stats.chi2.sf(chisq, 1)
+
+
+def test_log_rank_matches_the_hand_formula_and_has_no_nan():
+    # seconds to the target; None: never reached, censored at the run's training seconds
+    arm, arm_seconds = [3.1, None, 2.0, 4.4, None], [9.0, 9.5, 9.0, 9.2, 8.8]
+    base, base_seconds = [2.5, 1.9, 3.0, None, 2.2], [9.1, 9.0, 9.3, 9.4, 9.0]
+    chisq, p = _log_rank_by_hand(
+        [t or s for t, s in zip(arm, arm_seconds, strict=True)], [t is not None for t in arm],
+        [t or s for t, s in zip(base, base_seconds, strict=True)], [t is not None for t in base],
+    )  # fmt: skip
+    result = stats.log_rank(arm, arm_seconds, base, base_seconds)
+    assert (result.chisq, result.p) == pytest.approx((chisq, p))
+    assert result.observed == 3 and result.expected > 3  # the arm reaches it later: fewer seen
+    # No event, or no one else at risk at any event time: survdiff has no variance; p is 1.
+    assert stats.log_rank([None, None], [5.0, 5.0], [None], [5.0]).p == 1.0
+    assert stats.log_rank([1.0, 2.0], [5.0, 5.0], [None], [0.5]).p == 1.0
+
+
 def test_prediction_interval_matches_statsmodels_ols():
     import statsmodels.api as sm
 
@@ -323,6 +377,53 @@ def test_time_to_target_counts_misses_as_censored_and_never_calls_the_misser_fas
     assert "no test" not in never
     p = min(1.0, 2 * scipy_stats.binomtest(0, 4).pvalue)
     assert f"sign test p = {p:.3f} (Bonferroni-adjusted over 2 arms)" in never
+
+
+def _timed(arm, times, train_seconds=10.0, statuses=None):
+    statuses = statuses or {}
+    return [
+        RunRecord(arm, seed, statuses.get(seed, "ok"), [(100, 1.0)], 100, "", t, train_seconds)
+        for seed, t in enumerate(times)
+    ]
+
+
+def test_time_to_target_says_the_log_rank_beside_the_sign_test_and_never_calls_a_misser_faster():
+    """Issue 51, item 4: an arm first at 9 of 10 seeds (sign test p = 0.021) that misses the
+    target at the tenth is not called faster; the log-rank test over the runs is said beside."""
+    base = [5.0 + 0.1 * s for s in range(10)]
+    arm = [t - 1.0 for t in base[:9]] + [None]
+    records = _timed("baseline", base) + _timed("miss", arm)
+    result = report.analyse([("baseline", "-"), ("miss", "x")], records, "time_to_target")[1]
+    _, p = _log_rank_by_hand(
+        [t or 10.0 for t in arm], [t is not None for t in arm], base, [True] * 10
+    )
+    assert result.log_rank.p == pytest.approx(p)
+    assert "reached within budget 9/10 (baseline 10/10); faster at 9, slower at 1" in result.verdict
+    assert f"sign test p = {scipy_stats.binomtest(9, 10).pvalue:.3f}" in result.verdict
+    assert f"; log-rank over the runs (unpaired) p = {p:.3f}: reached the target 9 times " in (
+        result.verdict
+    )
+    assert result.verdict.endswith(
+        ": not called faster: it comes first at more seeds but reaches the target less often"
+    ), result.verdict
+    results = report.analyse([("baseline", "-"), ("miss", "x")], records, "time_to_target")
+    text = report.markdown(results, "time_to_target", list(range(10)), "t")
+    assert f"| miss | 9/10 | 9 / 1 / 0 | {scipy_stats.binomtest(9, 10).pvalue:.3g} | 9 / " in text
+
+
+def test_time_to_target_calls_a_diverged_arm_worse_and_notes_the_sign_tests_floor():
+    records = _timed("baseline", [5.0, 5.1, 5.2]) + _timed(
+        "hot", [None] * 3, statuses=dict.fromkeys(range(3), "diverged")
+    )
+    records += _timed("quick", [4.0, 4.1, 4.2])
+    results = report.analyse(
+        [("baseline", "-"), ("hot", "x"), ("quick", "y")], records, "time_to_target"
+    )
+    assert results[1].verdict.startswith(
+        "hot vs baseline: worse (diverged at 3/3 seeds); reached within budget 0/3"
+    ), results[1].verdict
+    text = report.markdown(results, "time_to_target", [0, 1, 2], "t")
+    assert "At 3 seeds the exact sign test's p cannot go below 0.25 (2/2^n" in text
 
 
 def test_a_diverged_arm_is_worse_and_named():

@@ -47,8 +47,10 @@ minimum detectable effect at the seeds run; with --sesoi X, the paired TOST verd
 within ±X" or "not shown equivalent" with its 1 - 2α interval, and the seeds that would detect
 X. time_to_target (training seconds to the first evaluation at or below --target, start-up,
 compilation and evaluation left out): a run that never reaches it is censored at its training
-time; "reached within budget k/n" per arm and a paired sign test. --metric is not part of the
-comparison: a rerun with another reads the same runs again into its own files.
+time; "reached within budget k/n" per arm, a paired sign test (it decides) and a log-rank test
+over the runs beside it; an arm that reaches the target less often is never called faster.
+--metric is not part of the comparison: a rerun with another reads the same runs again into its
+own files.
 Exit status 0 once every run has ended well (a diverged run counts: it is a result), 1 when a
 signal stopped the comparison (rerun to resume it), 2 for a refused command, 3 when a planned
 run failed or did not end (a killed worker) unless --allow_partial.
@@ -241,7 +243,7 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         comparison.sweep_value = None  # not the same measure: nothing to set beside it
     if args.sesoi is not None and args.metric == "time_to_target":
         raise plans.CompareError(
-            "--sesoi goes with a loss metric (time_to_target uses a censored sign test); drop it."
+            "--sesoi goes with a loss metric (time_to_target uses censored rank tests); drop it."
         )
     return comparison, args
 
