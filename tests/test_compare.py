@@ -642,6 +642,40 @@ def test_an_in_process_stop_is_said_on_the_terminal_not_in_the_runs_log(
     assert log == "the run's own output\n"
 
 
+def test_a_killed_runs_log_is_on_disk_and_a_resume_keeps_it_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 51, item 9: after kill -9 of an in-process comparison the resumed train.log had
+    lost its earlier lines: they sat in the log's buffer, which kill -9 never writes. Each line
+    is on disk when printed; a resume appends to the log and says so on the terminal."""
+    import types
+
+    from minigpt_apps.compare import runs
+    from minigpt_jax.train import loop
+
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2", "--arm", "x:log_every=3"]
+    )[0]
+    run_dir = tmp_path / "o" / "baseline" / "seed-0"
+    on_disk = []
+
+    def killed(config, workdir, progress):
+        print("step 8: train loss 4.1")
+        on_disk.append((run_dir / "train.log").read_text())  # what a kill -9 here would leave
+        return types.SimpleNamespace(interrupted_by="SIGTERM", step=8)
+
+    monkeypatch.setattr(loop, "train_and_evaluate", killed)
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)
+    assert on_disk == ["step 8: train loss 4.1\n"]
+    (run_dir / "checkpoints" / "8").mkdir(parents=True)
+    capsys.readouterr()
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)
+    assert capsys.readouterr().out.startswith("baseline seed 0: resuming from its checkpoint\n")
+    assert (run_dir / "train.log").read_text() == "step 8: train loss 4.1\n" * 2
+
+
 def test_another_comparison_in_out_is_refused_naming_what_differs(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
