@@ -437,6 +437,69 @@ def test_a_diverged_arm_is_worse_and_named():
     assert verdict.startswith("hot vs baseline: worse (diverged at 3/3 seeds)"), verdict
 
 
+def _figure_axes(results, metric, **kwargs):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figure = report.draw(results, metric, **kwargs)
+    plt.close(figure)
+    return figure.axes  # the curves, the differences over the steps, the metric's differences
+
+
+def test_the_figures_bar_is_beside_its_points_and_a_diverged_arm_is_labelled():
+    """Issue 51, item 9: the mean/CI bar was drawn on the points' column, at the axes' border
+    with one arm and clipped for the last; a diverged arm's tick was empty."""
+    from matplotlib.collections import PathCollection
+
+    base = [4.10, 4.20, 4.15, 4.05]
+    records = _records("baseline", base) + _records(
+        "hot", [None] * 4, dict.fromkeys(range(4), "diverged")
+    )
+    records += _records("slow", [v + d for v, d in zip(base, [0.1, 0.2, 0.15, 0.12], strict=True)])
+    arms = [("baseline", "-"), ("hot", "x"), ("slow", "y")]
+    for arms_drawn in (arms[::2], arms):  # one arm alone; the last of two
+        results = report.analyse(arms_drawn, records, "final_val_loss")
+        diffs = _figure_axes(results, "final_val_loss")[2]
+        low, high = diffs.get_xlim()
+        index = len(arms_drawn) - 2  # slow: the last arm
+        points = [c for c in diffs.collections if isinstance(c, PathCollection)]
+        assert len(points) == 1
+        x_points = points[0].get_offsets()[:, 0]
+        assert len(x_points) == 4 and np.all(np.abs(x_points - index) < 0.5)
+        (bar,) = diffs.containers
+        x_bar = bar.lines[0].get_xdata()[0]
+        assert x_points.max() < x_bar < min(index + 0.5, high), (x_points, x_bar, high)
+        assert x_bar - x_points.mean() < 0.4  # beside them, not off them
+        assert bar.lines[0].get_ydata()[0] == pytest.approx(results[-1].paired.mean_diff)
+        assert low < x_points.min()
+    labels = [t.get_text() for t in diffs.get_xticklabels()]
+    assert labels == ["hot\n(diverged at 4/4 seeds)", "slow"]
+
+
+def test_the_figure_draws_the_target_and_the_sweeps_value():
+    """Issue 51, item 9: the time-to-target figure had no target line; the recheck figure did
+    not mark the sweep's value."""
+    from matplotlib.collections import PathCollection
+
+    records = _timed("baseline", [5.0, 5.1, 5.2]) + _timed("quick", [4.0, 4.1, 4.2])
+    results = report.analyse([("baseline", "-"), ("quick", "y")], records, "time_to_target")
+    curves = _figure_axes(results, "time_to_target", target=1.5)[0]
+    lines = {line.get_label(): list(line.get_ydata()) for line in curves.lines}
+    assert lines["target 1.5"] == [1.5, 1.5]
+    assert "target 1.5" in [t.get_text() for t in curves.get_legend().get_texts()]
+
+    records = _records("baseline", [4.1, 4.2, 4.15]) + _records("sweep_best", [4.0, 4.05, 4.1])
+    results = report.analyse([("baseline", "-"), ("sweep_best", "y")], records, "best_val_loss")
+    curves, _, diffs = _figure_axes(results, "best_val_loss", sweep_value=3.9, tuned_diff=-0.2)
+    lines = {line.get_label(): list(line.get_ydata()) for line in curves.lines}
+    assert lines["the sweep's value 3.9000"] == [3.9, 3.9]
+    (star,) = [
+        c for c in diffs.collections
+        if isinstance(c, PathCollection) and c.get_label() == "at the sweep's tuned seed"
+    ]  # fmt: skip
+    assert star.get_offsets()[0][1] == pytest.approx(-0.2)
+
+
 def test_a_diverged_run_is_named_and_left_out_of_the_pairs(tmp_path):
     base = [4.10, 4.20, 4.15]
     worse = [4.50, None, 4.60]

@@ -522,25 +522,27 @@ def _atomic_write(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def figures(
+POINTS_AT, BAR_AT = -0.12, 0.22  # an arm's jittered points and its mean/CI bar, beside them
+JITTER = 0.08
+
+
+def draw(
     results: list[ArmResult],
     metric: str,
-    path: Path,
     target: float | None = None,
+    sweep_value: float | None = None,
     tuned_diff: float | None = None,
-) -> tuple[list[Path], str]:
-    """(the PNGs written, a note when they were skipped): the val-loss curves (mean and one
-    std over the seeds that trained to the end, the target as a line), each seed's paired
-    val-loss difference from the baseline over the steps, and the metric's per-seed paired
-    differences (jittered points, their mean and interval at the same place, the sweep
-    winner's own tuned-seed difference as a star)."""
-    try:
-        import matplotlib
+):
+    """The comparison's matplotlib Figure (raises ImportError without matplotlib), three axes:
+    the val-loss curves (mean and one std over the seeds that trained to the end; the target
+    and a sweep's own value as labelled lines), each seed's paired val-loss difference from the
+    baseline over the steps, and the metric's per-seed paired differences: for arm i, jittered
+    points around x = i + POINTS_AT, their mean and interval beside them at i + BAR_AT, a
+    diverged arm's tick saying so, a sweep winner's tuned-seed difference as a star."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return [], "figures skipped: matplotlib is not installed (pip install matplotlib)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     import numpy as np
 
     figure, (curves, over_steps, diffs) = plt.subplots(1, 3, figsize=(15, 4.4))
@@ -568,6 +570,10 @@ def figures(
                 )
     if target is not None:
         curves.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    if sweep_value is not None and metric != "time_to_target":
+        curves.axhline(
+            sweep_value, color="k", ls=":", lw=1, label=f"the sweep's value {sweep_value:.4f}"
+        )
     curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
     if curves.get_legend_handles_labels()[0]:  # no run evaluated yet: no legend
         curves.legend(fontsize=8)
@@ -585,25 +591,43 @@ def figures(
         mine = _ok_values(r.records, metric)
         d = [mine[s] - base[s] for s in r.paired_seeds if s in mine and s in base]
         if d:
-            jitter = rng.uniform(-0.12, 0.12, len(d))
-            diffs.scatter(index + jitter, d, s=16, color=color, alpha=0.8)
+            jitter = rng.uniform(-JITTER, JITTER, len(d))
+            diffs.scatter(index + POINTS_AT + jitter, d, s=16, color=color, alpha=0.8)
         if r.paired is not None:
             low, high = r.paired.mean_diff - r.paired.ci_low, r.paired.ci_high - r.paired.mean_diff
-            diffs.errorbar([index], [r.paired.mean_diff], yerr=[[low], [high]], fmt="k_", ms=18,
-                           capsize=4)  # fmt: skip
+            diffs.errorbar([index + BAR_AT], [r.paired.mean_diff], yerr=[[low], [high]],
+                           fmt="k_", ms=14, capsize=4)  # fmt: skip
     if tuned_diff is not None:
-        diffs.scatter([len(results) - 2], [tuned_diff], marker="*", s=120, color="k",
+        diffs.scatter([len(results) - 2 + POINTS_AT], [tuned_diff], marker="*", s=120, color="k",
                       label="at the sweep's tuned seed", zorder=3)  # fmt: skip
         diffs.legend(fontsize=8)
     diffs.axhline(0.0, color="grey", lw=0.8)
     diffs.set_xticks(range(len(results) - 1), labels, rotation=20)
-    diffs.set_xlim(-0.6, len(results) - 1.4)
+    diffs.set_xlim(-0.5, len(results) - 1.5)
     m = max(1, len(results) - 1)
     diffs.set(
         ylabel=f"{METRIC_WORDS[metric]} − baseline's ({UNITS[metric]})",
         title=f"per-seed paired differences, mean and {_percent(1 - stats.ALPHA / m)} CI",
     )
     figure.tight_layout()
+    return figure
+
+
+def figures(
+    results: list[ArmResult],
+    metric: str,
+    path: Path,
+    target: float | None = None,
+    sweep_value: float | None = None,
+    tuned_diff: float | None = None,
+) -> tuple[list[Path], str]:
+    """(the PNGs written, a note when they were skipped): `draw`'s figure at `path`."""
+    try:
+        figure = draw(results, metric, target, sweep_value, tuned_diff)
+    except ImportError:
+        return [], "figures skipped: matplotlib is not installed (pip install matplotlib)"
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
@@ -675,7 +699,9 @@ def write(
         notes = (*notes, words)
     stem = file_stem(metric, target)
     title = f"Comparison in {out}: {len(arms)} arms × {len(seeds)} seeds"
-    written, note = figures(results, metric, out / f"figure-{stem}.png", target, tuned_diff)
+    written, note = figures(
+        results, metric, out / f"figure-{stem}.png", target, sweep_value, tuned_diff
+    )
     text = markdown(results, metric, seeds, title, [*head, *(f"{n}\n" for n in notes)])
     text += "".join(f"\n![{p.stem}]({p.name})\n" for p in written) or f"\n({note})\n"
     report, table = out / f"report-{stem}.md", out / f"results-{stem}.csv"
