@@ -246,6 +246,14 @@ def test_log_rank_matches_the_hand_formula_and_has_no_nan():
     assert stats.log_rank([1.0, 2.0], [5.0, 5.0], [None], [0.5]).p == 1.0
 
 
+def test_proportion_interval_is_clopper_pearsons():
+    # Textbook exact intervals: 0 of 10, upper 1 − 0.025^(1/10); 1 of 10, 0.0025 … 0.4450.
+    assert stats.proportion_interval(0, 10) == pytest.approx((0.0, 1 - 0.025 ** (1 / 10)))
+    assert stats.proportion_interval(1, 10) == pytest.approx((0.0025, 0.4450), abs=5e-5)
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        stats.proportion_interval(3, 2)
+
+
 def test_prediction_interval_matches_statsmodels_ols():
     import statsmodels.api as sm
 
@@ -377,6 +385,36 @@ def test_time_to_target_counts_misses_as_censored_and_never_calls_the_misser_fas
     assert "no test" not in never
     p = min(1.0, 2 * scipy_stats.binomtest(0, 4).pvalue)
     assert f"sign test p = {p:.3f} (Bonferroni-adjusted over 2 arms)" in never
+
+
+def test_the_aa_report_states_its_false_positive_rate():
+    """Issue 51, item 7: the A/A mode is there to calibrate the false-positive rate; its
+    report said only one verdict."""
+    rng = np.random.default_rng(5)
+    base = list(rng.normal(4.0, 0.1, 13))
+    same = list(np.add(base, rng.normal(0.0, 0.02, 13)))
+    same[6:9] = [b + 0.05 + 0.001 * i for i, b in enumerate(base[6:9])]  # one lucky block
+    records = _records("baseline", base) + _records("aa", same)
+    results = report.analyse([("baseline", "-"), ("aa", "A/A")], records, "final_val_loss")
+    blocks = [range(i, i + 3) for i in (0, 3, 6, 9)]  # seed 12 is left over
+    called = sum(
+        scipy_stats.ttest_rel([same[s] for s in b], [base[s] for s in b]).pvalue < 0.05
+        for b in blocks
+    )
+    assert called >= 1
+    low, high = scipy_stats.binomtest(called, 4).proportion_ci(method="exact")
+    words = report.aa_calibration(results[1], results[0], "final_val_loss")
+    assert words == (
+        f"A/A calibration (the config against itself): {called} of 4 disjoint blocks of 3 "
+        f"paired seeds called different by the paired t-test at 0.05: an observed "
+        f"false-positive rate of {100 * called / 4:.4g}% (95% Clopper–Pearson CI "
+        f"{100 * low:.4g}% … {100 * high:.4g}%), consistent with the nominal 5%."
+    )
+    few = report.analyse([("baseline", "-"), ("aa", "A/A")], records[:2] + records[13:15],
+                         "final_val_loss")  # fmt: skip
+    assert "too few paired seeds (2) for one block of 3; --seeds 30 gives 10" in (
+        report.aa_calibration(few[1], few[0], "final_val_loss")
+    )
 
 
 def _timed(arm, times, train_seconds=10.0, statuses=None):
@@ -968,6 +1006,10 @@ def test_cli_aa_trains_the_config_against_itself_on_disjoint_seeds(env, tmp_path
     assert sorted(p.name for p in (out / "aa").iterdir()) == [f"seed-{2**30}", f"seed-{2**30 + 1}"]
     line = next(x for x in result.stdout.splitlines() if x.startswith("aa vs baseline: "))
     assert "over 2 paired seeds" in line, line
+    assert "A/A calibration (the config against itself): too few paired seeds (2)" in (
+        result.stdout
+    )
+    assert "A/A calibration" in (out / "report-final_val_loss.md").read_text()
 
 
 def test_fresh_seeds_skip_the_ones_a_sweep_tuned_on():

@@ -13,8 +13,10 @@ their difference from the baseline is real (paired statistics over the seeds).
 Arms: the baseline is the --config unchanged (named `baseline`), unless --baseline names one of
 the --arm arms (an --arm NAME with no settings is the config unchanged). --set (or
 --config.key=value) applies to every arm. --aa: the config against itself (arm aa) on seeds
-2**30 above the baseline's, to see how often identical arms differ. Seeds: `--seeds 5` is seeds
-0..4, `--seeds 3,7,11` those, each checked against the config before anything trains;
+2**30 above the baseline's, to see how often identical arms differ: the report counts the
+disjoint blocks of 3 paired seeds the paired t-test calls different at 0.05, the observed
+false-positive rate with its exact 95% interval beside the nominal 5%. Seeds: `--seeds 5` is
+seeds 0..4, `--seeds 3,7,11` those, each checked against the config before anything trains;
 config.seed fixes the initialisation, the data order and dropout, so every arm at seed S sees
 the same batches: the differences are paired. Every run is scored on one fixed eval set: at
 least --eval_tokens val tokens a pass (default 8192), drawn with one key (config.eval_seed 0)
@@ -347,6 +349,7 @@ def main(argv: list[str]) -> int:
         sesoi=args.sesoi,
         head=_head(comparison, argv, code, warnings),
         tuned=[r for (_, seed), r in records.items() if seed in comparison.tuned_seeds],
+        aa=args.aa,
     )
     for line in lines:
         print(line, flush=True)

@@ -635,6 +635,44 @@ def figures(
     return [path], ""
 
 
+AA_BLOCK = 3  # seeds in each A/A calibration comparison
+
+
+def aa_calibration(aa: ArmResult, baseline: ArmResult, metric: str) -> str:
+    """The words of an A/A comparison's calibration: its paired seeds in disjoint blocks of
+    AA_BLOCK (in seed order), each an independent A/A comparison judged by the paired t-test at
+    alpha 0.05; how many were called different, the observed false-positive rate and its exact
+    95% interval beside the nominal 5%."""
+    head = "A/A calibration (the config against itself): "
+    if metric == "time_to_target":
+        return head + "a loss metric calibrates the paired t-test; time_to_target has none."
+    base, mine = _ok_values(baseline.records, metric), _ok_values(aa.records, metric)
+    seeds = sorted(aa.paired_seeds)
+    blocks = [seeds[i : i + AA_BLOCK] for i in range(0, len(seeds) - AA_BLOCK + 1, AA_BLOCK)]
+    if not blocks:
+        return head + (
+            f"too few paired seeds ({len(seeds)}) for one block of {AA_BLOCK}; --seeds "
+            f"{10 * AA_BLOCK} gives 10 disjoint A/A comparisons."
+        )
+    called = sum(
+        stats.paired([mine[s] for s in b], [base[s] for s in b]).t_p < stats.ALPHA for b in blocks
+    )
+    low, high = stats.proportion_interval(called, len(blocks))
+    verdict = (
+        "above the nominal 5%: the paired t-test calls identical arms different too often"
+        if low > stats.ALPHA
+        else "consistent with the nominal 5%"
+        if high >= stats.ALPHA
+        else "below the nominal 5%"
+    )
+    return head + (
+        f"{called} of {len(blocks)} disjoint blocks of {AA_BLOCK} paired seeds called "
+        f"different by the paired t-test at 0.05: an observed false-positive rate of "
+        f"{_percent(called / len(blocks))} (95% Clopper–Pearson CI {_percent(low)} … "
+        f"{_percent(high)}), {verdict}."
+    )
+
+
 def recheck(
     winner: ArmResult, baseline: ArmResult, metric: str, sweep_value: float, tuned: list[RunRecord]
 ) -> tuple[str, float | None]:
@@ -687,12 +725,16 @@ def write(
     sesoi: float | None = None,
     head: list[str] = (),
     tuned: list[RunRecord] = (),
+    aa: bool = False,
 ) -> list[str]:
     """Writes report-STEM.md, results-STEM.csv and the figure (STEM: the metric, and the
     target); returns the lines to print: `notes` (what the comparison is of), the verdicts,
     then what was written. `head`: provenance and warnings, for the report only; `tuned`: both
-    arms' records at a sweep winner's tuned seed."""
+    arms' records at a sweep winner's tuned seed; `aa`: the second arm is the config against
+    itself (--aa), calibrated block by block."""
     results = analyse(arms, records, metric, sesoi)
+    if aa:
+        notes = (*notes, aa_calibration(results[1], results[0], metric))
     tuned_diff = None
     if sweep_value is not None:
         words, tuned_diff = recheck(results[-1], results[0], metric, sweep_value, list(tuned))

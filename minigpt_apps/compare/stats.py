@@ -3,8 +3,8 @@ values: an arm's mean with its t interval, a paired comparison of an arm with th
 given confidence (the mean difference, its interval, the paired t-test and the Wilcoxon
 signed-rank test), Bonferroni's adjustment for several comparisons (whose simultaneous intervals
 agree with it), the paired t-test's power, minimum detectable effect and seeds needed, the paired
-equivalence test (TOST), a paired sign test and a log-rank test for censored times, and a
-prediction interval.
+equivalence test (TOST), a paired sign test and a log-rank test for censored times, a
+prediction interval, and the exact interval of a proportion (an A/A false-positive rate).
 
 Values are sequences of floats, one per seed; a paired comparison takes two of the same length,
 index i of each from the same seed.
@@ -338,3 +338,12 @@ def prediction_interval(
     mean, std = float(x.mean()), float(x.std(ddof=1))
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1)) * std * math.sqrt(1 + 1 / x.size)
     return mean - half, mean + half
+
+
+def proportion_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of a proportion seen k times in n (scipy's
+    binomtest), as an A/A calibration's observed false-positive rate."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"a proportion needs 0 <= k <= n and n >= 1, got {k} of {n}.")
+    interval = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(interval.low), float(interval.high)
