@@ -438,7 +438,7 @@ def test_time_to_target_says_the_log_rank_beside_the_sign_test_and_never_calls_a
     assert result.log_rank.p == pytest.approx(p)
     assert "reached within budget 9/10 (baseline 10/10); faster at 9, slower at 1" in result.verdict
     assert f"sign test p = {scipy_stats.binomtest(9, 10).pvalue:.3f}" in result.verdict
-    assert f"; log-rank over the runs (unpaired) p = {p:.3f}: reached the target 9 times " in (
+    assert f"; log-rank over the runs (unpaired) p = {p:.3f}: reached the target 9 times, " in (
         result.verdict
     )
     assert result.verdict.endswith(

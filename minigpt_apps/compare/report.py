@@ -253,7 +253,7 @@ def _log_rank_words(result: ArmResult, m: int) -> str:
         return ""
     return (
         f"; log-rank over the runs (unpaired) {_adjusted(result.log_rank_p, m)}: reached the "
-        f"target {r.observed} times where {r.expected:.2f} were expected were the arms alike"
+        f"target {r.observed} times, {r.expected:.2f} expected were the arms alike"
     )
 
 
