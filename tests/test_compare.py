@@ -192,6 +192,68 @@ def test_censored_sign_test_counts_a_miss_as_slowest():
     assert result.p == pytest.approx(scipy_stats.binomtest(1, 3).pvalue)
 
 
+def test_log_rank_matches_the_textbook_leukemia_trial():
+    """Freireich's 6-MP trial (Gehan 1965; Kleinbaum & Klein, Survival Analysis, ch. 2): weeks
+    in remission, + censored. 6-MP: 9 relapses where 19.25 were expected; log-rank chi-square
+    16.79 on 1 df, p = 4.17e-5."""
+    drug = [6, 6, 6, "6+", 7, "9+", 10, "10+", "11+", 13, 16, "17+", "19+", "20+", 22, 23,
+            "25+", "32+", "32+", "34+", "35+"]  # fmt: skip
+    placebo = [1, 1, 2, 2, 3, 4, 4, 5, 5, 8, 8, 8, 8, 11, 11, 12, 12, 15, 17, 22, 23]
+
+    def reached(weeks):
+        return [None if str(w).endswith("+") else float(w) for w in weeks]
+
+    def ended(weeks):
+        return [float(str(w).rstrip("+")) for w in weeks]
+
+    result = stats.log_rank(reached(drug), ended(drug), reached(placebo), ended(placebo))
+    assert result.observed == 9 and result.expected == pytest.approx(19.25, abs=0.005)
+    assert result.chisq == pytest.approx(16.79, abs=0.005)
+    assert result.p == pytest.approx(4.17e-5, rel=0.01)
+
+
+def _log_rank_by_hand(arm_times, arm_events, base_times, base_events):
+    """The textbook log-rank: over the distinct event times, O − E of the arm and the
+    hypergeometric variance, chi-square (O − E)² / V on 1 df."""
+    times = np.array([*arm_times, *base_times])
+    events = np.array([*arm_events, *base_events], dtype=bool)
+    in_arm = np.arange(times.size) < len(arm_times)
+    o_minus_e = variance = 0.0
+    for when in np.unique(times[events]):
+        at_risk = times >= when
+        n, n_arm = at_risk.sum(), (at_risk & in_arm).sum()
+        d, d_arm = (events & (times == when)).sum(), (events & (times == when) & in_arm).sum()
+        o_minus_e += d_arm - d * n_arm / n
+        if n > 1:
+            variance += d * (n_arm / n) * (1 - n_arm / n) * (n - d) / (n - 1)
+    chisq = o_minus_e**2 / variance
+    return chisq, scipy_stats.chi2.sf(chisq, 1)
+
+
+def test_log_rank_matches_the_hand_formula_and_has_no_nan():
+    # seconds to the target; None: never reached, censored at the run's training seconds
+    arm, arm_seconds = [3.1, None, 2.0, 4.4, None], [9.0, 9.5, 9.0, 9.2, 8.8]
+    base, base_seconds = [2.5, 1.9, 3.0, None, 2.2], [9.1, 9.0, 9.3, 9.4, 9.0]
+    chisq, p = _log_rank_by_hand(
+        [t or s for t, s in zip(arm, arm_seconds, strict=True)], [t is not None for t in arm],
+        [t or s for t, s in zip(base, base_seconds, strict=True)], [t is not None for t in base],
+    )  # fmt: skip
+    result = stats.log_rank(arm, arm_seconds, base, base_seconds)
+    assert (result.chisq, result.p) == pytest.approx((chisq, p))
+    assert result.observed == 3 and result.expected > 3  # the arm reaches it later: fewer seen
+    # No event, or no one else at risk at any event time: survdiff has no variance; p is 1.
+    assert stats.log_rank([None, None], [5.0, 5.0], [None], [5.0]).p == 1.0
+    assert stats.log_rank([1.0, 2.0], [5.0, 5.0], [None], [0.5]).p == 1.0
+
+
+def test_proportion_interval_is_clopper_pearsons():
+    # Textbook exact intervals: 0 of 10, upper 1 − 0.025^(1/10); 1 of 10, 0.0025 … 0.4450.
+    assert stats.proportion_interval(0, 10) == pytest.approx((0.0, 1 - 0.025 ** (1 / 10)))
+    assert stats.proportion_interval(1, 10) == pytest.approx((0.0025, 0.4450), abs=5e-5)
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        stats.proportion_interval(3, 2)
+
+
 def test_prediction_interval_matches_statsmodels_ols():
     import statsmodels.api as sm
 
@@ -325,6 +387,83 @@ def test_time_to_target_counts_misses_as_censored_and_never_calls_the_misser_fas
     assert f"sign test p = {p:.3f} (Bonferroni-adjusted over 2 arms)" in never
 
 
+def test_the_aa_report_states_its_false_positive_rate():
+    """Issue 51, item 7: the A/A mode is there to calibrate the false-positive rate; its
+    report said only one verdict."""
+    rng = np.random.default_rng(5)
+    base = list(rng.normal(4.0, 0.1, 13))
+    same = list(np.add(base, rng.normal(0.0, 0.02, 13)))
+    same[6:9] = [b + 0.05 + 0.001 * i for i, b in enumerate(base[6:9])]  # one lucky block
+    records = _records("baseline", base) + _records("aa", same)
+    results = report.analyse([("baseline", "-"), ("aa", "A/A")], records, "final_val_loss")
+    blocks = [range(i, i + 3) for i in (0, 3, 6, 9)]  # seed 12 is left over
+    called = sum(
+        scipy_stats.ttest_rel([same[s] for s in b], [base[s] for s in b]).pvalue < 0.05
+        for b in blocks
+    )
+    assert called >= 1
+    low, high = scipy_stats.binomtest(called, 4).proportion_ci(method="exact")
+    words = report.aa_calibration(results[1], results[0], "final_val_loss")
+    assert words == (
+        f"A/A calibration (the config against itself): {called} of 4 disjoint blocks of 3 "
+        f"paired seeds called different by the paired t-test at 0.05: an observed "
+        f"false-positive rate of {100 * called / 4:.4g}% (95% Clopper–Pearson CI "
+        f"{100 * low:.4g}% … {100 * high:.4g}%), consistent with the nominal 5%."
+    )
+    few = report.analyse([("baseline", "-"), ("aa", "A/A")], records[:2] + records[13:15],
+                         "final_val_loss")  # fmt: skip
+    assert "too few paired seeds (2) for one block of 3; --seeds 30 gives 10" in (
+        report.aa_calibration(few[1], few[0], "final_val_loss")
+    )
+
+
+def _timed(arm, times, train_seconds=10.0, statuses=None):
+    statuses = statuses or {}
+    return [
+        RunRecord(arm, seed, statuses.get(seed, "ok"), [(100, 1.0)], 100, "", t, train_seconds)
+        for seed, t in enumerate(times)
+    ]
+
+
+def test_time_to_target_says_the_log_rank_beside_the_sign_test_and_never_calls_a_misser_faster():
+    """Issue 51, item 4: an arm first at 9 of 10 seeds (sign test p = 0.021) that misses the
+    target at the tenth is not called faster; the log-rank test over the runs is said beside."""
+    base = [5.0 + 0.1 * s for s in range(10)]
+    arm = [t - 1.0 for t in base[:9]] + [None]
+    records = _timed("baseline", base) + _timed("miss", arm)
+    result = report.analyse([("baseline", "-"), ("miss", "x")], records, "time_to_target")[1]
+    _, p = _log_rank_by_hand(
+        [t or 10.0 for t in arm], [t is not None for t in arm], base, [True] * 10
+    )
+    assert result.log_rank.p == pytest.approx(p)
+    assert "reached within budget 9/10 (baseline 10/10); faster at 9, slower at 1" in result.verdict
+    assert f"sign test p = {scipy_stats.binomtest(9, 10).pvalue:.3f}" in result.verdict
+    assert f"; log-rank over the runs (unpaired) p = {p:.3f}: reached the target 9 times, " in (
+        result.verdict
+    )
+    assert result.verdict.endswith(
+        ": not called faster: it comes first at more seeds but reaches the target less often"
+    ), result.verdict
+    results = report.analyse([("baseline", "-"), ("miss", "x")], records, "time_to_target")
+    text = report.markdown(results, "time_to_target", list(range(10)), "t")
+    assert f"| miss | 9/10 | 9 / 1 / 0 | {scipy_stats.binomtest(9, 10).pvalue:.3g} | 9 / " in text
+
+
+def test_time_to_target_calls_a_diverged_arm_worse_and_notes_the_sign_tests_floor():
+    records = _timed("baseline", [5.0, 5.1, 5.2]) + _timed(
+        "hot", [None] * 3, statuses=dict.fromkeys(range(3), "diverged")
+    )
+    records += _timed("quick", [4.0, 4.1, 4.2])
+    results = report.analyse(
+        [("baseline", "-"), ("hot", "x"), ("quick", "y")], records, "time_to_target"
+    )
+    assert results[1].verdict.startswith(
+        "hot vs baseline: worse (diverged at 3/3 seeds); reached within budget 0/3"
+    ), results[1].verdict
+    text = report.markdown(results, "time_to_target", [0, 1, 2], "t")
+    assert "At 3 seeds the exact sign test's p cannot go below 0.25 (2/2^n" in text
+
+
 def test_a_diverged_arm_is_worse_and_named():
     base = [4.10, 4.20, 4.15]
     records = _records("baseline", base) + _records(
@@ -334,6 +473,69 @@ def test_a_diverged_arm_is_worse_and_named():
         1
     ].verdict
     assert verdict.startswith("hot vs baseline: worse (diverged at 3/3 seeds)"), verdict
+
+
+def _figure_axes(results, metric, **kwargs):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figure = report.draw(results, metric, **kwargs)
+    plt.close(figure)
+    return figure.axes  # the curves, the differences over the steps, the metric's differences
+
+
+def test_the_figures_bar_is_beside_its_points_and_a_diverged_arm_is_labelled():
+    """Issue 51, item 9: the mean/CI bar was drawn on the points' column, at the axes' border
+    with one arm and clipped for the last; a diverged arm's tick was empty."""
+    from matplotlib.collections import PathCollection
+
+    base = [4.10, 4.20, 4.15, 4.05]
+    records = _records("baseline", base) + _records(
+        "hot", [None] * 4, dict.fromkeys(range(4), "diverged")
+    )
+    records += _records("slow", [v + d for v, d in zip(base, [0.1, 0.2, 0.15, 0.12], strict=True)])
+    arms = [("baseline", "-"), ("hot", "x"), ("slow", "y")]
+    for arms_drawn in (arms[::2], arms):  # one arm alone; the last of two
+        results = report.analyse(arms_drawn, records, "final_val_loss")
+        diffs = _figure_axes(results, "final_val_loss")[2]
+        low, high = diffs.get_xlim()
+        index = len(arms_drawn) - 2  # slow: the last arm
+        points = [c for c in diffs.collections if isinstance(c, PathCollection)]
+        assert len(points) == 1
+        x_points = points[0].get_offsets()[:, 0]
+        assert len(x_points) == 4 and np.all(np.abs(x_points - index) < 0.5)
+        (bar,) = diffs.containers
+        x_bar = bar.lines[0].get_xdata()[0]
+        assert x_points.max() < x_bar < min(index + 0.5, high), (x_points, x_bar, high)
+        assert x_bar - x_points.mean() < 0.4  # beside them, not off them
+        assert bar.lines[0].get_ydata()[0] == pytest.approx(results[-1].paired.mean_diff)
+        assert low < x_points.min()
+    labels = [t.get_text() for t in diffs.get_xticklabels()]
+    assert labels == ["hot\n(diverged at 4/4 seeds)", "slow"]
+
+
+def test_the_figure_draws_the_target_and_the_sweeps_value():
+    """Issue 51, item 9: the time-to-target figure had no target line; the recheck figure did
+    not mark the sweep's value."""
+    from matplotlib.collections import PathCollection
+
+    records = _timed("baseline", [5.0, 5.1, 5.2]) + _timed("quick", [4.0, 4.1, 4.2])
+    results = report.analyse([("baseline", "-"), ("quick", "y")], records, "time_to_target")
+    curves = _figure_axes(results, "time_to_target", target=1.5)[0]
+    lines = {line.get_label(): list(line.get_ydata()) for line in curves.lines}
+    assert lines["target 1.5"] == [1.5, 1.5]
+    assert "target 1.5" in [t.get_text() for t in curves.get_legend().get_texts()]
+
+    records = _records("baseline", [4.1, 4.2, 4.15]) + _records("sweep_best", [4.0, 4.05, 4.1])
+    results = report.analyse([("baseline", "-"), ("sweep_best", "y")], records, "best_val_loss")
+    curves, _, diffs = _figure_axes(results, "best_val_loss", sweep_value=3.9, tuned_diff=-0.2)
+    lines = {line.get_label(): list(line.get_ydata()) for line in curves.lines}
+    assert lines["the sweep's value 3.9000"] == [3.9, 3.9]
+    (star,) = [
+        c for c in diffs.collections
+        if isinstance(c, PathCollection) and c.get_label() == "at the sweep's tuned seed"
+    ]  # fmt: skip
+    assert star.get_offsets()[0][1] == pytest.approx(-0.2)
 
 
 def test_a_diverged_run_is_named_and_left_out_of_the_pairs(tmp_path):
@@ -539,6 +741,40 @@ def test_an_in_process_stop_is_said_on_the_terminal_not_in_the_runs_log(
     assert said == "baseline seed 0: stopped by SIGTERM at step 3, checkpoint kept\n"
     log = (tmp_path / "o" / "baseline" / "seed-0" / "train.log").read_text()
     assert log == "the run's own output\n"
+
+
+def test_a_killed_runs_log_is_on_disk_and_a_resume_keeps_it_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 51, item 9: after kill -9 of an in-process comparison the resumed train.log had
+    lost its earlier lines: they sat in the log's buffer, which kill -9 never writes. Each line
+    is on disk when printed; a resume appends to the log and says so on the terminal."""
+    import types
+
+    from minigpt_apps.compare import runs
+    from minigpt_jax.train import loop
+
+    comparison = command.check(
+        ["--config", TINY, "--out", str(tmp_path / "o"), "--seeds", "2", "--arm", "x:log_every=3"]
+    )[0]
+    run_dir = tmp_path / "o" / "baseline" / "seed-0"
+    on_disk = []
+
+    def killed(config, workdir, progress):
+        print("step 8: train loss 4.1")
+        on_disk.append((run_dir / "train.log").read_text())  # what a kill -9 here would leave
+        return types.SimpleNamespace(interrupted_by="SIGTERM", step=8)
+
+    monkeypatch.setattr(loop, "train_and_evaluate", killed)
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)
+    assert on_disk == ["step 8: train loss 4.1\n"]
+    (run_dir / "checkpoints" / "8").mkdir(parents=True)
+    capsys.readouterr()
+    with runs.CompareStop() as stop:
+        runs.run_here(comparison, comparison.runs()[:1], stop, print)
+    assert capsys.readouterr().out.startswith("baseline seed 0: resuming from its checkpoint\n")
+    assert (run_dir / "train.log").read_text() == "step 8: train loss 4.1\n" * 2
 
 
 def test_another_comparison_in_out_is_refused_naming_what_differs(tmp_path, capsys):
@@ -770,6 +1006,10 @@ def test_cli_aa_trains_the_config_against_itself_on_disjoint_seeds(env, tmp_path
     assert sorted(p.name for p in (out / "aa").iterdir()) == [f"seed-{2**30}", f"seed-{2**30 + 1}"]
     line = next(x for x in result.stdout.splitlines() if x.startswith("aa vs baseline: "))
     assert "over 2 paired seeds" in line, line
+    assert "A/A calibration (the config against itself): too few paired seeds (2)" in (
+        result.stdout
+    )
+    assert "A/A calibration" in (out / "report-final_val_loss.md").read_text()
 
 
 def test_fresh_seeds_skip_the_ones_a_sweep_tuned_on():

@@ -13,8 +13,10 @@ their difference from the baseline is real (paired statistics over the seeds).
 Arms: the baseline is the --config unchanged (named `baseline`), unless --baseline names one of
 the --arm arms (an --arm NAME with no settings is the config unchanged). --set (or
 --config.key=value) applies to every arm. --aa: the config against itself (arm aa) on seeds
-2**30 above the baseline's, to see how often identical arms differ. Seeds: `--seeds 5` is seeds
-0..4, `--seeds 3,7,11` those, each checked against the config before anything trains;
+2**30 above the baseline's, to see how often identical arms differ: the report counts the
+disjoint blocks of 3 paired seeds the paired t-test calls different at 0.05, the observed
+false-positive rate with its exact 95% interval beside the nominal 5%. Seeds: `--seeds 5` is
+seeds 0..4, `--seeds 3,7,11` those, each checked against the config before anything trains;
 config.seed fixes the initialisation, the data order and dropout, so every arm at seed S sees
 the same batches: the differences are paired. Every run is scored on one fixed eval set: at
 least --eval_tokens val tokens a pass (default 8192), drawn with one key (config.eval_seed 0)
@@ -47,8 +49,10 @@ minimum detectable effect at the seeds run; with --sesoi X, the paired TOST verd
 within ±X" or "not shown equivalent" with its 1 - 2α interval, and the seeds that would detect
 X. time_to_target (training seconds to the first evaluation at or below --target, start-up,
 compilation and evaluation left out): a run that never reaches it is censored at its training
-time; "reached within budget k/n" per arm and a paired sign test. --metric is not part of the
-comparison: a rerun with another reads the same runs again into its own files.
+time; "reached within budget k/n" per arm, a paired sign test (it decides) and a log-rank test
+over the runs beside it; an arm that reaches the target less often is never called faster.
+--metric is not part of the comparison: a rerun with another reads the same runs again into its
+own files.
 Exit status 0 once every run has ended well (a diverged run counts: it is a result), 1 when a
 signal stopped the comparison (rerun to resume it), 2 for a refused command, 3 when a planned
 run failed or did not end (a killed worker) unless --allow_partial.
@@ -241,7 +245,7 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         comparison.sweep_value = None  # not the same measure: nothing to set beside it
     if args.sesoi is not None and args.metric == "time_to_target":
         raise plans.CompareError(
-            "--sesoi goes with a loss metric (time_to_target uses a censored sign test); drop it."
+            "--sesoi goes with a loss metric (time_to_target uses censored rank tests); drop it."
         )
     return comparison, args
 
@@ -345,6 +349,7 @@ def main(argv: list[str]) -> int:
         sesoi=args.sesoi,
         head=_head(comparison, argv, code, warnings),
         tuned=[r for (_, seed), r in records.items() if seed in comparison.tuned_seeds],
+        aa=args.aa,
     )
     for line in lines:
         print(line, flush=True)

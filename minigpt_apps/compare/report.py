@@ -11,7 +11,9 @@ always agree. A non-significant arm gets the minimum detectable effect at its se
 observed power), and, with a smallest effect of interest (--sesoi X), the paired equivalence
 test (TOST) and the seeds that would detect X. time_to_target counts a run that never reached
 the target as censored at its training time (slower than any that reached it): a paired sign
-test, and "reached within budget k/n" per arm."""
+test decides, a log-rank test over the arms' runs (Kaplan–Meier style) stands beside it, and
+"reached within budget k/n" per arm; an arm that reaches the target less often is never called
+faster."""
 
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ class ArmResult:
     seeds_for_sesoi: int | None = None
     equivalence: stats.Equivalence | None = None
     sign: stats.SignTest | None = None  # time_to_target
+    log_rank: stats.LogRank | None = None  # time_to_target, its p adjusted in log_rank_p
+    log_rank_p: float | None = None
     verdict: str = ""
 
     def count(self, status: str) -> int:
@@ -135,6 +139,15 @@ def _analyse_times(results: list[ArmResult], m: int):
     for result in results[1:]:
         pairs = [(r, ok[r.seed]) for r in result.records if r.status == "ok" and r.seed in ok]
         result.paired_seeds = [mine.seed for mine, _ in pairs]
+        mine = [r for r in result.records if r.status == "ok"]
+        if mine and ok:
+            result.log_rank = stats.log_rank(
+                [r.time_to_target for r in mine],
+                [r.train_seconds for r in mine],
+                [r.time_to_target for r in ok.values()],
+                [r.train_seconds for r in ok.values()],
+            )
+            result.log_rank_p = stats.bonferroni([result.log_rank.p] * m)[0]
         if not pairs:
             continue
         result.sign = stats.censored_sign_test(
@@ -182,7 +195,7 @@ def _verdict(
     left_out = _left_out(result, baseline, metric)
     diverged = _diverged(result, baseline)
     if metric == "time_to_target":
-        return head + _time_verdict(result, baseline, m) + left_out
+        return head + _time_verdict(result, baseline, m, diverged) + left_out
     paired, n = result.paired, len(result.paired_seeds)
     if paired is None:
         if diverged:
@@ -234,26 +247,45 @@ def _equivalence(e: stats.Equivalence) -> str:
     return f"TOST {_percent(e.confidence)} CI {_number(e.ci_low)} … {_number(e.ci_high)}, {_p(e.p)}"
 
 
-def _time_verdict(result: ArmResult, baseline: ArmResult, m: int) -> str:
+def _log_rank_words(result: ArmResult, m: int) -> str:
+    r = result.log_rank
+    if r is None:
+        return ""
+    return (
+        f"; log-rank over the runs (unpaired) {_adjusted(result.log_rank_p, m)}: reached the "
+        f"target {r.observed} times, {r.expected:.2f} expected were the arms alike"
+    )
+
+
+def _time_verdict(result: ArmResult, baseline: ArmResult, m: int, diverged: str) -> str:
+    """The sign test decides; the log-rank test is said beside it; an arm that reaches the
+    target less often than the baseline is never called faster."""
     n_arm, n_base = len(result.records), len(baseline.records)
     reached = (
         f"reached within budget {result.reached()}/{n_arm} (baseline {baseline.reached()}/{n_base})"
     )
     sign, n = result.sign, len(result.paired_seeds)
     if sign is None:
+        if diverged:
+            return f"worse ({diverged}); {reached}"
         return reached + "; no seed where both trained to the end: no test"
     text = (
         f"{reached}; faster at {sign.faster}, slower at {sign.slower}, tied at {sign.ties} of "
         f"{n} paired seeds (a run that never reached the target is censored at its training "
         f"time, slower than any that did), sign test {_adjusted(result.p, m)}"
+        + _log_rank_words(result, m)
     )
     if result.p >= result.alpha * m:
-        return text + ": no difference detected"
-    if sign.slower > sign.faster:
-        return text + ": slower"
-    if result.reached() < baseline.reached():
-        return text + ": faster where it reaches the target, but it reaches it less often"
-    return text + ": faster"
+        text += ": no difference detected"
+    elif sign.slower > sign.faster:
+        text += ": slower"
+    elif result.reached() < baseline.reached():
+        text += (
+            ": not called faster: it comes first at more seeds but reaches the target less often"
+        )
+    else:
+        text += ": faster"
+    return text + (f", and {diverged}" if diverged else "")
 
 
 def _cell(value: float | None) -> str:
@@ -308,23 +340,36 @@ def markdown(
     if metric == "time_to_target":
         lines += [
             "",
-            "| arm | reached within budget | faster / slower / tied | p_adj (sign test) | n |",
-            "|---|---|---|---|---|",
+            "| arm | reached within budget | faster / slower / tied | p_adj (sign test) | "
+            "reached / expected | p_adj (log-rank) | n |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in results:
-            s = r.sign
+            s, k = r.sign, r.log_rank
             lines.append(
                 f"| {r.name} | {r.reached()}/{len(r.records)} | "
                 + (f"{s.faster} / {s.slower} / {s.ties} | {r.p:.3g} |" if s else " | |")
+                + (f" {k.observed} / {k.expected:.2f} | {r.log_rank_p:.3g} |" if k else " | |")
                 + f" {len(r.paired_seeds) if r is not results[0] else ''} |"
             )
+        small = min((len(r.paired_seeds) for r in results[1:] if r.sign), default=None)
         lines += [
             "",
             "A run that trained to its end without reaching the target is censored at its "
             "training time: slower than every run that reached it, tied with another that did "
             "not. The paired sign test (scipy's exact binomial test) counts the seeds where the "
             f"arm came first; p_adj is Bonferroni's over the {m} arm{'s' * (m != 1)}, significant "
-            "below 0.05.",
+            "below 0.05; it decides the verdict, and an arm that reaches the target less often "
+            "than the baseline is never called faster. Beside it, the log-rank test "
+            "(statsmodels' survdiff) compares the arms' runs as Kaplan–Meier curves, unpaired: "
+            "the arm's runs that reached the target against those expected were the arms alike."
+            + (
+                f" At {small} seeds the exact sign test's p cannot go below "
+                f"{stats.wilcoxon_floor(small):.4g} (2/2^n, as Wilcoxon's): no verdict at 5 or "
+                "fewer seeds whatever the effect; the log-rank test has no such floor."
+                if small is not None and small <= 5
+                else ""
+            ),
         ]
     else:
         lines += [
@@ -477,25 +522,27 @@ def _atomic_write(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def figures(
+POINTS_AT, BAR_AT = -0.12, 0.22  # an arm's jittered points and its mean/CI bar, beside them
+JITTER = 0.08
+
+
+def draw(
     results: list[ArmResult],
     metric: str,
-    path: Path,
     target: float | None = None,
+    sweep_value: float | None = None,
     tuned_diff: float | None = None,
-) -> tuple[list[Path], str]:
-    """(the PNGs written, a note when they were skipped): the val-loss curves (mean and one
-    std over the seeds that trained to the end, the target as a line), each seed's paired
-    val-loss difference from the baseline over the steps, and the metric's per-seed paired
-    differences (jittered points, their mean and interval at the same place, the sweep
-    winner's own tuned-seed difference as a star)."""
-    try:
-        import matplotlib
+):
+    """The comparison's matplotlib Figure (raises ImportError without matplotlib), three axes:
+    the val-loss curves (mean and one std over the seeds that trained to the end; the target
+    and a sweep's own value as labelled lines), each seed's paired val-loss difference from the
+    baseline over the steps, and the metric's per-seed paired differences: for arm i, jittered
+    points around x = i + POINTS_AT, their mean and interval beside them at i + BAR_AT, a
+    diverged arm's tick saying so, a sweep winner's tuned-seed difference as a star."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return [], "figures skipped: matplotlib is not installed (pip install matplotlib)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     import numpy as np
 
     figure, (curves, over_steps, diffs) = plt.subplots(1, 3, figsize=(15, 4.4))
@@ -523,6 +570,10 @@ def figures(
                 )
     if target is not None:
         curves.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    if sweep_value is not None and metric != "time_to_target":
+        curves.axhline(
+            sweep_value, color="k", ls=":", lw=1, label=f"the sweep's value {sweep_value:.4f}"
+        )
     curves.set(xlabel="step", ylabel="val loss (nats)", title="val loss: mean ± 1 std over seeds")
     if curves.get_legend_handles_labels()[0]:  # no run evaluated yet: no legend
         curves.legend(fontsize=8)
@@ -540,30 +591,86 @@ def figures(
         mine = _ok_values(r.records, metric)
         d = [mine[s] - base[s] for s in r.paired_seeds if s in mine and s in base]
         if d:
-            jitter = rng.uniform(-0.12, 0.12, len(d))
-            diffs.scatter(index + jitter, d, s=16, color=color, alpha=0.8)
+            jitter = rng.uniform(-JITTER, JITTER, len(d))
+            diffs.scatter(index + POINTS_AT + jitter, d, s=16, color=color, alpha=0.8)
         if r.paired is not None:
             low, high = r.paired.mean_diff - r.paired.ci_low, r.paired.ci_high - r.paired.mean_diff
-            diffs.errorbar([index], [r.paired.mean_diff], yerr=[[low], [high]], fmt="k_", ms=18,
-                           capsize=4)  # fmt: skip
+            diffs.errorbar([index + BAR_AT], [r.paired.mean_diff], yerr=[[low], [high]],
+                           fmt="k_", ms=14, capsize=4)  # fmt: skip
     if tuned_diff is not None:
-        diffs.scatter([len(results) - 2], [tuned_diff], marker="*", s=120, color="k",
+        diffs.scatter([len(results) - 2 + POINTS_AT], [tuned_diff], marker="*", s=120, color="k",
                       label="at the sweep's tuned seed", zorder=3)  # fmt: skip
         diffs.legend(fontsize=8)
     diffs.axhline(0.0, color="grey", lw=0.8)
     diffs.set_xticks(range(len(results) - 1), labels, rotation=20)
-    diffs.set_xlim(-0.6, len(results) - 1.4)
+    diffs.set_xlim(-0.5, len(results) - 1.5)
     m = max(1, len(results) - 1)
     diffs.set(
         ylabel=f"{METRIC_WORDS[metric]} − baseline's ({UNITS[metric]})",
         title=f"per-seed paired differences, mean and {_percent(1 - stats.ALPHA / m)} CI",
     )
     figure.tight_layout()
+    return figure
+
+
+def figures(
+    results: list[ArmResult],
+    metric: str,
+    path: Path,
+    target: float | None = None,
+    sweep_value: float | None = None,
+    tuned_diff: float | None = None,
+) -> tuple[list[Path], str]:
+    """(the PNGs written, a note when they were skipped): `draw`'s figure at `path`."""
+    try:
+        figure = draw(results, metric, target, sweep_value, tuned_diff)
+    except ImportError:
+        return [], "figures skipped: matplotlib is not installed (pip install matplotlib)"
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
     _atomic_write(path, buffer.getvalue())
     return [path], ""
+
+
+AA_BLOCK = 3  # seeds in each A/A calibration comparison
+
+
+def aa_calibration(aa: ArmResult, baseline: ArmResult, metric: str) -> str:
+    """The words of an A/A comparison's calibration: its paired seeds in disjoint blocks of
+    AA_BLOCK (in seed order), each an independent A/A comparison judged by the paired t-test at
+    alpha 0.05; how many were called different, the observed false-positive rate and its exact
+    95% interval beside the nominal 5%."""
+    head = "A/A calibration (the config against itself): "
+    if metric == "time_to_target":
+        return head + "a loss metric calibrates the paired t-test; time_to_target has none."
+    base, mine = _ok_values(baseline.records, metric), _ok_values(aa.records, metric)
+    seeds = sorted(aa.paired_seeds)
+    blocks = [seeds[i : i + AA_BLOCK] for i in range(0, len(seeds) - AA_BLOCK + 1, AA_BLOCK)]
+    if not blocks:
+        return head + (
+            f"too few paired seeds ({len(seeds)}) for one block of {AA_BLOCK}; --seeds "
+            f"{10 * AA_BLOCK} gives 10 disjoint A/A comparisons."
+        )
+    called = sum(
+        stats.paired([mine[s] for s in b], [base[s] for s in b]).t_p < stats.ALPHA for b in blocks
+    )
+    low, high = stats.proportion_interval(called, len(blocks))
+    verdict = (
+        "above the nominal 5%: the paired t-test calls identical arms different too often"
+        if low > stats.ALPHA
+        else "consistent with the nominal 5%"
+        if high >= stats.ALPHA
+        else "below the nominal 5%"
+    )
+    return head + (
+        f"{called} of {len(blocks)} disjoint blocks of {AA_BLOCK} paired seeds called "
+        f"different by the paired t-test at 0.05: an observed false-positive rate of "
+        f"{_percent(called / len(blocks))} (95% Clopper–Pearson CI {_percent(low)} … "
+        f"{_percent(high)}), {verdict}."
+    )
 
 
 def recheck(
@@ -618,19 +725,25 @@ def write(
     sesoi: float | None = None,
     head: list[str] = (),
     tuned: list[RunRecord] = (),
+    aa: bool = False,
 ) -> list[str]:
     """Writes report-STEM.md, results-STEM.csv and the figure (STEM: the metric, and the
     target); returns the lines to print: `notes` (what the comparison is of), the verdicts,
     then what was written. `head`: provenance and warnings, for the report only; `tuned`: both
-    arms' records at a sweep winner's tuned seed."""
+    arms' records at a sweep winner's tuned seed; `aa`: the second arm is the config against
+    itself (--aa), calibrated block by block."""
     results = analyse(arms, records, metric, sesoi)
+    if aa:
+        notes = (*notes, aa_calibration(results[1], results[0], metric))
     tuned_diff = None
     if sweep_value is not None:
         words, tuned_diff = recheck(results[-1], results[0], metric, sweep_value, list(tuned))
         notes = (*notes, words)
     stem = file_stem(metric, target)
     title = f"Comparison in {out}: {len(arms)} arms × {len(seeds)} seeds"
-    written, note = figures(results, metric, out / f"figure-{stem}.png", target, tuned_diff)
+    written, note = figures(
+        results, metric, out / f"figure-{stem}.png", target, sweep_value, tuned_diff
+    )
     text = markdown(results, metric, seeds, title, [*head, *(f"{n}\n" for n in notes)])
     text += "".join(f"\n![{p.stem}]({p.name})\n" for p in written) or f"\n({note})\n"
     report, table = out / f"report-{stem}.md", out / f"results-{stem}.csv"

@@ -93,9 +93,10 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
         resumed = checkpoints.is_dir() and any(checkpoints.iterdir())
         if resumed:
             say(f"{arm.name} seed {seed}: resuming from its checkpoint")
-        # The run's own output goes to its train.log; this command's lines to the terminal.
+        # The run's own output goes to its train.log (appended, line by line: a kill -9 of this
+        # process leaves every line printed); this command's lines to the terminal.
         with (
-            open(run_dir / "train.log", "a") as log,
+            open(run_dir / "train.log", "a", buffering=1) as log,
             contextlib.redirect_stdout(log),
             contextlib.redirect_stderr(log),
         ):

@@ -3,7 +3,8 @@ values: an arm's mean with its t interval, a paired comparison of an arm with th
 given confidence (the mean difference, its interval, the paired t-test and the Wilcoxon
 signed-rank test), Bonferroni's adjustment for several comparisons (whose simultaneous intervals
 agree with it), the paired t-test's power, minimum detectable effect and seeds needed, the paired
-equivalence test (TOST), a paired sign test for censored times, and a prediction interval.
+equivalence test (TOST), a paired sign test and a log-rank test for censored times, a
+prediction interval, and the exact interval of a proportion (an A/A false-positive rate).
 
 Values are sequences of floats, one per seed; a paired comparison takes two of the same length,
 index i of each from the same seed.
@@ -272,6 +273,57 @@ def censored_sign_test(arm: Sequence[float | None], baseline: Sequence[float | N
     return SignTest(faster, slower, ties, p)
 
 
+@dataclasses.dataclass(frozen=True)
+class LogRank:
+    """The log-rank test of two groups' censored times: the arm's observed events (runs that
+    reached the target) beside those expected were both groups alike, the chi-square (1 df)
+    and its p. observed > expected: the arm reaches the target sooner (a higher hazard)."""
+
+    observed: int
+    expected: float
+    chisq: float
+    p: float
+
+
+def log_rank(
+    arm: Sequence[float | None],
+    arm_seconds: Sequence[float],
+    baseline: Sequence[float | None],
+    baseline_seconds: Sequence[float],
+) -> LogRank:
+    """The (unpaired) log-rank test of the arm's times against the baseline's, where None is a
+    run that never reached the target, censored at its training time (`*_seconds`, one per
+    run): statsmodels' survdiff for the chi-square and p, and the textbook sum over event
+    times of events × the arm's share of those at risk for its expected events. No event, or
+    no variance (nothing to compare at any event time): p 1, where survdiff gives nan."""
+    from statsmodels.duration.survfunc import survdiff
+
+    if len(arm) != len(arm_seconds) or len(baseline) != len(baseline_seconds):
+        raise ValueError("each run needs its time and its training seconds.")
+    times, seconds = [*arm, *baseline], [*arm_seconds, *baseline_seconds]
+    time_n = np.asarray(
+        [s if t is None else t for t, s in zip(times, seconds, strict=True)], dtype=np.float64
+    )
+    event_n = np.asarray([t is not None for t in times])
+    in_arm_n = np.arange(time_n.size) < len(arm)
+    observed = int(np.sum(event_n & in_arm_n))
+    expected = 0.0
+    for when in np.unique(time_n[event_n]):
+        at_risk_n = time_n >= when
+        events = np.sum(event_n & (time_n == when))
+        expected += events * np.sum(at_risk_n & in_arm_n) / np.sum(at_risk_n)
+    if not event_n.any():
+        return LogRank(observed, expected, 0.0, 1.0)
+    try:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            chisq, p = survdiff(time_n, event_n.astype(np.float64), in_arm_n.astype(np.int64))
+    except np.linalg.LinAlgError:
+        chisq = p = math.nan
+    if not math.isfinite(chisq):  # no variance: at every event time one group alone at risk
+        chisq, p = 0.0, 1.0
+    return LogRank(observed, float(expected), float(chisq), float(p))
+
+
 # ----------------------------------------------------------------------------- prediction
 
 
@@ -286,3 +338,12 @@ def prediction_interval(
     mean, std = float(x.mean()), float(x.std(ddof=1))
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1)) * std * math.sqrt(1 + 1 / x.size)
     return mean - half, mean + half
+
+
+def proportion_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) interval of a proportion seen k times in n (scipy's
+    binomtest), as an A/A calibration's observed false-positive rate."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"a proportion needs 0 <= k <= n and n >= 1, got {k} of {n}.")
+    interval = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(interval.low), float(interval.high)
