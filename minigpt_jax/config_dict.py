@@ -307,7 +307,7 @@ def checked_config(config: RunConfig) -> tuple[ml_collections.ConfigDict, GPTCon
         choices = getattr(declaration(registry.config_key), "choices", None)
         if choices is None or key not in choices:  # e.g. model.attention's "auto"
             registry.check(key)  # every key that picks an entry, checked by its registry
-    parse_terms(config.loss.terms)
+    parse_terms(config.loss.terms, config.loss)
     model = _gpt_config(config, vocab_size=1)
     check_entries(config, model)
     return config, model

@@ -23,7 +23,7 @@ from minigpt_jax.model.gpt import (
     next_token_loss_terms,
     target_weights,
 )
-from minigpt_jax.model.losses import CROSS_ENTROPY
+from minigpt_jax.model.losses import CROSS_ENTROPY, PickedTerm
 from minigpt_jax.model.speed import backend
 from minigpt_jax.step_metrics import step_metric_values
 
@@ -53,7 +53,7 @@ def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> 
 # ----------------------------------------------------------------------------- steps
 
 
-LossTerms = tuple[tuple[str, float], ...]  # losses.parse_terms(config.loss.terms)
+LossTerms = tuple[PickedTerm, ...]  # losses.parse_terms(config.loss.terms, config.loss)
 
 
 def loss_fn(
@@ -64,14 +64,15 @@ def loss_fn(
     train: bool,
     rng=None,
     terms: LossTerms = (),
+    step: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """(objective, aux) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]: the objective is the
     mean next-token cross-entropy (nats) plus each loss term's weight x mean; aux holds the
     mean of the cross-entropy and of each term by name when there are terms (none without).
     With packed documents a target across a boundary is left out of every mean
-    (`target_weights`)."""
+    (`target_weights`). `step` (optimizer steps taken) is what a term's `TermContext` reads."""
     losses_BxT, term_values_BxT = next_token_loss_terms(
-        params, batch_BxT1, cfg, terms, train=train, rng=rng
+        params, batch_BxT1, cfg, terms, train=train, rng=rng, step=step
     )
     weights_BxT = target_weights(batch_BxT1, cfg)
     total = weights_BxT.sum()
@@ -83,9 +84,9 @@ def loss_fn(
     aux = {}
     if terms:
         aux[CROSS_ENTROPY] = objective
-        for (_, weight), (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
+        for term, (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
             aux[name] = mean(values_BxT)
-            objective = objective + weight * aux[name]
+            objective = objective + term.weight * aux[name]
     return objective, aux
 
 
@@ -96,11 +97,12 @@ def accumulated_value_and_grad(
     dropout_rng: Array,
     grad_accum_steps: int,
     terms: LossTerms = (),
+    step: Array | None = None,
 ) -> tuple[tuple[Array, dict[str, Array]], Params]:
     """((objective, aux), grads) of the batch, from grad_accum_steps micro-batches in turn; the
     objective, every aux value and the grads are averaged over them."""
     value_and_grad = jax.value_and_grad(
-        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms), has_aux=True
+        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms, step=step), has_aux=True
     )
     if grad_accum_steps == 1:
         return value_and_grad(params, batch_BxT1, rng=dropout_rng)
@@ -150,7 +152,7 @@ def train_step(
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     (loss, aux), grads = accumulated_value_and_grad(
-        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps, terms
+        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps, terms, state.step
     )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
