@@ -36,6 +36,7 @@ from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.step import (
@@ -288,6 +289,7 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
             grad_accum_steps=run.config.grad_accum_steps,
             terms=run.terms,
             step_metrics=step_metrics,
+            gradient=step_gradient(run.config.optim),
             donate=donate,
         )
         return chunk.lower(run.state, batches)

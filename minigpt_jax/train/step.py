@@ -26,6 +26,7 @@ from minigpt_jax.model.gpt import (
 from minigpt_jax.model.losses import CROSS_ENTROPY, PickedTerm
 from minigpt_jax.model.speed import backend
 from minigpt_jax.step_metrics import step_metric_values
+from minigpt_jax.train.gradients import StepGradient, plain
 
 Array = chex.Array
 
@@ -141,6 +142,7 @@ def train_step(
     grad_accum_steps: int = 1,
     terms: LossTerms = (),
     step_metrics: tuple[str, ...] = (),
+    gradient: StepGradient = plain,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer step. Metrics: loss (the objective, before the update), grad_norm (before
     clipping), lr, every aux value of the loss under its own name, and the values of the
@@ -148,12 +150,22 @@ def train_step(
 
     grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
     (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
+    `gradient` (config.optim.gradient's rule, `gradients.step_gradient`) takes the step's
+    value_and_grad and returns the loss and the gradient the optimizer applies; `plain` calls
+    it once at the params.
     """
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    (loss, aux), grads = accumulated_value_and_grad(
-        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps, terms, state.step
+    value_and_grad = functools.partial(
+        accumulated_value_and_grad,
+        batch_BxT1=batch_BxT1,
+        cfg=cfg,
+        dropout_rng=dropout_rng,
+        grad_accum_steps=grad_accum_steps,
+        terms=terms,
+        step=state.step,
     )
+    (loss, aux), grads = gradient(value_and_grad, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
@@ -193,6 +205,7 @@ def make_train_chunk(
     *,
     terms: LossTerms = (),
     step_metrics: tuple[str, ...] = (),
+    gradient: StepGradient = plain,
     donate: bool = True,
 ):
     """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
@@ -201,7 +214,8 @@ def make_train_chunk(
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
     over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
-    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys. The step is
+    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys, `gradient`
+    the rule of the gradient applied (`gradients.step_gradient(optim)`). The step is
     traced with cfg's "auto" speed settings resolved for this backend and CPU before the trace
     (`backend.for_training`)."""
     step = functools.partial(
@@ -212,6 +226,7 @@ def make_train_chunk(
         grad_accum_steps=grad_accum_steps,
         terms=terms,
         step_metrics=step_metrics,
+        gradient=gradient,
     )
 
     def train_chunk(state, batches_CxBxT1):
