@@ -17,6 +17,7 @@ from minigpt_jax import GPTConfig
 from minigpt_jax.model.gpt import GPT, init_params
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms
 from minigpt_jax.settings.groups import Loss
+from minigpt_jax.settings.registry import ContractError
 from minigpt_jax.train.step import loss_fn
 
 WEIGHT = 0.3  # my_mtp.mtp's default weight
@@ -117,3 +118,28 @@ def test_mtp_trains_through_the_command_line(mtp_dir):
         assert r["mtp"] > 0
         assert r["train_loss"] == pytest.approx(r["cross_entropy"] + WEIGHT * r["mtp"], rel=1e-6)
     assert any("val_mtp" in r for r in records)
+
+
+def test_a_context_term_of_weight_0_is_a_metric_and_a_non_scalar_one_is_named(mtp_dir, tmp_path):
+    cfg = GPTConfig(
+        vocab_size=30, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
+        block="my_mtp:MTPBlock",
+    )  # fmt: skip
+    tokens_BxT1 = jax.random.randint(jax.random.key(4), (2, 9), 0, cfg.vocab_size)
+    params = init_params(cfg, jax.random.key(1))
+    metric_terms = parse_terms("my_mtp:mtp=0")
+    (value, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, tokens_BxT1, cfg, train=False, terms=metric_terms
+    )
+    (plain_value, _), plain_grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, tokens_BxT1, cfg, train=False
+    )
+    assert float(aux["mtp"]) > 0 and float(value) == float(plain_value)
+    jax.tree.map(np.testing.assert_array_equal, grads, plain_grads)
+
+    (mtp_dir / "my_wide.py").write_text(
+        "from minigpt_jax.model.losses import LossTerm\n"
+        "wide = LossTerm(of_context=lambda ctx: ctx.targets_BxT * 1.0)\n"
+    )
+    with pytest.raises(ContractError, match=r"loss term 'my_wide:wide' returned shape \(2, 8\)"):
+        loss_fn(params, tokens_BxT1, cfg, train=False, terms=parse_terms("my_wide:wide"))
