@@ -26,6 +26,7 @@ from minigpt_jax.settings import groups as settings
 from minigpt_jax.settings.groups import check_values, declarations
 from minigpt_jax.settings.registry import (
     REGISTRIES,
+    REGISTRY_INDEX,
     PluginError,
     RegistryError,
     is_user_key,
@@ -190,12 +191,21 @@ def settings_rows(config: RunConfig | None = None) -> list[tuple[str, str, Any, 
             if cls is GPTConfig and name == "vocab_size":
                 continue
             value = settings.defaults(cls)[name] if config is None else node[name]
-            rows.append((group, name, value, spec.kind, spec.doc))
+            rows.append((group, name, value, spec.kind, spec.doc + _entries_note(group, name)))
         for name, (field, where) in declared.get(group, {}).items():
             spec = field.metadata["setting"]
             value = field.default if config is None else node[name]
             rows.append((group, name, value, spec.kind, f"{spec.doc} ({where})"))
     return rows
+
+
+def _entries_note(group: str, name: str) -> str:
+    """ " [built-in: a | b | ...]" for a key that picks entries of a registry, so the table shows
+    what a user may pick besides module:attr; "" for any other setting."""
+    config_key = f"{group}.{name}" if group else name
+    if config_key not in REGISTRY_INDEX:
+        return ""
+    return f" [built-in: {' | '.join(REGISTRIES[config_key].names())}]"
 
 
 def _builtin_entry_settings() -> dict[str, dict[str, tuple[Any, str]]]:
@@ -307,7 +317,7 @@ def checked_config(config: RunConfig) -> tuple[ml_collections.ConfigDict, GPTCon
         choices = getattr(declaration(registry.config_key), "choices", None)
         if choices is None or key not in choices:  # e.g. model.attention's "auto"
             registry.check(key)  # every key that picks an entry, checked by its registry
-    parse_terms(config.loss.terms)
+    parse_terms(config.loss.terms, config.loss)
     model = _gpt_config(config, vocab_size=1)
     check_entries(config, model)
     return config, model

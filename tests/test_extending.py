@@ -197,7 +197,7 @@ def test_user_mask_is_a_sliding_window(user_dir):
 
 def test_user_loss_term_adds_its_weighted_mean(user_dir):
     terms = parse_terms("my_losses:entropy=0.01")
-    assert terms == (("my_losses:entropy", 0.01),)
+    assert terms == (("my_losses:entropy", 0.01, None),)
     params = init_params(CFG, jax.random.key(0))
     batch_BxT1 = _tokens_BxT(13)
     objective, aux = loss_fn(params, batch_BxT1, CFG, train=False, terms=terms)

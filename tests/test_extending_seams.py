@@ -200,7 +200,8 @@ def test_user_mlp_has_its_own_gate_and_computes_swiglu(user_dir):
 
 
 def test_user_block_is_the_parallel_block(user_dir):
-    """The docs' block computes what the built-in `parallel` does, its norm named `ln`."""
+    """The docs' block computes what the built-in `parallel` does, its norm named `ln`, in
+    evaluation and with dropout (the attention branch's included)."""
     user = CFG.replace(block="my_blocks:Parallel")
     params = init_params(user, jax.random.key(0))
     builtin = {
@@ -218,6 +219,15 @@ def test_user_block_is_the_parallel_block(user_dir):
         rtol=1e-5,
         atol=1e-6,
     )
+    # with dropout on, the same key drops the same units of both branches (issue 52)
+    dropped, key = CFG.replace(dropout=0.5), jax.random.key(3)
+    user_BxTxV = forward(
+        params, tokens_BxT, dropped.replace(block="my_blocks:Parallel"), train=True, rng=key
+    )
+    builtin_BxTxV = forward(builtin, tokens_BxT, dropped.replace(block="parallel"),
+                            train=True, rng=key)  # fmt: skip
+    np.testing.assert_allclose(user_BxTxV, builtin_BxTxV, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(user_BxTxV, forward(params, tokens_BxT, user), atol=1e-3)
 
 
 def test_user_alibi_equals_the_builtin_slopes(user_dir):

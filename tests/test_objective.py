@@ -15,6 +15,7 @@ import pytest
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.blocks import Block
 from minigpt_jax.model.gpt import GPT, init_params
+from minigpt_jax.model.losses import parse_terms
 from minigpt_jax.train.step import init_state, loss_fn, train_step
 
 CFG = GPTConfig(vocab_size=30, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -38,7 +39,7 @@ def explicit_activation_l2(params):
 def test_an_internal_terms_gradient_is_the_explicit_sums():
     params = init_params(CFG, jax.random.key(0))
     weight = 0.5
-    terms = (("activation_l2", weight),)
+    terms = parse_terms(f"activation_l2={weight}")
 
     def objective(p):
         return loss_fn(p, BATCH_BxT1, CFG, train=False, terms=terms)[0]

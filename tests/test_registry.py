@@ -163,8 +163,8 @@ def test_z_loss_is_log_z_squared():
 
 def test_loss_terms_parse_names_weights_and_refuse_bad_ones():
     assert parse_terms("") == ()
-    assert parse_terms("z_loss") == (("z_loss", 1e-4),)
-    assert parse_terms(" z_loss=0.5 ") == (("z_loss", 0.5),)
+    assert parse_terms("z_loss") == (("z_loss", 1e-4, None),)
+    assert parse_terms(" z_loss=0.5 ") == (("z_loss", 0.5, None),)
     assert term_name("my_pkg.mod:entropy") == "entropy"
     with pytest.raises(ValueError, match="not a number"):
         parse_terms("z_loss=big")

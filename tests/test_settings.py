@@ -54,6 +54,21 @@ def test_default_config_is_every_declared_default():
     assert set(settings_table().split()) >= {"lr", "attention_mask", "terms", "trajectory"}
 
 
+def test_minigpt_jax_settings_lists_each_registry_keys_built_in_entries(tmp_path):
+    """Issue 52: `minigpt-jax settings` named `attention_fns.ATTENTION_MASKS` without its entries;
+    now each key that picks a registry entry lists the built-in ones on its row."""
+    from helpers import cli_in
+
+    out = cli_in(tmp_path, "settings").stdout
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert rows["attention_mask"].endswith("[built-in: causal | document]")
+    assert rows["terms"].endswith("[built-in: z_loss | activation_l2]")
+    assert rows["gradient"].endswith("[built-in: plain]")
+    for config_key, registry in REGISTRIES.items():
+        listed = re.search(r"\[built-in: (.*)\]$", rows[config_key.rpartition(".")[2]])
+        assert listed and listed.group(1).split(" | ") == registry.names(), config_key
+
+
 def test_speed_fields_and_finetune_rules_are_what_they_were():
     """The lists resume.py and pretrained.py spelled out before, now derived."""
     assert set(SPEED_FIELDS) == {

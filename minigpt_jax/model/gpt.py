@@ -38,9 +38,11 @@ from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.model.losses import (
     CROSS_ENTROPY,
+    PickedTerm,
+    TermContext,
     cross_entropy,
-    model_term_values,
     per_token_terms,
+    scalar_term_values,
     term_name,
     term_values,
 )
@@ -297,36 +299,52 @@ def next_token_loss_terms(
     params: Params,
     tokens_BxT1: Array,
     cfg: GPTConfig,
-    terms: tuple[tuple[str, float], ...] = (),
+    terms: tuple[PickedTerm, ...] = (),
     *,
     train: bool = False,
     rng: Array | None = None,
+    step: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """(losses_BxT, {term name: values_BxT}): the next-token cross-entropy as in
-    `next_token_losses`, and each loss term's values in `terms`' order (`losses.parse_terms`'s
-    ((key, weight), ...); the weights are the caller's): a per-token term's from the same
-    read-out of the features, a term of the model's internals (one scalar, from the forward's
-    sown 'intermediates') broadcast to every token, so means and sums treat both alike."""
-    internal = len(per_token_terms(terms)) < len(terms)
+    `next_token_losses`, and each loss term's values in `terms`' order (`losses.parse_terms`;
+    the weights are the caller's): a per-token term's from the same read-out of the features,
+    a term of the model's internals or of the step's context (one scalar, from a
+    `losses.TermContext` of this batch, the forward's sown 'intermediates' and `step`, the
+    optimizer steps taken: None outside training) broadcast to every token, so means and sums
+    treat all alike."""
+    scalar_terms = len(per_token_terms(terms)) < len(terms)
     outputs = GPT(cfg).apply(
         {"params": params},
         tokens_BxT1[:, :-1],
         deterministic=not train,
         rngs=_dropout_rngs(cfg, train, rng),
         method=GPT.hidden,
-        mutable=["intermediates"] if internal else False,
+        mutable=["intermediates"] if scalar_terms else False,
     )
-    (h_BxTxD, _), state = outputs if internal else (outputs, {})
+    (h_BxTxD, _), state = outputs if scalar_terms else (outputs, {})
     per_token_BxT = chunked_cross_entropy(
         h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg, terms
     )
     losses_BxT = per_token_BxT.pop(CROSS_ENTROPY)
-    scalars = model_term_values(terms, state.get("intermediates", {}), params, cfg)
+    scalars = {}
+    if scalar_terms:
+        ctx = TermContext(
+            inputs_BxT=tokens_BxT1[:, :-1],
+            targets_BxT=tokens_BxT1[:, 1:],
+            weights_BxT=target_weights(tokens_BxT1, cfg),
+            features_BxTxD=h_BxTxD,
+            intermediates=state.get("intermediates", {}),
+            params=params,
+            cfg=cfg,
+            step=step,
+            train=train,
+        )
+        scalars = scalar_term_values(terms, ctx)
     values_BxT = {
         name: per_token_BxT[name]
         if name in per_token_BxT
         else jnp.broadcast_to(scalars[name], losses_BxT.shape)
-        for name in (term_name(key) for key, _ in terms)
+        for name in (term_name(term.key) for term in terms)
     }
     return losses_BxT, values_BxT
 
@@ -344,7 +362,7 @@ def chunked_cross_entropy(
     weight: Array,
     targets_BxT: Array,
     cfg: GPTConfig,
-    terms: tuple[tuple[str, float], ...] = (),
+    terms: tuple[PickedTerm, ...] = (),
 ) -> dict[str, Array]:
     """{"cross_entropy": losses_BxT, term name: values_BxT} of the read-out
     `read_out(h, weight)`, cfg.loss_chunk tokens at a time (0: all at once, one chunk).
@@ -375,7 +393,7 @@ def chunked_cross_entropy(
         values_JxZxE = chunk_losses((h_JxExD[0], targets_JxE[0]))[None]
     else:
         values_JxZxE = jax.lax.map(jax.checkpoint(chunk_losses), (h_JxExD, targets_JxE))
-    names = [CROSS_ENTROPY, *(term_name(key) for key, _ in per_token_terms(terms))]
+    names = [CROSS_ENTROPY, *(term_name(term.key) for term in per_token_terms(terms))]
     values_ZxM = values_JxZxE.swapaxes(0, 1).reshape(len(names), -1)[:, :rows]
     return {
         name: values_M.reshape(batch, length)

@@ -7,8 +7,13 @@ A term is either
 - of the model's internals, `LossTerm(of_model=fn)`, `fn(intermediates, params, cfg) -> value`:
   one float32 scalar from what the model sowed in the step's forward (`self.sow("intermediates",
   name, value)` in any module; `sown(intermediates, name)` finds every value of a name) and the
-  params: a router's balance loss, an activation or weight penalty. The model is applied with
-  the 'intermediates' collection only when such a term is picked.
+  params: a router's balance loss, an activation or weight penalty; or
+- of the step, `LossTerm(of_context=fn)`, `fn(ctx: TermContext) -> value`: one float32 scalar
+  from the batch's inputs and targets, the final features, the step number, the intermediates,
+  the params and the term's own declared settings (`ctx.options`): multi-token prediction,
+  distillation.
+The model is applied with the 'intermediates' collection only when a term of the last two
+kinds is picked.
 A run's objective is
 
     mean(cross-entropy) + sum over terms of weight * mean(term)
@@ -17,24 +22,27 @@ and the loss returns `(objective, aux)`, aux holding the mean of the cross-entro
 term by name, which the training loop logs (metrics.jsonl, TensorBoard) without naming them.
 `config.loss.terms` picks terms as comma-separated `name[=weight]`, a name being a key of
 `LOSS_TERMS` or `module:attr` of your own (a function, or a `LossTerm` to set its default weight).
+A term may declare settings (`settings.declares` on the LossTerm): they join `config.loss`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.settings.groups import make_options, options_of
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape, is_user_key
 
 Array = chex.Array
 TermFn = Callable[[Array, Array], Array]
 ModelTermFn = Callable[[Any, Any, Any], Array]  # (intermediates, params, cfg) -> scalar
+ContextTermFn = Callable[["TermContext"], Array]  # (ctx) -> scalar
 
 # The aux key of the plain next-token cross-entropy, logged beside the terms.
 CROSS_ENTROPY = "cross_entropy"
@@ -52,19 +60,48 @@ def cross_entropy(logits_ExV: Array, targets_E: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
-    """A term (per token, or of the model's internals) and the weight it gets when
-    `loss.terms` gives none. Exactly one of `per_token` and `of_model` is set."""
+    """A term (per token, of the model's internals, or of the step's context) and the weight it
+    gets when `loss.terms` gives none. Exactly one of `per_token`, `of_model` and `of_context`
+    is set."""
 
     per_token: TermFn | None = None
     weight: float = 1.0
     of_model: ModelTermFn | None = None
+    of_context: ContextTermFn | None = None
 
     def __post_init__(self):
-        if (self.per_token is None) == (self.of_model is None):
+        if sum(fn is not None for fn in (self.per_token, self.of_model, self.of_context)) != 1:
             raise ValueError(
-                "a LossTerm takes exactly one of per_token=(logits_ExV, targets_E) -> values_E "
-                "and of_model=(intermediates, params, cfg) -> scalar."
+                "a LossTerm takes exactly one of per_token=(logits_ExV, targets_E) -> values_E, "
+                "of_model=(intermediates, params, cfg) -> scalar and of_context=(ctx) -> scalar."
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class TermContext:
+    """What a term of the step's context (`LossTerm(of_context=fn)`) reads: one per step in
+    training, one per batch in evaluation. Targets are inputs shifted by one: targets_BxT[:, t]
+    = tokens[:, t + 1], so the token two ahead of input t is targets_BxT[:, t + 1]."""
+
+    inputs_BxT: Array  # int32 token ids the model read
+    targets_BxT: Array  # int32 next-token ids
+    weights_BxT: Array  # float32: 1, or 0 for a target across a packed document's boundary
+    features_BxTxD: Array  # the final-norm features the head reads out (logits = read-out)
+    intermediates: Any  # what the modules sowed in this forward (`sown(intermediates, name)`)
+    params: Any  # the params being trained (a gradient flows through them)
+    cfg: GPTConfig
+    step: Array | None  # int32 scalar: optimizer steps taken before this one; None in evaluation
+    train: bool  # dropout on (a training step) or off (evaluation)
+    options: Any = None  # the term's own declared settings (`settings.declares`), or None
+
+
+class PickedTerm(NamedTuple):
+    """One item of `loss.terms`, resolved: its key, its weight and the options object of the
+    settings its entry declares (None when it declares none)."""
+
+    key: str
+    weight: float
+    options: Any = None
 
 
 def sown(intermediates: Any, name: str) -> list[Array]:
@@ -124,9 +161,10 @@ LOSS_TERMS: Registry[LossTerm] = Registry(
 )
 
 
-def parse_terms(spec: str) -> tuple[tuple[str, float], ...]:
-    """`loss.terms` as ((key, weight), ...), every key resolved (raises ValueError naming the
-    term and the fix). Hashable: the compiled step closes over it."""
+def parse_terms(spec: str, loss: Any = None) -> tuple[PickedTerm, ...]:
+    """`loss.terms` as (PickedTerm(key, weight, options), ...), every key resolved (raises
+    ValueError naming the term and the fix); `loss` is the group (config.loss) whose values set
+    a term's declared settings (None: their defaults). The compiled step closes over it."""
     terms = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -146,8 +184,8 @@ def parse_terms(spec: str) -> tuple[tuple[str, float], ...]:
             weight = entry.weight
         if not jnp.isfinite(weight):
             raise ValueError(f"config.loss.terms: the weight of {key!r} must be finite.")
-        terms.append((key, weight))
-    names = [term_name(key) for key, _ in terms]
+        terms.append(PickedTerm(key, weight, _options(key, loss)))
+    names = [term_name(term.key) for term in terms]
     if len(set(names)) != len(names) or CROSS_ENTROPY in names:
         raise ValueError(
             f"config.loss.terms={spec!r} names a term twice (or one called {CROSS_ENTROPY!r}): "
@@ -156,37 +194,56 @@ def parse_terms(spec: str) -> tuple[tuple[str, float], ...]:
     return tuple(terms)
 
 
+def _options(key: str, loss: Any) -> Any:
+    """The options object of the settings `key`'s entry declares, from `loss` (its defaults
+    when None), or None when it declares none."""
+    classes = LOSS_TERMS.options_classes_of(key)
+    if not classes:
+        return None
+    if len(classes) > 1:
+        raise ValueError(
+            f"config.loss.terms: {key!r} declares settings in {len(classes)} options classes; "
+            "declare all of a term's settings in one (settings.declares on the LossTerm)."
+        )
+    return make_options(classes[0], {}, "loss") if loss is None else options_of(loss, classes[0])
+
+
 def term_name(key: str) -> str:
     """The name a term is logged under: its registry key, or `attr` of `module:attr`."""
     return key.rpartition(":")[2].rpartition(".")[2] if is_user_key(key) else key
 
 
-def per_token_terms(terms: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
-    """The terms computed per token from the logits (the rest read the model's internals)."""
-    return tuple(term for term in terms if LOSS_TERMS[term[0]].per_token is not None)
+def per_token_terms(terms: tuple[PickedTerm, ...]) -> tuple[PickedTerm, ...]:
+    """The terms computed per token from the logits (the rest read the model or the step)."""
+    return tuple(term for term in terms if LOSS_TERMS[term.key].per_token is not None)
 
 
-def model_term_values(terms, intermediates: Any, params: Any, cfg: GPTConfig) -> dict[str, Array]:
-    """{name: float32 scalar} of each term of the model's internals among `terms`; raises
-    ContractError naming a term whose value is not a scalar."""
+def scalar_term_values(terms: tuple[PickedTerm, ...], ctx: TermContext) -> dict[str, Array]:
+    """{name: float32 scalar} of each term of the model's internals or of the step's context
+    among `terms` (each of the latter sees `ctx` with its own options); raises ContractError
+    naming a term whose value is not a scalar."""
     values = {}
-    for key, _ in terms:
-        entry = LOSS_TERMS[key]
-        if entry.of_model is None:
+    for term in terms:
+        entry = LOSS_TERMS[term.key]
+        if entry.of_model is not None:
+            value = entry.of_model(ctx.intermediates, ctx.params, ctx.cfg)
+        elif entry.of_context is not None:
+            value = entry.of_context(dataclasses.replace(ctx, options=term.options))
+        else:
             continue
-        value = jnp.asarray(entry.of_model(intermediates, params, cfg), jnp.float32)
+        value = jnp.asarray(value, jnp.float32)
         if value.shape != ():
             raise ContractError(
-                f"loss term {key!r} returned shape {value.shape}: a term of the model's "
-                f"internals returns one scalar (e.g. the mean of what it read)."
+                f"loss term {term.key!r} returned shape {value.shape}: a term of the model's "
+                f"internals or of the step returns one scalar (e.g. the mean of what it read)."
             )
-        values[term_name(key)] = value
+        values[term_name(term.key)] = value
     return values
 
 
-def term_values(terms: tuple[tuple[str, float], ...], logits_ExV: Array, targets_E: Array):
+def term_values(terms: tuple[PickedTerm, ...], logits_ExV: Array, targets_E: Array):
     """[values_E of each per-token term], in float32."""
     return [
-        LOSS_TERMS[key].per_token(logits_ExV, targets_E).astype(jnp.float32)
-        for key, _ in per_token_terms(terms)
+        LOSS_TERMS[term.key].per_token(logits_ExV, targets_E).astype(jnp.float32)
+        for term in per_token_terms(terms)
     ]

@@ -545,6 +545,14 @@ class Optim(Group):
         TRAJECTORY,
         choices=TagFactors(),
     )
+    gradient: str = setting(
+        "plain",
+        "the gradient each step applies: plain (one, at the params) | module:attr, a function "
+        "(value_and_grad, params, optim) -> ((loss, aux), grads), e.g. SAM's second gradient "
+        "(train/gradients.py GRADIENTS)",
+        TRAJECTORY,
+        type=str,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

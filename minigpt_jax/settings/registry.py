@@ -96,6 +96,7 @@ REGISTRY_INDEX: dict[str, str] = {
     "optim.name": "minigpt_jax.optimizers:OPTIMIZERS",
     "optim.schedule": "minigpt_jax.optimizers:SCHEDULES",
     "optim.eval_params": "minigpt_jax.optimizers:EVAL_PARAMS",
+    "optim.gradient": "minigpt_jax.train.gradients:GRADIENTS",
     "data.corpus": "minigpt_jax.data.sources:CORPORA",
     "data.file_format": "minigpt_jax.data.corpus:FILE_FORMATS",
     "data.tokenizer": "minigpt_jax.data.tokenizers:TOKENIZERS",

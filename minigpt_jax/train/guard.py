@@ -22,7 +22,7 @@ import numpy as np
 
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
-from minigpt_jax.model.losses import term_name
+from minigpt_jax.model.losses import PickedTerm, term_name
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
@@ -125,7 +125,7 @@ def non_finite_error(
     what: str,
     step: int,
     checkpointer: Checkpointer,
-    terms: tuple[tuple[str, float], ...] = (),
+    terms: tuple[PickedTerm, ...] = (),
     values: dict[str, float] | None = None,
     suspects: str = "",
 ) -> FloatingPointError:
@@ -134,7 +134,7 @@ def non_finite_error(
     step's aux values by name) is non-finite is named as the cause instead of the lr; else the
     user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
     good = checkpointer.latest_step()
-    for key, _ in terms:
+    for key in (term.key for term in terms):
         value = (values or {}).get(term_name(key))
         if value is not None and not math.isfinite(value):
             return FloatingPointError(

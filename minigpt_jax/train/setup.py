@@ -29,13 +29,14 @@ from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
-from minigpt_jax.model.losses import parse_terms, term_name
+from minigpt_jax.model.losses import PickedTerm, parse_terms, term_name
 from minigpt_jax.model.speed.kernels import choose_kernel
 from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
 from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
 from minigpt_jax.train.step import (
@@ -65,7 +66,7 @@ class Run:
     resumed_from: int | None
     best_val: float  # the lowest val loss so far (inf: none yet)
     pending_evaluation: bool  # a signal stopped the resumed step's evaluation: it runs first
-    terms: tuple[tuple[str, float], ...]  # config.loss.terms, parsed
+    terms: tuple[PickedTerm, ...]  # config.loss.terms, parsed
     meta: dict  # what every checkpoint records beside the state
     train_batches: Callable[[int], jax.Array]  # first_step -> batches (C, B, T + 1), on the mesh
     train_chunk: Any  # compiled (state, batches_CxBxT1) -> (state, metrics); None: nothing to train
@@ -170,7 +171,7 @@ class _Plan:
     evaluation metrics and the device mesh."""
 
     optimizer: OptimizerParts
-    terms: tuple[tuple[str, float], ...]
+    terms: tuple[PickedTerm, ...]
     metrics: tuple[str, ...]
     mesh: Any
 
@@ -187,7 +188,7 @@ def _plan(
     vocabulary known so far), and a resume's settings are allowed, so a refused resume
     changes no data file."""
     optimizer = build_optimizer(config.optim, config.num_steps)
-    terms = parse_terms(config.loss.terms)
+    terms = parse_terms(config.loss.terms, config.loss)
     metrics = _checked_metrics(config, terms, config.model, pretrained)
     mesh = sharding.make_mesh(config.mesh)
     sharding.check_batch_size(config.micro_batch_size, mesh)
@@ -288,6 +289,7 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
             grad_accum_steps=run.config.grad_accum_steps,
             terms=run.terms,
             step_metrics=step_metrics,
+            gradient=step_gradient(run.config.optim),
             donate=donate,
         )
         return chunk.lower(run.state, batches)
@@ -316,21 +318,21 @@ def _check_documents(cfg: GPTConfig, tokenizer: Any) -> None:
 
 def _checked_metrics(
     config: Experiment,
-    terms: tuple[tuple[str, float], ...],
+    terms: tuple[PickedTerm, ...],
     model: GPTConfig,
     pretrained: LoadedModel | None,
 ) -> tuple[str, ...]:
     """config.eval.metrics resolved and probed against their contract (shapes only), before
     anything is written; a name clashing with a loss term's is refused."""
     metrics = parse_metrics(config.eval.metrics)
-    for key, _ in terms:
+    for key in (term.key for term in terms):
         what = reserved_key(term_name(key))
         if what is not None:
             raise ValueError(
                 f"config.loss.terms: {key!r} is logged as {term_name(key)!r}, a key the run's "
                 f"record writes ({what}); rename the term (its attr in module:attr)."
             )
-    taken = {"loss", "cross_entropy", *(term_name(key) for key, _ in terms)}
+    taken = {"loss", "cross_entropy", *(term_name(term.key) for term in terms)}
     for key in metrics:
         if metric_name(key) in taken:
             raise ValueError(

@@ -23,9 +23,10 @@ from minigpt_jax.model.gpt import (
     next_token_loss_terms,
     target_weights,
 )
-from minigpt_jax.model.losses import CROSS_ENTROPY
+from minigpt_jax.model.losses import CROSS_ENTROPY, PickedTerm
 from minigpt_jax.model.speed import backend
 from minigpt_jax.step_metrics import step_metric_values
+from minigpt_jax.train.gradients import StepGradient, plain
 
 Array = chex.Array
 
@@ -53,7 +54,7 @@ def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> 
 # ----------------------------------------------------------------------------- steps
 
 
-LossTerms = tuple[tuple[str, float], ...]  # losses.parse_terms(config.loss.terms)
+LossTerms = tuple[PickedTerm, ...]  # losses.parse_terms(config.loss.terms, config.loss)
 
 
 def loss_fn(
@@ -64,14 +65,15 @@ def loss_fn(
     train: bool,
     rng=None,
     terms: LossTerms = (),
+    step: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """(objective, aux) of batch_BxT1 = inputs [:, :-1], targets [:, 1:]: the objective is the
     mean next-token cross-entropy (nats) plus each loss term's weight x mean; aux holds the
     mean of the cross-entropy and of each term by name when there are terms (none without).
     With packed documents a target across a boundary is left out of every mean
-    (`target_weights`)."""
+    (`target_weights`). `step` (optimizer steps taken) is what a term's `TermContext` reads."""
     losses_BxT, term_values_BxT = next_token_loss_terms(
-        params, batch_BxT1, cfg, terms, train=train, rng=rng
+        params, batch_BxT1, cfg, terms, train=train, rng=rng, step=step
     )
     weights_BxT = target_weights(batch_BxT1, cfg)
     total = weights_BxT.sum()
@@ -83,9 +85,9 @@ def loss_fn(
     aux = {}
     if terms:
         aux[CROSS_ENTROPY] = objective
-        for (_, weight), (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
+        for term, (name, values_BxT) in zip(terms, term_values_BxT.items(), strict=True):
             aux[name] = mean(values_BxT)
-            objective = objective + weight * aux[name]
+            objective = objective + term.weight * aux[name]
     return objective, aux
 
 
@@ -96,11 +98,12 @@ def accumulated_value_and_grad(
     dropout_rng: Array,
     grad_accum_steps: int,
     terms: LossTerms = (),
+    step: Array | None = None,
 ) -> tuple[tuple[Array, dict[str, Array]], Params]:
     """((objective, aux), grads) of the batch, from grad_accum_steps micro-batches in turn; the
     objective, every aux value and the grads are averaged over them."""
     value_and_grad = jax.value_and_grad(
-        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms), has_aux=True
+        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms, step=step), has_aux=True
     )
     if grad_accum_steps == 1:
         return value_and_grad(params, batch_BxT1, rng=dropout_rng)
@@ -139,6 +142,7 @@ def train_step(
     grad_accum_steps: int = 1,
     terms: LossTerms = (),
     step_metrics: tuple[str, ...] = (),
+    gradient: StepGradient = plain,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer step. Metrics: loss (the objective, before the update), grad_norm (before
     clipping), lr, every aux value of the loss under its own name, and the values of the
@@ -146,12 +150,22 @@ def train_step(
 
     grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
     (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
+    `gradient` (config.optim.gradient's rule, `gradients.step_gradient`) takes the step's
+    value_and_grad and returns the loss and the gradient the optimizer applies; `plain` calls
+    it once at the params.
     """
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    (loss, aux), grads = accumulated_value_and_grad(
-        state.params, batch_BxT1, cfg, dropout_rng, grad_accum_steps, terms
+    value_and_grad = functools.partial(
+        accumulated_value_and_grad,
+        batch_BxT1=batch_BxT1,
+        cfg=cfg,
+        dropout_rng=dropout_rng,
+        grad_accum_steps=grad_accum_steps,
+        terms=terms,
+        step=state.step,
     )
+    (loss, aux), grads = gradient(value_and_grad, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
@@ -191,6 +205,7 @@ def make_train_chunk(
     *,
     terms: LossTerms = (),
     step_metrics: tuple[str, ...] = (),
+    gradient: StepGradient = plain,
     donate: bool = True,
 ):
     """jit((state, batches_CxBxT1) -> (state, metrics of shape (C,))): C = steps_per_call steps
@@ -199,7 +214,8 @@ def make_train_chunk(
     per-call overhead. With a mesh, the state keeps its sharding (`shardings`, as for
     `make_init_state`) and the batches split over data × fsdp. Each step accumulates gradients
     over grad_accum_steps micro-batches of B / grad_accum_steps rows; `terms` are the loss
-    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys. The step is
+    terms added to the cross-entropy, `step_metrics` the per-step metrics' keys, `gradient`
+    the rule of the gradient applied (`gradients.step_gradient(optim)`). The step is
     traced with cfg's "auto" speed settings resolved for this backend and CPU before the trace
     (`backend.for_training`)."""
     step = functools.partial(
@@ -210,6 +226,7 @@ def make_train_chunk(
         grad_accum_steps=grad_accum_steps,
         terms=terms,
         step_metrics=step_metrics,
+        gradient=gradient,
     )
 
     def train_chunk(state, batches_CxBxT1):
