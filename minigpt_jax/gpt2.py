@@ -33,7 +33,8 @@ from minigpt_jax.data.tokenizers import (
     Tokenizer,
 )
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.gpt import LAYERNORM_EPS, Params, declared_params
+from minigpt_jax.model.gpt import Params, declared_params
+from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.settings.groups import declarations
 
 CONFIG_FILE = "config.json"
@@ -78,10 +79,10 @@ def gpt_config_from_hf(hf: dict, where: str = CONFIG_FILE) -> GPTConfig:
             f"allowed: {sorted(_GELU_APPROXIMATE)}."
         )
     eps = hf.get("layer_norm_epsilon", 1e-5)
-    if not math.isclose(eps, LAYERNORM_EPS, rel_tol=1e-6):
+    if not math.isclose(eps, NORM_EPS, rel_tol=1e-6):
         raise GPT2CheckpointError(
             f"{where}: layer_norm_epsilon={eps} but this model's LayerNorms use "
-            f"{LAYERNORM_EPS} (GPT-2's value)."
+            f"{NORM_EPS} (GPT-2's value)."
         )
     for key, expected in (
         ("scale_attn_weights", True),
@@ -129,7 +130,7 @@ def hf_config_from(cfg: GPTConfig, eos_token_id: int | None = None) -> dict:
         "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout,
-        "layer_norm_epsilon": LAYERNORM_EPS,
+        "layer_norm_epsilon": NORM_EPS,
         "initializer_range": 0.02,
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,

@@ -35,7 +35,6 @@ from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
-from minigpt_jax.model.layers import NORM_EPS
 from minigpt_jax.model.losses import (
     CROSS_ENTROPY,
     PickedTerm,
@@ -52,10 +51,6 @@ from minigpt_jax.model.speed.backend import speed_of
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
-
-
-# PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use.
-LAYERNORM_EPS = NORM_EPS
 
 
 class _HeadKernel(nn.Module):
