@@ -1574,3 +1574,39 @@ def test_issue_55_positions_off_shows_permutation_equivariance(
     vectors = _cells(page, "context-vectors")
     np.testing.assert_allclose(vectors[0], compute.TABLE_VxD[2], atol=6e-5)
     page.agree()
+
+
+_SCROLLING = """
+return [...document.querySelectorAll('.lab-scroll')].filter(w => w.clientWidth > 0)
+  .filter(w => w.scrollWidth > w.clientWidth + 1)
+  .map(w => [w.getAttribute('aria-label').slice(0, 40), w.scrollWidth, w.clientWidth]);
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_issue_55_tables_fit_a_phone_and_the_lookup_stays_on_one_line(
+    servers, browser, tmp_path, lang
+):
+    """Issue 55, item 7: at 390×844, after a step, no table scrolls sideways (scrollWidth vs
+    clientWidth of each wrapper; 15 of 20 did); at 1400 px the lookup's one_hot · W_E = x is
+    one line (x wrapped below). Screenshots of parts 2, 4 and 5 on the phone."""
+    page = Page(browser, servers(lang), PHONE, _shots(tmp_path), lang)
+    page.click("step-button")
+    page.wait_for("step-result", page.words.num(0.61, ".1%"))
+    page.agree()
+    shown = page.js("return [...document.querySelectorAll('.lab-scroll')].length;")
+    assert shown >= 20
+    assert page.js(_SCROLLING) == []
+    spills = page.js(_SPILLS, ".lab-table th, .lab-table td")  # and nothing spills its cell
+    assert spills == [], spills
+    page.driver.set_window_size(PHONE[0], 6000)  # the phone's width, each part in one shot
+    for name in ("sizes", "edit", "step"):
+        page.screenshot(f"part-{name}", f"issue55_phone_{lang}_{name}")
+    page.driver.set_window_size(*DESKTOP)
+    page.wait.until(lambda _: page.js("return window.innerWidth;") == DESKTOP[0])
+    boxes = page.js(
+        "return [...document.querySelector('#part-lookup .lab-side').children]"
+        ".map(c => { const b = c.getBoundingClientRect(); return [b.top, b.bottom]; });"
+    )
+    assert len(boxes) == 5 and max(t for t, _ in boxes) < min(b for _, b in boxes), boxes

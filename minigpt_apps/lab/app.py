@@ -62,7 +62,10 @@ _CSS = """
 .lab-table tr.hl td, .lab-table td.hl { background: #ffe08a; }
 .lab-table td.one { background: #cfe3ff; font-weight: 700; }
 .lab-figures th[scope=row] { white-space: normal; min-width: 5em; max-width: 12em; }
-.lab-side { display: flex; gap: 16px; flex-wrap: wrap; align-items: center; }
+.lab-side { display: flex; gap: 10px; flex-wrap: wrap; align-items: center; }
+@media (min-width: 601px) {  /* the lookup's one_hot · W_E = x is one line at 1400 px */
+  .lab-side .lab-table td, .lab-side .lab-table th { padding: 2px 4px; }
+}
 .lab-side > * { min-width: 0; max-width: 100%; }
 .lab-op { font-size: 22px; font-weight: 700; }
 .lab-ok { color: #0a6b2d; font-weight: 600; }
@@ -84,9 +87,13 @@ button.lab-button:hover { filter: brightness(0.95); }
 [data-testid="status-tracker"] { display: none !important; }
 :focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px; }
 @media (max-width: 600px) {
-  .lab-table { font-size: 11px; }
-  .lab-table td, .lab-table th { padding: 1px 3px; }
-  .lab-table th[scope=row] { white-space: normal; max-width: 7.5em; }
+  /* every table fits 390 px unscrolled (15 of 20 scrolled sideways): Gradio's 12 px HTML
+     padding (and its 32 px margins, in _HEAD_CSS) give way to the tables, whose type and
+     padding shrink a little */
+  .html-container { padding-left: 2px !important; padding-right: 2px !important; }
+  .lab-table { font-size: 10px; }
+  .lab-table td, .lab-table th { padding: 1px 2px; }
+  .lab-table th[scope=row] { white-space: normal; max-width: 6em; overflow-wrap: break-word; }
   .lab-big { font-size: 15px; }
   .lab-figures.lab-big { font-size: 13px; }  /* the step figures fit 390 px unscrolled */
   /* a long label ("softmax(logits)_zamek") breaks inside its cell rather than spilling out
@@ -512,6 +519,16 @@ _PAGE_JS = """<script>
 </script>"""
 
 
+# Gradio prefixes the page's css (_CSS) with its container, so a rule for the container's own
+# margins goes to the head as written.
+_HEAD_CSS = """<style>
+@media (max-width: 600px) {
+  .gradio-container .main.app { padding-left: 6px !important; padding-right: 6px !important; }
+}
+</style>
+"""
+
+
 def page_js(lang: str) -> str:
     aria = TEXT[lang]["aria"] if lang != "en" else []
     return _PAGE_JS.replace("__LANG__", lang).replace("__ARIA__", json.dumps(aria))
@@ -586,7 +603,7 @@ def serve(lang: str = "en", port: int | None = None) -> tuple[gr.Blocks, str]:
         prevent_thread_lock=True,
         theme=_THEME,
         css=_CSS,
-        head=page_js(lang),
+        head=_HEAD_CSS + page_js(lang),
         footer_links=[],
         # Gradio's run history wrote every event's inputs and outputs (every part's HTML, up to
         # 100 events) to the browser's localStorage, on each event: a slider key spent about

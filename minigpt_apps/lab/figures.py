@@ -80,10 +80,12 @@ def plot_html(figure: Figure | str, alt: str, lang: str, elem_id: str = "") -> s
     )
 
 
-def weights_svg(tokens, weights_TxT, title: str, words: Words) -> str:
+def weights_svg(tokens, weights_TxT, title: str, words: Words, *, causal: bool = True) -> str:
     """Attention weights as a heatmap (row: query, column: key); words label the axes up to 10
-    tokens, position numbers (every k-th) beyond."""
+    tokens, position numbers (every k-th) beyond. With `causal`, the future keys (column > row)
+    are masked: hatched, no number."""
     long = len(tokens) > 10
+    masked_TxT = np.triu(np.ones((len(tokens), len(tokens)), bool), 1) if causal else None
     labels = [str(t) for t in range(len(tokens))] if long else list(tokens)
     return svg.heatmap(
         weights_TxT,
@@ -97,6 +99,8 @@ def weights_svg(tokens, weights_TxT, title: str, words: Words) -> str:
         cell_spec=".2f",
         xlabel=words["context_key_position"] if long else "",
         ylabel=words["context_query_position"] if long else "",
+        masked_RxC=masked_TxT,
+        mask_note=words["context_mask_note"],
     )
 
 
@@ -129,13 +133,13 @@ def cosine_svg(state: LabState, cosine_VxV, words: Words) -> str:
 
 
 def chart_svg(points, words: Words) -> str:
-    """p(target) and the loss after each step taken (a marker per point: step 0 shows, too)."""
+    """p(target) on the left axis (0 to 1) and the loss on its own right axis after each step
+    taken (a marker per point: step 0 shows, too); one shared axis let a loss of 50 press p
+    onto the floor."""
     steps = [s for s, _, _ in points]
     return svg.lines(
-        [
-            (words.f("step_p", **step_words()), steps, [p for _, p, _ in points]),
-            (words["step_loss"], steps, [loss for _, _, loss in points]),
-        ],
+        [(words.f("step_p", **step_words()), steps, [p for _, p, _ in points])],
+        right=(words["step_loss"], steps, [loss for _, _, loss in points]),
         title=words["step_chart"],
         xlabel=words["step_axis"],
         num=words.num,
@@ -172,24 +176,45 @@ def similarity_figure(length: int, dim: int, pos: int, words: Words) -> Figure:
     return figure
 
 
+MAX_CLOCK_HANDS = 16  # hands on the clock; a wider table shows this many, evenly spread
+
+
+def clock_pairs(pairs: int, chosen: int) -> list[int]:
+    """The pairs the clock draws: all `pairs` up to MAX_CLOCK_HANDS, else that many spread
+    evenly from the first to the last, and always the chosen one."""
+    if pairs <= MAX_CLOCK_HANDS:
+        return list(range(pairs))
+    spread = np.linspace(0, pairs - 1, MAX_CLOCK_HANDS).round().astype(int).tolist()
+    return sorted({*spread, chosen})
+
+
 def clock_figure(dim: int, pos: int, pair: int, words: Words) -> Figure:
-    """The first pairs (and the chosen one) at `pos` as clock hands, the chosen one thick."""
+    """The pairs of `clock_pairs` at `pos` as clock hands, the chosen one thick; the legend
+    beside the circle, never on it."""
     hands_Px2 = compute.clock_hands(pos, dim)
+    shown = clock_pairs(len(hands_Px2), pair)
     figure = _figure(4.2, 3.8)
     ax = figure.subplots()
     ax.add_patch(matplotlib.patches.Circle((0, 0), 1, fill=False, color="grey"))
-    shown = sorted({*range(min(len(hands_Px2), 6)), pair})
-    for i in shown:
+    colours = matplotlib.colormaps["tab20"].colors
+    for k, i in enumerate(shown):
         sin, cos = hands_Px2[i]
-        length_i = 1.0 - 0.12 * shown.index(i)  # nested hands stay distinguishable
+        length_k = 1.0 - 0.65 * k / max(1, len(shown) - 1)  # nested hands stay distinguishable
         ax.plot(
-            [0, length_i * sin], [0, length_i * cos], lw=4 if i == pair else 1.5, label=f"i={i}"
+            [0, length_k * sin],
+            [0, length_k * cos],
+            lw=4 if i == pair else 1.5,
+            color=colours[k % len(colours)],
+            label=f"i={i}",
         )
     ax.set_xlim(-1.1, 1.1)
     ax.set_ylim(-1.1, 1.1)
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(_wrapped(words.f("positions_clock", pos=pos), 38), fontsize=10)
+    figure.legend(loc="outside right center", fontsize=7, handlelength=1.2, labelspacing=0.3)
+    title = words.f("positions_clock", pos=pos)
+    if len(shown) < len(hands_Px2):
+        title += " " + words.f("positions_clock_some", shown=len(shown), pairs=len(hands_Px2))
+    figure.suptitle(_wrapped(title, 44), fontsize=10)
     return figure

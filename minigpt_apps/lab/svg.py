@@ -72,6 +72,14 @@ def _decimals(ticks: Sequence[float]) -> int:
     return digits
 
 
+# A masked cell's fill: grey hatching, which no value's colour is.
+MASK_PATTERN = (
+    '<defs><pattern id="lab-mask" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e5e5e5"/>'
+    '<line x1="0" y1="0" x2="0" y2="6" stroke="#a3a3a3" stroke-width="2"/></pattern></defs>'
+)
+
+
 def heatmap(
     values_RxC,
     row_labels: Sequence[str],
@@ -85,21 +93,30 @@ def heatmap(
     cell_spec: str | None = None,
     xlabel: str = "",
     ylabel: str = "",
+    masked_RxC=None,
+    mask_note: str = "",
 ) -> str:
-    """A heatmap with labelled rows and columns (at most 10 labels each: every k-th beyond)."""
+    """A heatmap with labelled rows and columns (at most 10 labels each: every k-th beyond).
+    Cells where `masked_RxC` is True are hatched grey with no number (a masked weight is no
+    weight, unlike a real 0.00); `mask_note`, said under the title, tells what the hatching is."""
     values_RxC = np.asarray(values_RxC, np.float64)
     rows, cols = values_RxC.shape
+    masked_RxC = np.zeros((rows, cols), bool) if masked_RxC is None else np.asarray(masked_RxC)
+    title = f"{title}. {mask_note}" if mask_note and masked_RxC.any() else title
     top, left, size = 40 + 13 * (len(textwrap.wrap(title, 52)) - 1), 78, 260
     cell_w, cell_h = size / cols, (HEIGHT - top - 70) / rows
-    body = []
+    body = [MASK_PATTERN] if masked_RxC.any() else []
     for r in range(rows):
         for c in range(cols):
             value = values_RxC[r, c]
             x, y = left + c * cell_w, top + r * cell_h
+            fill = "url(#lab-mask)" if masked_RxC[r, c] else color(value, low, high, scheme)
             body.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell_w + 0.3:.1f}" '
-                f'height="{cell_h + 0.3:.1f}" fill="{color(value, low, high, scheme)}"/>'
+                f'height="{cell_h + 0.3:.1f}" fill="{fill}"/>'
             )
+            if masked_RxC[r, c]:
+                continue
             if cell_spec and rows <= 8 and cols <= 8:
                 dark = (value - low) / (high - low or 1) > 0.75 or (
                     scheme != "blues" and abs(value) > 0.6 * max(abs(low), abs(high))
@@ -155,17 +172,39 @@ def heatmap(
 class _Axes:
     """A plot area mapping data to pixels, with ticks in the page's numbers."""
 
-    def __init__(self, xlim, ylim, top: float, num, *, integer_x: bool = False):
-        self.left, self.right, self.top, self.bottom = 52, WIDTH - 14, top, HEIGHT - 40
+    def __init__(
+        self, xlim, ylim, top: float, num, *, integer_x: bool = False, right_margin: float = 14
+    ):
+        self.left, self.right, self.top, self.bottom = 52, WIDTH - right_margin, top, HEIGHT - 40
         self.xlim, self.ylim, self.num, self.integer_x = xlim, ylim, num, integer_x
 
     def x(self, value: float) -> float:
         low, high = self.xlim
         return self.left + (value - low) / (high - low or 1) * (self.right - self.left)
 
-    def y(self, value: float) -> float:
-        low, high = self.ylim
+    def y(self, value: float, ylim=None) -> float:
+        """The pixel row of `value` on the left axis (or on an axis spanning `ylim`)."""
+        low, high = ylim or self.ylim
         return self.bottom - (value - low) / (high - low or 1) * (self.bottom - self.top)
+
+    def right_axis(self, ylim, label: str, colour: str) -> list[str]:
+        """A second y axis on the right, spanning `ylim`, its ticks and label in `colour`."""
+        ticks = _ticks(*ylim)
+        digits = _decimals(ticks)
+        out = []
+        for tick in ticks:
+            y = self.y(tick, ylim)
+            out.append(
+                f'<line x1="{self.right}" x2="{self.right + 4}" y1="{y:.1f}" y2="{y:.1f}" '
+                f'stroke="{colour}"/><text x="{self.right + 6}" y="{y + 3:.1f}" font-size="9" '
+                f'fill="{colour}">{_e(self.num(tick + 0.0, f".{digits}f"))}</text>'
+            )
+        middle_y, x = (self.top + self.bottom) / 2, WIDTH - 8
+        out.append(
+            f'<text x="{x}" y="{middle_y}" font-size="10" text-anchor="middle" fill="{colour}" '
+            f'transform="rotate(90 {x} {middle_y})">{_e(label)}</text>'
+        )
+        return out
 
     def frame(self, xlabel: str, ylabel: str) -> list[str]:
         out = [
@@ -227,25 +266,37 @@ def scatter(points_Nx2, labels: Sequence[str], *, title, xlabel, ylabel, lim, nu
     return _svg(body, title)
 
 
-def lines(series, *, title: str, xlabel: str, num, ylim=None) -> str:
-    """Lines over integer x (steps), one per (name, xs, ys); a marker per point up to 30."""
-    xs_all = [x for _, xs, _ in series for x in xs]
-    ys_all = [y for _, _, ys in series for y in ys]
+def lines(series, *, title: str, xlabel: str, num, right=None) -> str:
+    """Lines over integer x (steps), one per (name, xs, ys) on the left axis (0 to at least 1),
+    and `right`'s (name, xs, ys) on an axis of its own on the right (0 to its largest value), so
+    a loss of 50 leaves a probability its whole 0-1 height; a marker per point up to 30."""
+    xs_all = [x for _, xs, _ in [*series, *([right] if right else [])] for x in xs]
     low_x, high_x = min(xs_all), max(xs_all)
     if high_x == low_x:  # one point: an axis from it to the next step (never "−1 steps")
         low_x, high_x = low_x, low_x + 1
-    ylim = ylim or (0.0, max(1.0, max(ys_all) * 1.05))
+
+    def span(ys) -> tuple[float, float]:
+        return (0.0, max(1.0, max(ys) * 1.05))
+
     top = 40 + 13 * (len(textwrap.wrap(title, 52)) - 1)
-    axes = _Axes((low_x, high_x), ylim, top, num, integer_x=True)
-    body = axes.frame(xlabel, "")
-    for k, (name, xs, ys) in enumerate(series):
+    left_ylim = span([y for _, _, ys in series for y in ys])
+    axes = _Axes(
+        (low_x, high_x), left_ylim, top, num, integer_x=True, right_margin=40 if right else 14
+    )
+    body = axes.frame(xlabel, series[0][0] if right and len(series) == 1 else "")
+    drawn = [(name, xs, ys, left_ylim) for name, xs, ys in series]
+    if right:
+        right_ylim = span(right[2])
+        body += axes.right_axis(right_ylim, right[0], PALETTE[len(series)])
+        drawn.append((*right, right_ylim))
+    for k, (name, xs, ys, ylim) in enumerate(drawn):
         colour = PALETTE[k]
-        path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in zip(xs, ys, strict=True))
+        points = [(axes.x(x), axes.y(y, ylim)) for x, y in zip(xs, ys, strict=True)]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         body.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         if len(xs) <= 30:
             body.extend(
-                f'<circle cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="3" fill="{colour}"/>'
-                for x, y in zip(xs, ys, strict=True)
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in points
             )
         legend_y = axes.top + 14 + 14 * k
         body.append(

@@ -245,6 +245,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "context_weights_alt": "Heatmap of sentence {side}'s {t} × {t} attention weights; the last word's largest weight is {last}.",
         "context_inputs_differ": "the inputs already differ, so this does not isolate the context; end both sentences with the same word at the same position",
         "context_weights": "Attention weights of {side}, “{sentence}” (row: query, column: key)",
+        "context_mask_note": "Hatched: masked (a later word, not seen).",
         "context_vectors": "At each sentence's last word (A: “{a}”, B: “{b}”)",
         "context_input_row": "input x, {side}",
         "context_output_row": "output, {side}",
@@ -276,6 +277,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "positions_offset": "offset k",
         "positions_dot": "dot product",
         "positions_clock": "Position {pos} as clock hands: pair i points at angle {pos}·ω_i",
+        "positions_clock_some": "({shown} of the {pairs} pairs, spread from the first to the last)",
         # ---- 2. realistic sizes
         "sizes_heading": "2. The article's own ids and the lesson's real sizes",
         "sizes_explain": (
@@ -533,6 +535,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "context_weights_alt": "Mapa de calor de los {t} × {t} pesos de atención de la frase {side}; el mayor peso de la última palabra es {last}.",
         "context_inputs_differ": "las entradas ya difieren, así que esto no aísla el contexto; termina ambas frases con la misma palabra en la misma posición",
         "context_weights": "Pesos de atención de {side}, «{sentence}» (fila: consulta, columna: clave)",
+        "context_mask_note": "Rayado: enmascarado (una palabra posterior, no vista).",
         "context_vectors": "En la última palabra de cada frase (A: «{a}», B: «{b}»)",
         "context_input_row": "entrada x, {side}",
         "context_output_row": "salida, {side}",
@@ -564,6 +567,7 @@ _TEXT: dict[str, dict[str, str]] = {
         "positions_offset": "desplazamiento k",
         "positions_dot": "producto escalar",
         "positions_clock": "La posición {pos} como agujas de reloj: el par i apunta al ángulo {pos}·ω_i",
+        "positions_clock_some": "({shown} de los {pairs} pares, repartidos del primero al último)",
         # ---- 2. tamaños reales
         "sizes_heading": "2. Los ids del propio artículo y los tamaños reales de la lección",
         "sizes_explain": (
