@@ -57,6 +57,7 @@ run failed or did not end (a killed worker) unless --allow_partial.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -237,6 +238,11 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         raise plans.CompareError("--metric time_to_target needs --target LOSS (the val loss).")
     if args.target is not None and args.metric != "time_to_target":
         raise plans.CompareError("--target goes with --metric time_to_target; drop one.")
+    if args.target is not None and not 0 < args.target < math.inf:
+        raise plans.CompareError(
+            f"--target {args.target} must be a positive finite val loss (in nats) the runs can "
+            "reach, e.g. --target 3.5."
+        )
     if args.metric != sweep_metric:
         comparison.sweep_value = None  # not the same measure: nothing to set beside it
     if args.sesoi is not None and args.metric == "time_to_target":
