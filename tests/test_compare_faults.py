@@ -69,6 +69,7 @@ def test_a_train_childs_error_line_tells_the_machines_failure_from_the_runs():
         "minigpt-jax train: error: [Errno 13] Permission denied: '/o/x/seed-0/train.log'",
     ):
         assert runs.environmental(line), line
+    assert runs.environmental("no output")  # a child whose log could not be written either
     for line in (
         "minigpt-jax train: error: non-finite training loss nan (grad norm nan) at step 3",
         "minigpt-jax train: error: config.model.n_layer=0 must be at least 1.",
@@ -195,3 +196,19 @@ def test_an_out_with_no_runs_is_not_rebuilt(tmp_path, lost):
     if lost == "unreadable":
         (comparison.out / plan.IDENTITY_FILE).write_text("?")
     assert recovery.lost_identity(comparison) is None
+
+
+@pytest.mark.slow
+def test_a_train_child_missing_its_data_is_run_again_by_the_next_command(tmp_path, capsys):
+    """--workers 2: each `train` child fails at once on a data.path that is not there yet; no
+    end is recorded, so the next command (the path created) runs them again."""
+    out, corpus = tmp_path / "out", tmp_path / "later.txt"
+    args = [*_args(out), "--workers", "2", "--set", "data.corpus=text"]
+    args += ["--set", f"data.path={corpus}"]
+    assert command.main(args) == 3
+    stdout = capsys.readouterr().out
+    assert stdout.count(f"{corpus} does not exist") == 4, stdout
+    assert stdout.count("the machine's failure, not the run's result") == 4, stdout
+    assert _end_files(out) == []
+    assert command.main(args) == 3
+    assert "4 to run, 0 already ended" in capsys.readouterr().out

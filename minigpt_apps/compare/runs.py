@@ -78,15 +78,17 @@ _ENVIRONMENT_WORDS = (
     "read-only file system",
     "too many open files",
 )
+# trials.last_line's words for a child that wrote no line: on a full disk, even its log fails.
+_SILENT = ("no output", "no train.log")
 
 
 def environmental(error: BaseException | str) -> bool:
     """Whether a run failed for want of something outside it (a full disk, a path not there
     yet, a folder it cannot write): never its result, the next command runs it again. An
-    error in process: an OSError; a child's: its error line naming one."""
+    error in process: an OSError; a child's: its error line naming one, or no line at all."""
     if isinstance(error, BaseException):
         return isinstance(error, OSError)
-    return any(word in error.lower() for word in _ENVIRONMENT_WORDS)
+    return error in _SILENT or any(word in error.lower() for word in _ENVIRONMENT_WORDS)
 
 
 def _end_of_error(
