@@ -633,6 +633,14 @@ def test_arms_keep_a_comma_inside_a_value_and_the_named_baseline_comes_first(tmp
         ),
         (["--seeds", "3", "--arm", "x:log_every=3", "--sesoi", "-0.1"], "--sesoi -0.1 must be"),
         (["--seeds", "3", "--aa", "--arm", "x:log_every=3"], "--aa compares the config with"),
+        *(
+            (
+                ["--seeds", "2", "--arm", "x:log_every=3", "--metric", "time_to_target"]
+                + ["--target", target],
+                f"--target {shown} must be a positive finite val loss",
+            )
+            for target, shown in (("-1", "-1.0"), ("nan", "nan"), ("inf", "inf"), ("0", "0.0"))
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):

@@ -415,6 +415,67 @@ def test_a_checkpoint_restored_with_non_finite_tensors_is_skipped(
     assert trajectory(copy_of) == trajectory(reference)
 
 
+def _restoring_negative_nu(monkeypatch, damaged_steps):
+    """checkpoint._restore handing back, for each step in damaged_steps, Adam's second moments
+    negated: finite tensors (so the restore passes) whose first update is NaN, as 32 bytes
+    flipped in a checkpoint's array data with its sha256sums.txt written again give."""
+    from minigpt_jax import checkpoint
+
+    real_restore = checkpoint._restore
+
+    def restore(manager, step, args):
+        restored = real_restore(manager, step, args)
+        if step in damaged_steps and "state" in restored.keys():
+            state = restored.state
+            opt_state = jax.tree_util.tree_map_with_path(
+                lambda path, x: -x if "nu" in jax.tree_util.keystr(path) else x, state.opt_state
+            )
+            restored = type(restored)(
+                **{**dict(restored), "state": state.replace(opt_state=opt_state)}
+            )
+        return restored
+
+    monkeypatch.setattr(checkpoint, "_restore", restore)
+
+
+def test_a_checkpoint_that_diverges_at_once_is_skipped_for_the_intact_one(
+    reference, copy_of, corpus_file, caplog, monkeypatch
+):
+    """Issue 54: 32 bytes flipped in checkpoint 40 with its sha256sums.txt written again ended
+    "non-finite loss at step 42 ... the last good checkpoint, step 40, is kept" (40 was the
+    damaged one, 36 intact). The run now trains again from 36, saying so, and ends well."""
+    _restoring_negative_nu(monkeypatch, {40})
+    with caplog.at_level(logging.WARNING):
+        summary = resume(copy_of, corpus_file, num_steps=48)
+    assert re.search(
+        r"non-finite training loss nan .* at step 4[12], only [12] steps after resuming from "
+        r"checkpoint 40: .*checkpoints/40 is taken as damaged .*; skipping it for step 36, the "
+        r"newest intact checkpoint before it",
+        caplog.text,
+    ), caplog.text
+    assert summary.resumed_from == 36 and summary.step == 48
+    assert np.isfinite(summary.val_loss)
+    assert [r["step"] for r in read_metrics(copy_of) if "train_loss" in r] == list(range(1, 49))
+    assert trajectory(copy_of, upto_step=36) == trajectory(reference, upto_step=36)
+    params, _ = load_params(copy_of)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+
+
+def test_a_run_that_diverges_again_after_the_fall_back_says_so(
+    reference, copy_of, corpus_file, caplog, monkeypatch
+):
+    """The fall-back happens once: a run diverging again from the older checkpoint is its own
+    divergence, reported with the checkpoint it stands on, never the damaged one as good."""
+    _restoring_negative_nu(monkeypatch, {36, 40})
+    with caplog.at_level(logging.WARNING), pytest.raises(FloatingPointError) as error:
+        resume(copy_of, corpus_file, num_steps=48)
+    assert "skipping it for step 36" in caplog.text
+    message = str(error.value)
+    assert re.match(r"non-finite training loss nan .* at step 3[78]; ", message), message
+    assert "The newest checkpoint, step 36, is kept" in message
+    assert "step 40" not in message
+
+
 def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(
     reference, copy_of, corpus_file
 ):

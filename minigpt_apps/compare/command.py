@@ -37,7 +37,10 @@ version: the same command run again resumes it, training only the runs that have
 stopped one from its checkpoint); more --seeds or more --arm grow it (the new runs train, the
 others are read); any other command, or other code, is refused, naming what differs. A run that
 fails or diverges is recorded as such, shown in the verdicts and the tables, and left out of the
-pairs; delete its compare_end.json to run it again.
+pairs; delete its compare_end.json to run it again. A run that fails for want of something
+outside it (a full disk, an input path not there yet) is not recorded: the next command runs it
+again. An ended run whose metrics.jsonl was cut or edited since (its end's sha256) trains again;
+a lost or unreadable compare.json is rebuilt when every run folder in OUT is this command's.
 
 Written into OUT, one set per metric: report-METRIC.md (the command, versions, commit, machine,
 date and eval set; a verdict per arm; a compact table arm | Δ (CI) | % of baseline | d_z | p_adj
@@ -61,6 +64,7 @@ run failed or did not end (a killed worker) unless --allow_partial.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -69,7 +73,7 @@ from pathlib import Path
 
 from minigpt_apps.command_line import OneLineParser, lock_out
 from minigpt_apps.compare import plan as plans
-from minigpt_apps.compare import report
+from minigpt_apps.compare import recovery, report
 from minigpt_apps.compare.record import has_ended, read_record
 from minigpt_apps.compare.runs import CompareStop, run_children, run_here
 from minigpt_jax.runtime.locks import LockHeld
@@ -241,6 +245,11 @@ def check(argv: list[str]) -> tuple[plans.Comparison, argparse.Namespace]:
         raise plans.CompareError("--metric time_to_target needs --target LOSS (the val loss).")
     if args.target is not None and args.metric != "time_to_target":
         raise plans.CompareError("--target goes with --metric time_to_target; drop one.")
+    if args.target is not None and not 0 < args.target < math.inf:
+        raise plans.CompareError(
+            f"--target {args.target} must be a positive finite val loss (in nats) the runs can "
+            "reach, e.g. --target 3.5."
+        )
     if args.metric != sweep_metric:
         comparison.sweep_value = None  # not the same measure: nothing to set beside it
     if args.sesoi is not None and args.metric == "time_to_target":
@@ -290,7 +299,9 @@ def main(argv: list[str]) -> int:
     try:
         comparison, args = check(argv)
         code = plans.code_version()
-        state = plans.check_out(comparison, code)
+        recovery.check_run_folders(comparison)
+        lost = recovery.lost_identity(comparison)  # compare.json, rebuilt from the runs
+        state = "new" if lost else plans.check_out(comparison, code)
         try:
             comparison.out.mkdir(parents=True, exist_ok=True)
             lock = lock_out(comparison.out / plans.LOCK_FILE, "compare")
@@ -303,8 +314,38 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     record_signals_while_starting()  # until CompareStop takes them (or a run's own stop)
+    try:
+        return _compare(comparison, args, argv, code, state, lost, lock, wall_start)
+    except OSError as error:  # a full disk, a folder made read-only: the runs ended are kept
+        where = f" ({error.filename})" if error.filename else ""
+        print(
+            f"{PROG}: error: {error.strerror or error}{where}; fix it (free some space, make "
+            "--out writable), then rerun the same command: the runs that ended are kept and "
+            "the others run again or resume.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 3
+
+
+def _compare(comparison, args, argv, code, state: str, lost: str | None, lock, wall_start) -> int:
+    """The checked command, OUT locked: its runs trained or read, the report written."""
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    identity = comparison.out / plans.IDENTITY_FILE
+    if lost == "unreadable":  # kept aside, for whoever wants to see it
+        identity.replace(identity.with_name(identity.name + ".unreadable"))
     if state != "resume":
         plans.write_identity(comparison, ["minigpt-jax", "compare", *argv], code)
+    if lost:
+        say(
+            f"{identity} was {lost}: rebuilt from this command and the run folders in "
+            f"{comparison.out}, each this command's config.py (the code version they trained "
+            "with is not known: the current one is recorded)"
+        )
+    recovery.retrain_damaged(comparison, say)
     runs = comparison.runs()
     todo = [(arm, seed) for arm, seed in runs if not has_ended(comparison.run_dir(arm, seed))]
     grown = " (grown: the new seeds and arms train, the others are read)" * (state == "grow")
@@ -314,10 +355,6 @@ def main(argv: list[str]) -> int:
         f"ended{grown}",
         flush=True,
     )
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-
     with CompareStop() as stop:
         if args.workers == 1:
             run_here(comparison, todo, stop, say)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from minigpt_apps.sweep.trial import result_of
+from minigpt_jax.runtime.digests import sha256_file
 from minigpt_jax.runtime.run_dir import RunDir
 
 END_FILE = "compare_end.json"  # in the run directory: {"status": ..., "error": ...}
@@ -50,15 +51,51 @@ class RunRecord:
 
 
 def write_end(run_dir: Path, status: str, error: str = "") -> None:
-    """Records how the run in `run_dir` ended (atomically: a rerun sees it whole or not)."""
+    """Records how the run in `run_dir` ended (atomically: a rerun sees it whole or not); an
+    ok run's end holds the sha256 of its metrics.jsonl, which `damage` checks before it is
+    scored."""
+    end = {"status": status, "error": error}
+    metrics = RunDir(run_dir).metrics
+    if status == "ok" and metrics.is_file():
+        end["metrics_sha256"] = sha256_file(metrics)
     path = run_dir / END_FILE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(json.dumps({"status": status, "error": error}) + "\n")
+    tmp.write_text(json.dumps(end) + "\n")
     os.replace(tmp, path)
 
 
+def read_end(run_dir: Path) -> dict | None:
+    """The end record of the run in `run_dir`; None when it has none, or one that is not a
+    record (overwritten or damaged: the run is then run again, or resumed, as one not ended)."""
+    try:
+        end = json.loads((run_dir / END_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(end, dict) and end.get("status") in STATUSES[:3]):
+        return None
+    return end
+
+
 def has_ended(run_dir: Path) -> bool:
-    return (run_dir / END_FILE).exists()
+    return read_end(run_dir) is not None
+
+
+def damage(run_dir: Path) -> str | None:
+    """What is wrong with an ok run's metrics.jsonl (cut, edited or gone since the run ended:
+    it no longer matches the sha256 its end recorded), or None. Ends written before the digest
+    was recorded are taken as they are."""
+    end = read_end(run_dir)
+    if end is None or end["status"] != "ok" or "metrics_sha256" not in end:
+        return None
+    metrics = RunDir(run_dir).metrics
+    if not metrics.is_file():
+        return f"its {metrics.name} is gone"
+    if sha256_file(metrics) != end["metrics_sha256"]:
+        return (
+            f"its {metrics.name} no longer matches the sha256 recorded when it ended (cut or "
+            "edited)"
+        )
+    return None
 
 
 def read_record(
@@ -71,10 +108,10 @@ def read_record(
     result = result_of(run_dir, tokens_per_step, target) if exists else None
     evals = result.evals if result else []
     last_step = result.last_step if result else 0
-    if not has_ended(run_dir):
+    end = read_end(run_dir)
+    if end is None:
         return RunRecord(arm, seed, "not run", evals, last_step)
-    end = json.loads((run_dir / END_FILE).read_text())
-    status, error = end["status"], end.get("error", "")
+    status, error = end["status"], str(end.get("error", ""))
     if status == "ok" and not evals:
         status, error = "failed", "the run recorded no val loss"
     seconds = result.seconds_to_target if result else None

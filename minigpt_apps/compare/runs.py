@@ -3,7 +3,9 @@ config.py (the base config, the arm's values, config.seed = S), trained by train
 one after another in this process (--workers 1), or in K `minigpt-jax train` children at once
 (the sweep's trial.start: a child dies with this process and saves a checkpoint as it goes).
 A run that ends has its end recorded (record.write_end); a run stopped by a signal has none and
-resumes from its checkpoint when the same command runs again."""
+resumes from its checkpoint when the same command runs again. So has a run that failed for want
+of something outside it (a full disk, an input path not there yet, a folder it cannot write):
+that is the machine's failure, not the run's result, and the next command runs it again."""
 
 from __future__ import annotations
 
@@ -39,13 +41,18 @@ class CompareStop(StopRequest):
                 child.send_signal(signal.SIGTERM)
 
 
+def config_text(comparison: Comparison, arm: Arm, seed: int) -> str:
+    """The config.py of the run of `arm` at (pair) `seed`."""
+    doc = comparison.run_doc(arm, seed)
+    return spaces.config_file_text(arm.config_spec, comparison.values(arm, seed), doc)
+
+
 def prepare(comparison: Comparison, arm: Arm, seed: int) -> Path:
     """The run directory with its config.py (written once; the same on every rerun), free of
     a run lock a killed command's child may still hold while it saves. Returns config.py."""
     run_dir = comparison.run_dir(arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    doc = comparison.run_doc(arm, seed)
-    text = spaces.config_file_text(arm.config_spec, comparison.values(arm, seed), doc)
+    text = config_text(comparison, arm, seed)
     config_file = run_dir / "config.py"
     if not config_file.exists() or config_file.read_text() != text:
         config_file.write_text(text)
@@ -59,19 +66,68 @@ def _first_line(error: BaseException | str) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _end_of_error(run_dir: Path, line: str, diverged: bool) -> str:
+# What a `minigpt-jax train` child's error line says when it failed for want of something
+# outside the run (an OSError's words); its exit status is 1 for any error.
+_ENVIRONMENT_WORDS = (
+    "no space left",
+    "disk quota",
+    "[errno",
+    "does not exist",
+    "no such file",
+    "permission denied",
+    "read-only file system",
+    "too many open files",
+)
+# trials.last_line's words for a child that wrote no line: on a full disk, even its log fails.
+_SILENT = ("no output", "no train.log")
+
+
+def environmental(error: BaseException | str) -> bool:
+    """Whether a run failed for want of something outside it (a full disk, a path not there
+    yet, a folder it cannot write): never its result, the next command runs it again. An
+    error in process: an OSError; a child's: its error line naming one, or no line at all."""
+    if isinstance(error, BaseException):
+        return isinstance(error, OSError)
+    return error in _SILENT or any(word in error.lower() for word in _ENVIRONMENT_WORDS)
+
+
+def _end_of_error(
+    run_dir: Path, line: str, diverged: bool, say: Say, name: str, machine: bool
+) -> str:
+    """Records the run's own failure (`line`), or for the machine's (`machine`), nothing:
+    "not run"."""
+    if machine:
+        say(
+            f"{name}: not run: {line} -- the machine's failure, not the run's result: nothing "
+            "is recorded; fix it, then rerun the same command to run it again"
+        )
+        return "not run"
     status = "diverged" if diverged or "non-finite" in line else "failed"
-    write_end(run_dir, status, line)
+    return _record_end(run_dir, status, line, say, name)
+
+
+def _record_end(run_dir: Path, status: str, line: str, say: Say, name: str) -> str:
+    """write_end, or "not run" with a line when it cannot be written (a full disk): the next
+    command runs the run again (resuming its checkpoint)."""
+    try:
+        write_end(run_dir, status, line)
+    except OSError as error:
+        say(
+            f"{name}: {status}, but its end could not be recorded ({error.strerror or error}); "
+            "free some space, then rerun the same command (it resumes from its checkpoint)"
+        )
+        return "not run"
     return status
 
 
 def _said(comparison: Comparison, arm: Arm, seed: int, status: str, started: float) -> str:
     record = read_record(comparison.run_dir(arm, seed), arm.name, seed)
-    what = (
-        f"final val loss {record.final_val_loss:.4f}, best {record.best_val_loss:.4f}"
-        if record.status == "ok"
-        else f"{status}: {record.error}"
-    )
+    if status == "not run":
+        what = "not run (said above)"
+    elif record.status == "ok":
+        what = f"final val loss {record.final_val_loss:.4f}, best {record.best_val_loss:.4f}"
+    else:
+        what = f"{status}: {record.error}"
     return f"{arm.name} seed {seed}: {what} ({time.perf_counter() - started:.1f} s)"
 
 
@@ -88,7 +144,7 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
             return
         started, config_file = time.perf_counter(), prepare(comparison, arm, seed)
         run_dir = config_file.parent
-        status, summary = "ok", None
+        status, summary, failure = "ok", None, None
         checkpoints = RunDir(run_dir).checkpoints
         resumed = checkpoints.is_dir() and any(checkpoints.iterdir())
         if resumed:
@@ -107,7 +163,7 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
             except Exception as error:  # the run's own failure: recorded, the others go on
                 line = _first_line(error)
                 print(f"{type(error).__name__}: {line}", file=log)
-                status = _end_of_error(run_dir, line, isinstance(error, FloatingPointError))
+                failure = (error, line)
         if summary is not None and summary.interrupted_by:  # checkpoint saved: a rerun resumes
             stop.on_signal(signal.Signals[summary.interrupted_by])
             say(
@@ -115,8 +171,16 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
                 f"{summary.step}, checkpoint kept"
             )
             return
+        name = f"{arm.name} seed {seed}"
+        if failure is not None:  # said here, on the terminal, not in the run's train.log
+            error, line = failure
+            machine = environmental(error)
+            if machine:
+                line = f"{type(error).__name__}: {line}"
+            diverged = isinstance(error, FloatingPointError)
+            status = _end_of_error(run_dir, line, diverged, say, name, machine)
         if summary is not None:
-            write_end(run_dir, "ok")
+            status = _record_end(run_dir, "ok", "", say, name)
         say(f"[{number}/{len(jobs)}] " + _said(comparison, arm, seed, status, started))
 
 
@@ -149,9 +213,9 @@ def run_children(
             del running[child]
             stop.children.remove(child)
             run_dir = comparison.run_dir(arm, seed)
+            name = f"{arm.name} seed {seed}"
             if code == 0:
-                status = "ok"
-                write_end(run_dir, status)
+                status = _record_end(run_dir, "ok", "", say, name)
             elif code < 0 or code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
                 name = signal.Signals(-code if code < 0 else code - 128).name
                 say(
@@ -160,7 +224,8 @@ def run_children(
                 )
                 continue
             else:
-                status = _end_of_error(run_dir, trials.last_line(run_dir), False)
+                line = trials.last_line(run_dir)
+                status = _end_of_error(run_dir, line, False, say, name, environmental(line))
             done += 1
             say(f"[{done}/{len(jobs)}] " + _said(comparison, arm, seed, status, started))
         if not running and stop.requested():

@@ -128,11 +128,15 @@ def non_finite_error(
     terms: tuple[PickedTerm, ...] = (),
     values: dict[str, float] | None = None,
     suspects: str = "",
+    *,
+    suspect_restore: bool = True,
 ) -> FloatingPointError:
     """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
     one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
     step's aux values by name) is non-finite is named as the cause instead of the lr; else the
-    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr."""
+    user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr.
+    suspect_restore: whether a divergence just after restoring names the checkpoint as perhaps
+    damaged (not after the run already trained again from an older one)."""
     good = checkpointer.latest_step()
     for key in (term.key for term in terms):
         value = (values or {}).get(term_name(key))
@@ -152,7 +156,8 @@ def non_finite_error(
         if suspects
         else ""
     )
-    at_once = checkpointer.suspect_restore(step)
+    just_restored = checkpointer.suspect_restore(step)  # then never called "good"
+    at_once = just_restored if suspect_restore else None
     if at_once is not None:
         restored, older = at_once
         folder = checkpointer.run_dir.checkpoints / str(restored)
@@ -171,13 +176,51 @@ def non_finite_error(
     return FloatingPointError(
         f"non-finite {what} at step {step}; nothing of it was saved. "
         + (
-            f"The {'newest' if at_once else 'last good'} checkpoint, step {good}, is kept in "
+            f"The {'newest' if just_restored else 'last good'} checkpoint, step {good}, is kept in "
             f"{checkpointer.workdir}; "
             f"{suspect}lower optim.lr or raise optim.warmup_steps, then rerun the same command "
             "with --allow_resume_changes to resume from it."
             if good is not None
             else f"No checkpoint was saved yet; {suspect}lower optim.lr, and start again."
         )
+    )
+
+
+class DamagedRestore(FloatingPointError):
+    """A non-finite `what` at `step`, a few steps after the run restored checkpoint `restored`
+    with nothing saved since, and an intact checkpoint `older` before it: `restored` is taken
+    as damaged before its digest was written (its tensors finite, but not the ones saved), and
+    the run trains again from `older` (train.loop.Trainer.fall_back)."""
+
+    def __init__(self, what: str, step: int, restored: int, older: int):
+        super().__init__(
+            f"non-finite {what} at step {step}, {step - restored} steps after restoring "
+            f"checkpoint {restored}; checkpoint {older} is the intact one before it."
+        )
+        self.what, self.step, self.restored, self.older = what, step, restored, older
+
+
+def damaged_restore(what: str, step: int, checkpointer: Checkpointer) -> DamagedRestore | None:
+    """The DamagedRestore of a non-finite `what` at `step`, or None when the run did not
+    diverge just after restoring a checkpoint that an intact one precedes."""
+    suspect = checkpointer.suspect_restore(step)
+    if suspect is None or suspect[1] is None:
+        return None
+    return DamagedRestore(what, step, *suspect)
+
+
+def warn_of_damaged_restore(damaged: DamagedRestore, checkpointer: Checkpointer) -> None:
+    _log.warning(
+        "non-finite %s at step %d, only %d steps after resuming from checkpoint %d: %s is "
+        "taken as damaged (its digest written after the damage); skipping it for step %d, "
+        "the newest intact checkpoint before it, and training again from there (a run that "
+        "diverges again is reported as its own divergence).",
+        damaged.what,
+        damaged.step,
+        damaged.step - damaged.restored,
+        damaged.restored,
+        checkpointer.run_dir.checkpoints / str(damaged.restored),
+        damaged.older,
     )
 
 

@@ -90,11 +90,24 @@ def train_and_evaluate(
         except StopBeforeTraining as stopped:
             return _stopped_before_training(stopped, run_guard.stop.step, wall_start)
         trainer = Trainer(run)
-        log = run_guard.closes(
-            RunLogger(run.config, workdir, run.step, trainer.non_finite_step, progress=progress)
-        )
+
+        def new_log() -> RunLogger:  # from the step the run stands at
+            return run_guard.closes(
+                RunLogger(run.config, workdir, run.step, trainer.non_finite_step, progress=progress)
+            )
+
+        log = new_log()
         try:
-            _train(trainer, log, run_guard.stop, last_step)
+            hooks = Hooks(run.config)
+            trainer.call_hooks(hooks, log, run_guard.stop, hooks.start, saved=True)  # checks
+            while True:
+                try:
+                    _train(trainer, log, run_guard.stop, hooks, last_step)
+                    break
+                except guard.DamagedRestore as damaged:  # once: train again from the older one
+                    log.close()
+                    trainer.fall_back(damaged)
+                    log = new_log()  # metrics.jsonl and TensorBoard cut back to that step
         except OSError:
             if log.writer.failed:  # the logs' disk is full: keep the steps, where space allows
                 _keep_after_a_log_failure(trainer, log)
@@ -102,13 +115,13 @@ def train_and_evaluate(
     return _summary(run, log, run_guard.stop.signal_name, wall_start)
 
 
-def _train(trainer: Trainer, log: RunLogger, stop: TrainingStop, last_step: int) -> None:
+def _train(
+    trainer: Trainer, log: RunLogger, stop: TrainingStop, hooks: Hooks, last_step: int
+) -> None:
     """The loop: chunks of steps up to last_step, each evaluated and checkpointed on its
-    cadence, the hooks (config.hooks) called after; a signal, or a hook asking to stop, is
-    answered with a checkpoint after the chunk in flight."""
+    cadence, the hooks (config.hooks, started) called after; a signal, or a hook asking to
+    stop, is answered with a checkpoint after the chunk in flight."""
     run, config = trainer.run, trainer.run.config
-    hooks = Hooks(config)
-    trainer.call_hooks(hooks, log, stop, hooks.start, saved=True)  # checks, before training
     _before_the_first_chunk(trainer, log, stop, last_step)
     for first_step in range(run.step, last_step, config.steps_per_call):
         if stop.requested():
@@ -217,6 +230,7 @@ class Trainer:
 
     def __init__(self, run: Run):
         self.run = run
+        self.fell_back_from: int | None = None  # a restored checkpoint taken as damaged
         # The states the last two chunks started from: where a step metric's host callback
         # failed, the newest one still readable holds the steps trained (unless donated).
         self._starts: collections.deque = collections.deque(maxlen=2)
@@ -301,14 +315,7 @@ class Trainer:
         val, train = results
         val_loss = val["loss"]
         if not math.isfinite(val_loss):
-            raise guard.non_finite_error(
-                f"val loss {val_loss}",
-                step,
-                run.checkpointer,
-                run.terms,
-                val,
-                guard.user_keys_in_play(run.config),
-            )
+            raise self.non_finite_error(f"val loss {val_loss}", step, run.terms, val)
         if val_loss < run.best_val:
             self._check_params_finite(step, params)
             run.best_val = val_loss
@@ -388,24 +395,51 @@ class Trainer:
         if problem is not None:
             raise ValueError(problem)
         what = f"training loss {values['loss']} (grad norm {values['grad_norm']})"
-        raise guard.non_finite_error(
+        raise self.non_finite_error(what, step, self.run.terms, values)
+
+    def non_finite_error(
+        self,
+        what: str,
+        step: int,
+        terms: tuple[tuple[str, float], ...] = (),
+        values: dict[str, float] | None = None,
+    ) -> FloatingPointError:
+        """The error for a non-finite `what` at `step` (guard.non_finite_error): a
+        guard.DamagedRestore, answered by `fall_back`, when the run diverged just after
+        restoring a checkpoint that an intact one precedes (once a run)."""
+        run = self.run
+        if self.fell_back_from is None:
+            damaged = guard.damaged_restore(what, step, run.checkpointer)
+            if damaged is not None:
+                return damaged
+        return guard.non_finite_error(
             what,
             step,
-            self.run.checkpointer,
-            self.run.terms,
+            run.checkpointer,
+            terms,
             values,
-            guard.user_keys_in_play(self.run.config),
+            guard.user_keys_in_play(run.config),
+            suspect_restore=self.fell_back_from is None,
         )
+
+    def fall_back(self, damaged: guard.DamagedRestore) -> None:
+        """Restores damaged.older, the intact checkpoint before the one the run diverged
+        just after restoring, to train again from there: trained the same way, a run that
+        diverges again does so on its own, and is reported as such."""
+        run = self.run
+        guard.warn_of_damaged_restore(damaged, run.checkpointer)
+        self._starts.clear()
+        state, meta = run.checkpointer.restore(run.state, damaged.older)
+        run.state, run.resumed_from = state, int(state.step)
+        run.pending_evaluation = bool(meta.get("pending_evaluation"))
+        if math.isfinite(run.best_val):  # inf: none yet, or the data changed since
+            run.best_val = meta.get("best_val_loss") or math.inf
+        self.fell_back_from = damaged.restored
 
     def _check_params_finite(self, step: int, params: Any = None) -> None:
         params = self.run.state.params if params is None else params
         if not bool(jax.device_get(guard.all_finite(params))):
-            raise guard.non_finite_error(
-                "parameters",
-                step,
-                self.run.checkpointer,
-                suspects=guard.user_keys_in_play(self.run.config),
-            )
+            raise self.non_finite_error("parameters", step)
 
 
 def _evaluate(
