@@ -55,7 +55,7 @@ class Optimizer:
 
 OPTIMIZER_SHAPE = (
     "a function (optim, learning_rate) -> optax.GradientTransformation, an optax factory "
-    "whose first argument is learning_rate (optax:lion), or an optimizers.Optimizer"
+    "whose first argument is learning_rate (optax:lion), or an optimizer_plugins.Optimizer"
 )
 
 

@@ -105,7 +105,7 @@ EVAL_PARAMS: Registry[EvalParams] = Registry(
     {AUTO: EvalParams(None), "params": EvalParams(None), "ema": EMA},
     entry_class=EvalParams,
     arity=2,
-    shape="a function (opt_state, params) -> params, or an optimizers.EvalParams",
+    shape="a function (opt_state, params) -> params, or an optimizer_wrappers.EvalParams",
 )
 
 
