@@ -3,7 +3,7 @@ matrices (`muon_dimension_numbers`, from what each parameter declares), the quin
 Newton-Schulz iteration (`newton_schulz`, optionally on bfloat16 operands), and the optax
 transformations built on them (`scale_by_muon`, `scale_by_width`): optax.contrib.muon's
 arithmetic and state. The `muon` optimizer entry (Muon on these, AdamW on the rest) is
-optimizers.muon.
+optimizer_entries.muon.
 """
 
 from __future__ import annotations

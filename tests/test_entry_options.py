@@ -14,7 +14,7 @@ import pytest
 from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.config_dict import default_config
 from minigpt_jax.model.positions import POSITION_ENCODINGS, RopeOptions
-from minigpt_jax.optimizers import EMA, EmaOptions
+from minigpt_jax.optimizer_wrappers import EMA, EmaOptions
 from minigpt_jax.settings import MODEL, declares, options_of, setting
 from minigpt_jax.settings.registry import declared_settings
 

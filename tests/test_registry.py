@@ -20,14 +20,8 @@ from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
 from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
 from minigpt_jax.model.speed import backend
 from minigpt_jax.muon import muon_dimension_numbers
-from minigpt_jax.optimizers import (
-    OPTIMIZERS,
-    SCHEDULES,
-    decay_mask,
-    make_optimizer,
-    muon,
-    muon_ns_dtype,
-)
+from minigpt_jax.optimizer_entries import muon, muon_ns_dtype
+from minigpt_jax.optimizers import OPTIMIZERS, SCHEDULES, decay_mask, make_optimizer
 from minigpt_jax.settings.registry import Registry, RegistryError, imported_user_modules
 
 

@@ -15,7 +15,7 @@ from minigpt_jax.config_dict import (
 from minigpt_jax.hooks import SamplesOptions
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.positions import RopeOptions
-from minigpt_jax.optimizers import EMA
+from minigpt_jax.optimizer_wrappers import EMA
 from minigpt_jax.settings import groups, options_of
 from minigpt_jax.typed_config import Experiment, build_experiment
 

@@ -5,14 +5,14 @@
 `Declared`: the mesh axes its dimensions are split over (`sharding.tree_specs` reads them, as
 for `nn.Partitioned`), and a `ParamMeta`:
   muon    (reduction_axis, output_axis): Muon orthogonalises it, reading it as matrices so
-          (optax.contrib.MuonDimensionNumbers); None: AdamW's (`optimizers.muon`)
-  decay   whether decoupled weight decay applies (`optimizers.decay_mask`)
+          (optax.contrib.MuonDimensionNumbers); None: AdamW's (`optimizer_entries.muon`)
+  decay   whether decoupled weight decay applies (`decay_mask`)
   gpt2    its GPT-2 tensor name ("h.{i}.mlp.c_fc.weight", {i} the layer), where the GPT-2 layout
           has it (`gpt2.py`); gpt2_transpose: stored transposed there (an untied head)
   tags    names of groups it belongs to, open to any plug-in: the built-in ones are "embedding"
           (the token and position tables), "attention", "mlp" and "head" (an untied head);
           `optim.lr_multipliers` and optimizer entries select parameters by tag
-          (`optimizers.scale_by_tags`, `param_meta.tags_of`), never by name
+          (`optimizer_wrappers.scale_by_tags`, `param_meta.tags_of`), never by name
 
 A vector (a bias, a norm's scale: ndim <= 1) may go undeclared: AdamW, no decay, no GPT-2 name
 beyond what `gpt2.py` names itself. A matrix that nothing declares is an error naming its
@@ -140,6 +140,12 @@ def lookup(path, leaf: Any) -> ParamMeta:
         f"decay): build the params with minigpt_jax.init_params (or init_annotated_params), "
         f"whose modules declare it with param_meta.declare."
     )
+
+
+def decay_mask(params: Any) -> Any:
+    """Each parameter's declared weight decay (`declare(decay=)`, read by `lookup`): True for the
+    weight matrices and embedding tables, False for the biases and norm scales."""
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: lookup(path, leaf).decay, params)
 
 
 def tags_of(path, leaf: Any) -> tuple[str, ...]:
