@@ -129,7 +129,7 @@ def run_jax(
 
     from minigpt_jax.config_dict import gpt_config_from
     from minigpt_jax.data.dataset import get_batch
-    from minigpt_jax.model.losses import parse_terms
+    from minigpt_jax.model.loss_terms import parse_terms
     from minigpt_jax.optimizers import make_optimizer
     from minigpt_jax.train.step import init_state, make_train_chunk
 

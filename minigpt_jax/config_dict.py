@@ -21,7 +21,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.losses import parse_terms
+from minigpt_jax.model.loss_terms import parse_terms
 from minigpt_jax.settings import groups as settings
 from minigpt_jax.settings.groups import check_values, declarations
 from minigpt_jax.settings.registry import (

@@ -15,7 +15,7 @@ from helpers import cli_in, extending_files
 
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.gpt import GPT, init_params
-from minigpt_jax.model.losses import LOSS_TERMS, parse_terms
+from minigpt_jax.model.loss_terms import LOSS_TERMS, parse_terms
 from minigpt_jax.settings.groups import Loss
 from minigpt_jax.settings.registry import ContractError
 from minigpt_jax.train.step import loss_fn
@@ -138,7 +138,7 @@ def test_a_context_term_of_weight_0_is_a_metric_and_a_non_scalar_one_is_named(mt
     jax.tree.map(np.testing.assert_array_equal, grads, plain_grads)
 
     (mtp_dir / "my_wide.py").write_text(
-        "from minigpt_jax.model.losses import LossTerm\n"
+        "from minigpt_jax.model.loss_terms import LossTerm\n"
         "wide = LossTerm(of_context=lambda ctx: ctx.targets_BxT * 1.0)\n"
     )
     with pytest.raises(ContractError, match=r"loss term 'my_wide:wide' returned shape \(2, 8\)"):

@@ -15,7 +15,7 @@ import pytest
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.blocks import Block
 from minigpt_jax.model.gpt import GPT, init_params
-from minigpt_jax.model.losses import parse_terms
+from minigpt_jax.model.loss_terms import parse_terms
 from minigpt_jax.train.step import init_state, loss_fn, train_step
 
 CFG = GPTConfig(vocab_size=30, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.0)

@@ -17,7 +17,7 @@ from minigpt_jax import GPTConfig, forward, init_params
 from minigpt_jax.configs import speedrun_char
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.layers import ACTIVATIONS, NORMS, relu_squared
-from minigpt_jax.model.losses import LOSS_TERMS, parse_terms, term_name, z_loss
+from minigpt_jax.model.loss_terms import LOSS_TERMS, parse_terms, term_name, z_loss
 from minigpt_jax.model.speed import backend
 from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizer_entries import muon, muon_ns_dtype
@@ -84,7 +84,7 @@ def test_the_default_model_imports_no_variant_and_a_pick_imports_its_own():
         "cfg = GPTConfig(vocab_size=16, n_layer=1, n_embd=8, n_head=2, block_size=4)\n"
         "forward(init_params(cfg, jax.random.key(0)), jnp.zeros((1, 4), jnp.int32), cfg)\n"
         "print(sorted(m for m in sys.modules if m.startswith('minigpt_jax.model.variants.')))\n"
-        "from minigpt_jax.model.attention_fns import ATTENTION_SCORES\n"
+        "from minigpt_jax.model.attention_scores import ATTENTION_SCORES\n"
         "from minigpt_jax.model.variants.attention import alibi\n"
         "print(ATTENTION_SCORES['alibi'] is alibi)\n"
     )

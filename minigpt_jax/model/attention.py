@@ -1,8 +1,9 @@
 """Multi-head self-attention: the linen module and its KV cache.
 
-The math is `attention_fns`'s (masks, scores, softmax(q·kᵀ/√K)·v); a fused kernel of the speed
-room (model/speed/kernels.py) stands in for the softmax path in one call, where "auto" picks
-one. `causal_mask`, `attention_weights` and `mix_values` are re-exported here.
+The math is `attention_fns`'s (the causal mask, softmax(q·kᵀ/√K)·v), the mask and score
+entries are `attention_masks`' and `attention_scores`'; a fused kernel of the speed room
+(model/speed/kernels.py) stands in for the softmax path in one call, where "auto" picks one.
+`causal_mask`, `attention_weights` and `mix_values` are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import (
-    ATTENTION_MASKS,
-    attention_weights,
-    causal_mask,
-    mix_values,
-    score_fn,
-)
+from minigpt_jax.model.attention_fns import attention_weights, causal_mask, mix_values
+from minigpt_jax.model.attention_masks import ATTENTION_MASKS
+from minigpt_jax.model.attention_scores import score_fn
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import rms_normalize

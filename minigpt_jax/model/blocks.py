@@ -25,7 +25,7 @@ import jax
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
-from minigpt_jax.model.attention_fns import ATTENTION_MASKS
+from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import NORMS, activation_fn

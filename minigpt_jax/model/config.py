@@ -15,13 +15,13 @@ from minigpt_jax.settings.groups import AUTO, MODEL, SPEED, Group, check_values,
 from minigpt_jax.settings.registry import REGISTRIES, Registry, RegistryError, RegistryRef
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
-# The model's other registries live beside their entries (positions, attention_fns, layers,
+# The model's other registries live beside their entries (positions, attention_masks, layers,
 # blocks; the speed settings' in model/speed/choices.py) and import this module: its settings
 # name them by config key (`RegistryRef`).
 _DTYPE_NAMES = {name: jnp.dtype(name) for name in ("float32", "bfloat16", "float16")}
 DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
 PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
-# The attention_score that applies none (attention_fns.ATTENTION_SCORES' no_score).
+# The attention_score that applies none (attention_scores.ATTENTION_SCORES' no_score).
 NO_SCORE = "none"
 
 
@@ -151,7 +151,7 @@ class GPTConfig(Group):
     )
     attention_mask: str = setting(
         "causal",
-        "which keys a query sees: a key of attention_fns.ATTENTION_MASKS or module:attr",
+        "which keys a query sees: a key of attention_masks.ATTENTION_MASKS or module:attr",
         MODEL,
         choices=RegistryRef("model.attention_mask"),
         gpt2="causal",
@@ -201,7 +201,7 @@ class GPTConfig(Group):
     attention_score: str = setting(
         "none",
         "a function of the raw attention scores and positions: none | alibi | softcap | "
-        "relative, a key of attention_fns.ATTENTION_SCORES or module:attr",
+        "relative, a key of attention_scores.ATTENTION_SCORES or module:attr",
         MODEL,
         choices=RegistryRef("model.attention_score"),
         gpt2="none",

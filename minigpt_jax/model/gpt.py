@@ -30,21 +30,20 @@ import jax.numpy as jnp
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
-from minigpt_jax.model.attention_fns import ATTENTION_MASKS
+from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
-from minigpt_jax.model.losses import (
-    CROSS_ENTROPY,
+from minigpt_jax.model.loss_terms import (
     PickedTerm,
     TermContext,
-    cross_entropy,
     per_token_terms,
     scalar_term_values,
     term_name,
     term_values,
 )
+from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
@@ -140,7 +139,7 @@ class GPT(nn.Module):
             )
             new_cache.append(layer_cache)
             # Each block's mean square output, for terms of the model's internals
-            # (losses.activation_l2); kept only when applied with mutable 'intermediates'.
+            # (loss_terms.activation_l2); kept only when applied with mutable 'intermediates'.
             square_mean = jnp.mean(jnp.square(x_BxTxD), dtype=jnp.float32)
             self.sow("intermediates", "residual_sq", square_mean)
         return self.ln_f(x_BxTxD), None if cache is None else new_cache
@@ -301,10 +300,10 @@ def next_token_loss_terms(
     step: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """(losses_BxT, {term name: values_BxT}): the next-token cross-entropy as in
-    `next_token_losses`, and each loss term's values in `terms`' order (`losses.parse_terms`;
+    `next_token_losses`, and each loss term's values in `terms`' order (`loss_terms.parse_terms`;
     the weights are the caller's): a per-token term's from the same read-out of the features,
     a term of the model's internals or of the step's context (one scalar, from a
-    `losses.TermContext` of this batch, the forward's sown 'intermediates' and `step`, the
+    `loss_terms.TermContext` of this batch, the forward's sown 'intermediates' and `step`, the
     optimizer steps taken: None outside training) broadcast to every token, so means and sums
     treat all alike."""
     scalar_terms = len(per_token_terms(terms)) < len(terms)

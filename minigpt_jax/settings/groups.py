@@ -643,14 +643,14 @@ class Mesh(Group):
 
 @dataclasses.dataclass(frozen=True)
 class Loss(Group):
-    """config.loss: terms added to the next-token cross-entropy (minigpt_jax/model/losses.py)."""
+    """config.loss: terms added to the next-token cross-entropy (model/loss_terms.py)."""
 
     config_group: ClassVar[str] = "loss"
 
     terms: str = setting(
         "",
-        "comma-separated name[=weight] of losses.LOSS_TERMS or module:attr, e.g. 'z_loss=1e-4'; "
-        "each term's mean is logged beside the loss",
+        "comma-separated name[=weight] of loss_terms.LOSS_TERMS or module:attr, e.g. "
+        "'z_loss=1e-4'; each term's mean is logged beside the loss",
         TRAJECTORY,
     )
 

@@ -80,8 +80,8 @@ class PluginError(Exception):
 # registry's consumers need not be imported first. The registries sit beside their entries.
 REGISTRY_INDEX: dict[str, str] = {
     "model.pos_encoding": "minigpt_jax.model.positions:POSITION_ENCODINGS",
-    "model.attention_mask": "minigpt_jax.model.attention_fns:ATTENTION_MASKS",
-    "model.attention_score": "minigpt_jax.model.attention_fns:ATTENTION_SCORES",
+    "model.attention_mask": "minigpt_jax.model.attention_masks:ATTENTION_MASKS",
+    "model.attention_score": "minigpt_jax.model.attention_scores:ATTENTION_SCORES",
     "model.norm": "minigpt_jax.model.layers:NORMS",
     "model.mlp": "minigpt_jax.model.blocks:MLPS",
     "model.block": "minigpt_jax.model.blocks:BLOCKS",
@@ -101,7 +101,7 @@ REGISTRY_INDEX: dict[str, str] = {
     "data.file_format": "minigpt_jax.data.corpus:FILE_FORMATS",
     "data.tokenizer": "minigpt_jax.data.tokenizers:TOKENIZERS",
     "data.format": "minigpt_jax.data.formats:DATA_FORMATS",
-    "loss.terms": "minigpt_jax.model.losses:LOSS_TERMS",
+    "loss.terms": "minigpt_jax.model.loss_terms:LOSS_TERMS",
     "eval.metrics": "minigpt_jax.model.eval_metrics:METRICS",
     "step_metrics": "minigpt_jax.step_metrics:STEP_METRICS",
     "hooks.names": "minigpt_jax.hooks:HOOKS",

@@ -32,11 +32,11 @@ from minigpt_jax.model.gpt import (
     next_token_losses,
     target_weights,
 )
-from minigpt_jax.model.losses import PickedTerm
+from minigpt_jax.model.loss_terms import PickedTerm
 from minigpt_jax.model_files import load_model
 
 Array = chex.Array
-LossTerms = tuple[PickedTerm, ...]  # losses.parse_terms(config.loss.terms, config.loss)
+LossTerms = tuple[PickedTerm, ...]  # loss_terms.parse_terms(config.loss.terms, config.loss)
 
 
 def eval_step(

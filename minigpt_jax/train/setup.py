@@ -29,7 +29,7 @@ from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
-from minigpt_jax.model.losses import PickedTerm, parse_terms, term_name
+from minigpt_jax.model.loss_terms import PickedTerm, parse_terms, term_name
 from minigpt_jax.model.speed.kernels import choose_kernel
 from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer

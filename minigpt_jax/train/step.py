@@ -23,7 +23,8 @@ from minigpt_jax.model.gpt import (
     next_token_loss_terms,
     target_weights,
 )
-from minigpt_jax.model.losses import CROSS_ENTROPY, PickedTerm
+from minigpt_jax.model.loss_terms import PickedTerm
+from minigpt_jax.model.losses import CROSS_ENTROPY
 from minigpt_jax.model.speed import backend
 from minigpt_jax.step_metrics import step_metric_values
 from minigpt_jax.train.gradients import StepGradient, plain
@@ -54,7 +55,7 @@ def init_state(cfg: GPTConfig, tx: optax.GradientTransformation, rng: Array) -> 
 # ----------------------------------------------------------------------------- steps
 
 
-LossTerms = tuple[PickedTerm, ...]  # losses.parse_terms(config.loss.terms, config.loss)
+LossTerms = tuple[PickedTerm, ...]  # loss_terms.parse_terms(config.loss.terms, config.loss)
 
 
 def loss_fn(

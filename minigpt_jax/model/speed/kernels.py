@@ -10,6 +10,7 @@ path under a score, else the first kernel whose `picks` says yes).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
@@ -19,12 +20,39 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import AttentionKernel, explicit_attention
+from minigpt_jax.model.attention_fns import explicit_attention
 from minigpt_jax.model.config import NO_SCORE, GPTConfig, check_kernel
 from minigpt_jax.settings.groups import AUTO
 from minigpt_jax.settings.registry import Registry, expect_shape
 
 Array = chex.Array
+
+KernelFn = Callable[..., Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    """A kernel's function and how it is called and when "auto" picks it.
+
+    fn: (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask | None, *, causal, score) -> out_BxTxHxK, with
+    mask as `speed.kernels.fused_attention` takes it, causal the top-left triangle and score
+    None or a function over the raw scores_BxHxTxS.
+    explicit: the einsum + softmax path, which can return the weights and drop them out (the
+    attention module runs it itself rather than calling fn).
+    takes_any_mask: it reads an arbitrary mask array (the KV cache's, a custom mask entry's);
+    one that cannot falls back to XLA's kernel for such calls.
+    takes_score: it applies an attention score; one that does not is refused with any score
+    but "none" (naming model.attention=explicit).
+    picks: (cfg, weight_dropout, plain_mask) -> whether "auto" takes it; entries are asked in
+    table order. plain_mask: no mask or the causal triangle over positions 0..T-1.
+    """
+
+    fn: KernelFn
+    explicit: bool = False
+    takes_any_mask: bool = True
+    takes_score: bool = False
+    picks: Callable[[GPTConfig, bool, bool], bool] = lambda cfg, dropout, plain: False
+
 
 # cuDNN flash attention's head-dim limit (jax._src.cudnn.fused_attention_stablehlo
 # .check_is_flash_attention): a multiple of 8, at most 128 before Hopper, 256 from Hopper on.
@@ -95,7 +123,7 @@ def _as_kernel(value: Any) -> AttentionKernel:
     if callable(value):
         return AttentionKernel(value)
     raise TypeError(
-        "an attention kernel must be an attention_fns.AttentionKernel or a function "
+        "an attention kernel must be a speed.kernels.AttentionKernel or a function "
         "(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, causal, score) -> out_BxTxHxK, got "
         f"{type(value).__name__}."
     )
@@ -127,7 +155,7 @@ ATTENTION_KERNELS: Registry[AttentionKernel] = Registry(
         ),
     },
     coerce=_as_kernel,
-    shape="an attention_fns.AttentionKernel, or a function (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, "
+    shape="a speed.kernels.AttentionKernel, or a function (q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, "
     "mask, *, causal, score) -> out_BxTxHxK",
     contract=lambda kernel, cfg: _kernel_contract(kernel, cfg),
 )

@@ -1,6 +1,6 @@
-"""Attention variants, registered in attention_fns' registries by name (`Builtin`) and
-imported only when a config picks one: the document mask (packed documents) and the attention
-scores ALiBi, soft-cap and T5's relative bias.
+"""Attention variants, registered in attention_masks' and attention_scores' registries by
+name (`Builtin`) and imported only when a config picks one: the document mask (packed
+documents) and the attention scores ALiBi, soft-cap and T5's relative bias.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model.attention_fns import AttentionMask, causal_mask
+from minigpt_jax.model.attention_fns import causal_mask
+from minigpt_jax.model.attention_masks import AttentionMask
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.settings.groups import MODEL, options_of, setting
