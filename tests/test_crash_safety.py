@@ -156,11 +156,11 @@ def test_lock_refuses_a_second_holder_in_the_same_process(tmp_path):
 _SIGNALLER = """
 import os, signal, sys
 import jax
-from minigpt_jax.train import loop
+from minigpt_jax.train import evaluation
 
 SIG, AT, COUNT, WHERE = signal.{sig}, {at}, {count}, {where!r}
 if WHERE == "evaluation":
-    evaluate, calls = loop.evaluate, [0]
+    evaluate, calls = evaluation.evaluate, [0]
 
     def signalled_evaluate(eval_fn, *args, **kwargs):
         def fn(params, batch):
@@ -171,7 +171,7 @@ if WHERE == "evaluation":
             return eval_fn(params, batch)
         return evaluate(fn, *args, **kwargs)
 
-    loop.evaluate = signalled_evaluate
+    evaluation.evaluate = signalled_evaluate
 else:
     compile_ = jax.stages.Lowered.compile
 

@@ -1,3 +1,4 @@
-"""Training: optimizers and schedules (`optimizers`), the compiled train step (`step`), evaluation
-(`evaluation`), the loop (`loop`: `Trainer`, `train_and_evaluate`), checkpoints, resume rules and
-what a run logs (`metrics`)."""
+"""Training: the compiled train step (`step`) and eval steps (`eval_step`), evaluation
+(`evaluation`), the loop (`loop`: `Trainer`, `train_and_evaluate`), what it does when a step goes
+wrong (`recovery`) and says when it ends (`summary`), resume rules and what a run logs
+(`metrics`)."""

@@ -1,19 +1,20 @@
-"""Evaluation: the compiled eval step (the loss and every loss term, summed so batches add up)
-and metric step (config.eval.metrics over the model's intermediates), the passes over a split's
-fixed batches that the training loop runs (`evaluate`), and perplexity and bits per byte of a
-model on a text over sliding windows (the GPT-2 recipe; `minigpt-jax eval`)."""
+"""Evaluation: the passes over a split's fixed batches (`evaluate`) with the compiled steps of
+train.eval_step; the training loop's evaluation, which keeps the best params and records the
+results (`evaluate_and_keep_best`, `evaluate_and_record`), its trained steps checkpointed first
+when it raises (`evaluation_error`); and perplexity and bits per byte of a model on a text over
+sliding windows (the GPT-2 recipe; `minigpt-jax eval`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import chex
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,100 +24,17 @@ from minigpt_jax import budget, sharding
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.tokenizers import Tokenizer
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
-from minigpt_jax.model.gpt import (
-    GPT,
-    Params,
-    init_params,
-    next_token_loss_terms,
-    next_token_losses,
-    target_weights,
-)
-from minigpt_jax.model.loss_terms import PickedTerm
+from minigpt_jax.model.gpt import Params, next_token_losses
 from minigpt_jax.model_files import load_model
+from minigpt_jax.runtime.signals import TrainingStop
+from minigpt_jax.settings.registry import PluginError, host_callback_errors, plugin_error
+from minigpt_jax.train.guard import user_keys_in_play
+from minigpt_jax.train.metrics import RunLogger
+from minigpt_jax.train.recovery import Recovery
+from minigpt_jax.train.setup import Run
 
 Array = chex.Array
-LossTerms = tuple[PickedTerm, ...]  # loss_terms.parse_terms(config.loss.terms, config.loss)
-
-
-def eval_step(
-    params: Params, batch_BxT1: Array, *, cfg: GPTConfig, terms: LossTerms = ()
-) -> tuple[dict[str, Array], Array]:
-    """({"loss": sum of token losses, term name: sum of its values}, number of tokens): the
-    host divides, so batches can be summed."""
-    losses_BxT, term_values_BxT = next_token_loss_terms(params, batch_BxT1, cfg, terms)
-    weights_BxT = target_weights(batch_BxT1, cfg)  # 0: a target across packed documents
-    sums = {
-        "loss": (losses_BxT * weights_BxT).sum(),
-        **{k: (v * weights_BxT).sum() for k, v in term_values_BxT.items()},
-    }
-    return sums, weights_BxT.sum().astype(jnp.int32)
-
-
-def make_eval_step(
-    cfg: GPTConfig, mesh: Mesh | None = None, params_sharding: Any = None, terms: LossTerms = ()
-):
-    """jit((params, batch_BxT1) -> (sums, token count)), sharded like training on a mesh."""
-    return _jit_over_batches(
-        functools.partial(eval_step, cfg=cfg, terms=terms), mesh, params_sharding
-    )
-
-
-def metric_step(
-    params: Params, batch_BxT1: Array, *, cfg: GPTConfig, metrics: tuple[str, ...]
-) -> dict[str, Array]:
-    """{metric name: its float32 value on the batch} of `eval_metrics.parse_metrics`' keys, from
-    one deterministic forward over the inputs on the explicit attention path (which sows the
-    attention weights) that keeps the 'intermediates' collection."""
-    entries = [METRICS[key] for key in metrics]
-    capture = any(entry.capture_intermediates for entry in entries)
-    _, variables = GPT(cfg.replace(attention="explicit")).apply(
-        {"params": params},
-        batch_BxT1[:, :-1],
-        mutable=["intermediates"],
-        capture_intermediates=capture,
-    )
-    intermediates = flax.core.unfreeze(variables).get("intermediates", {})
-    return {
-        metric_name(key): jnp.asarray(entry.fn(params, batch_BxT1, intermediates, cfg))
-        for key, entry in zip(metrics, entries, strict=True)
-    }
-
-
-def check_metrics(cfg: GPTConfig, metrics: tuple[str, ...]) -> None:
-    """Runs every metric on a probe batch from shapes alone (jax.eval_shape, nothing computed)
-    and raises ValueError naming the key and the contract for a value that is not a float
-    scalar: before any work."""
-    params = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
-    batch_1xT1 = jax.ShapeDtypeStruct((1, min(cfg.block_size, 8) + 1), jnp.int32)
-    for key in metrics:
-        out = jax.eval_shape(
-            functools.partial(metric_step, cfg=cfg, metrics=(key,)), params, batch_1xT1
-        )
-        check_value(key, out[metric_name(key)])
-
-
-def make_metric_step(
-    cfg: GPTConfig,
-    metrics: tuple[str, ...],
-    mesh: Mesh | None = None,
-    params_sharding: Any = None,
-):
-    """jit((params, batch_BxT1) -> {name: value}) of `metric_step`, sharded like evaluation."""
-    step = functools.partial(metric_step, cfg=cfg, metrics=metrics)
-    return _jit_over_batches(step, mesh, params_sharding)
-
-
-def _jit_over_batches(step, mesh: Mesh | None, params_sharding: Any):
-    """jit(step(params, batch_BxT1)): on a mesh, params as training holds them, the batch split
-    over the batch axes, the result replicated."""
-    if mesh is None:
-        return jax.jit(step)
-    return jax.jit(
-        step,
-        in_shardings=(params_sharding, sharding.batch_sharding(mesh, 2)),
-        out_shardings=sharding.replicated(mesh),
-    )
+_log = logging.getLogger(__name__)
 
 
 def evaluate(
@@ -155,6 +73,110 @@ def evaluate(
     # Equal batches: the mean of the batches' means.
     means.update({key: total / num_batches for key, total in metric_totals.items()})
     return means
+
+
+def evaluate_and_keep_best(
+    run: Run, recovery: Recovery, step: int, should_stop: Callable[[], bool] | None = None
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(val, train) results of the eval params on the fixed eval batches, each {"loss": ...,
+    term: ..., metric: ...}; saves those params to best/ when the val loss is the lowest
+    yet. None, with nothing recorded, when should_stop() turned true between two batches."""
+    results = []
+    params = run.eval_params()
+    for tokens, split in ((run.dataset.val, "val"), (run.dataset.train, "train")):
+        result = evaluate(
+            run.eval_fn,
+            params,
+            tokens,
+            num_batches=run.config.eval_batches,
+            batch_size=run.config.micro_batch_size,  # what fits in memory
+            block_size=run.config.model.block_size,
+            seed=run.config.seed if run.config.eval_seed < 0 else run.config.eval_seed,
+            split=split,
+            mesh=run.mesh,
+            should_stop=should_stop,
+            metric_fn=run.metric_fn,
+        )
+        if result is None:
+            return None
+        results.append(result)
+    val, train = results
+    val_loss = val["loss"]
+    if not math.isfinite(val_loss):
+        raise recovery.non_finite_error(f"val loss {val_loss}", step, run.terms, val)
+    if val_loss < run.best_val:
+        recovery.check_params_finite(step, params)
+        run.best_val = val_loss
+        run.checkpointer.save_best(step, params, {**run.meta, "val_loss": val_loss})
+    return val, train
+
+
+def evaluate_and_record(
+    run: Run, recovery: Recovery, log: RunLogger, step: int, stop: TrainingStop, *, saved: bool
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Evaluates at `step` and records it: (val, train) results, or None if a signal stopped it
+    between batches. An evaluation that raises (a metric's or loss term's code) loses no
+    trained step: they are checkpointed first unless `saved` (already in a checkpoint), and
+    user code is named."""
+    with host_callback_errors() as callback_errors:
+        try:
+            results = evaluate_and_keep_best(run, recovery, step, should_stop=stop.requested)
+        except FloatingPointError:
+            raise  # a non-finite val loss: nothing non-finite is saved (non_finite_error)
+        except Exception as error:
+            raise evaluation_error(
+                run, recovery.save, step, error, callback_errors, saved
+            ) from error
+    if results is not None:
+        log.evaluation(step, *results)
+    return results
+
+
+def evaluation_error(
+    run: Run,
+    save: Callable[..., None],
+    step: int,
+    error: Exception,
+    callback_errors: list[BaseException],
+    saved: bool,
+) -> Exception:
+    """The error to raise for the step-`step` evaluation of `run` that raised `error`; the
+    steps trained are checkpointed first by `save(pending_evaluation=True)` (unless `saved`),
+    the evaluation pending, so a rerun resumes there and evaluates first. Raised in user code
+    (its own frames, or a host callback's exception in `callback_errors`): a PluginError
+    naming the key. A full disk (saving best/ failed) is raised as it is: its message says
+    what is kept, and another save to that disk would only add a second report of it."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return error
+    kept = _keep_steps(run, save, step, saved)
+    cause = callback_errors[0] if callback_errors else error
+    plugin = error if isinstance(error, PluginError) else plugin_error(cause)
+    if plugin is None and callback_errors:  # raised in a helper of the user's own
+        plugin = plugin_error(cause, where=user_keys_in_play(run.config) or "user code")
+    if plugin is None:
+        _log.error("the step-%d evaluation failed; %s", step, kept)
+        return error
+    plugin.header += f" (in the step-{step} evaluation)"
+    plugin.note = kept
+    return plugin
+
+
+def _keep_steps(run: Run, save: Callable[..., None], step: int, saved: bool) -> str:
+    """Checkpoints the train state with its evaluation pending (unless `saved`); says
+    what is kept and how to go on."""
+    if not saved:
+        try:
+            save(pending_evaluation=True)
+        except Exception as error:  # e.g. non-finite parameters: never saved as good
+            good = run.checkpointer.latest_step()
+            return f"the steps trained could not be saved ({error}); " + (
+                f"checkpoint {good} is kept." if good else "no checkpoint was saved."
+            )
+    return (
+        f"The {step} steps trained are kept in checkpoint {step} (its evaluation runs first "
+        "when the run resumes): fix the code, then rerun the same command (with "
+        "--allow_resume_changes if you edited a module the run imports) to resume from it."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """What surrounds the loop (train.loop) and what can go wrong in a run, said once, beside it:
 the run set up and closed under its guard (`guarded`: the stop signals, run.lock); a
-non-finite loss, value or parameter named with its likely cause and the last good checkpoint;
-an evaluation that raises, its trained steps checkpointed first; a full disk naming what a
-rerun resumes from; the batch whose token ids left the vocabulary; and a fresh run's workdir
-left as it was when it fails before its first checkpoint."""
+non-finite loss, value or parameter named with its likely cause and the last good checkpoint
+(raised by train.recovery); a full disk naming what a rerun resumes from; the batch whose token
+ids left the vocabulary; and a fresh run's workdir left as it was when it fails before its first
+checkpoint."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import contextlib
 import errno
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from minigpt_jax.model.loss_terms import PickedTerm, term_name
 from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
-from minigpt_jax.settings.registry import PluginError, plugin_error, user_modules
+from minigpt_jax.settings.registry import user_modules
 from minigpt_jax.train.setup import Run, set_up
 from minigpt_jax.typed_config import Experiment, build_experiment
 
@@ -190,7 +190,7 @@ class DamagedRestore(FloatingPointError):
     """A non-finite `what` at `step`, a few steps after the run restored checkpoint `restored`
     with nothing saved since, and an intact checkpoint `older` before it: `restored` is taken
     as damaged before its digest was written (its tensors finite, but not the ones saved), and
-    the run trains again from `older` (train.loop.Trainer.fall_back)."""
+    the run trains again from `older` (train.recovery.Recovery.fall_back)."""
 
     def __init__(self, what: str, step: int, restored: int, older: int):
         super().__init__(
@@ -227,53 +227,6 @@ def warn_of_damaged_restore(damaged: DamagedRestore, checkpointer: Checkpointer)
 @jax.jit
 def all_finite(tree: Any) -> Array:
     return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)]))
-
-
-def evaluation_error(
-    run: Run,
-    save: Callable[..., None],
-    step: int,
-    error: Exception,
-    callback_errors: list[BaseException],
-    saved: bool,
-) -> Exception:
-    """The error to raise for the step-`step` evaluation of `run` that raised `error`; the
-    steps trained are checkpointed first by `save(pending_evaluation=True)` (unless `saved`),
-    the evaluation pending, so a rerun resumes there and evaluates first. Raised in user code
-    (its own frames, or a host callback's exception in `callback_errors`): a PluginError
-    naming the key. A full disk (saving best/ failed) is raised as it is: its message says
-    what is kept, and another save to that disk would only add a second report of it."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return error
-    kept = _keep_steps(run, save, step, saved)
-    cause = callback_errors[0] if callback_errors else error
-    plugin = error if isinstance(error, PluginError) else plugin_error(cause)
-    if plugin is None and callback_errors:  # raised in a helper of the user's own
-        plugin = plugin_error(cause, where=user_keys_in_play(run.config) or "user code")
-    if plugin is None:
-        _log.error("the step-%d evaluation failed; %s", step, kept)
-        return error
-    plugin.header += f" (in the step-{step} evaluation)"
-    plugin.note = kept
-    return plugin
-
-
-def _keep_steps(run: Run, save: Callable[..., None], step: int, saved: bool) -> str:
-    """Checkpoints the train state with its evaluation pending (unless `saved`); says
-    what is kept and how to go on."""
-    if not saved:
-        try:
-            save(pending_evaluation=True)
-        except Exception as error:  # e.g. non-finite parameters: never saved as good
-            good = run.checkpointer.latest_step()
-            return f"the steps trained could not be saved ({error}); " + (
-                f"checkpoint {good} is kept." if good else "no checkpoint was saved."
-            )
-    return (
-        f"The {step} steps trained are kept in checkpoint {step} (its evaluation runs first "
-        "when the run resumes): fix the code, then rerun the same command (with "
-        "--allow_resume_changes if you edited a module the run imports) to resume from it."
-    )
 
 
 def batch_problem(run: Run, step: int) -> str | None:

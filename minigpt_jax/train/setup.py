@@ -35,7 +35,7 @@ from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
-from minigpt_jax.train.evaluation import check_metrics, make_eval_step, make_metric_step
+from minigpt_jax.train.eval_step import check_metrics, make_eval_step, make_metric_step
 from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
@@ -78,6 +78,13 @@ class Run:
     @property
     def step(self) -> int:
         return int(self.state.step)
+
+    def eval_params(self) -> Any:
+        """The params evaluation, best/, sampling and export use (optim.eval_params): the
+        trained ones, or what the optimizer's hook selects from the train state."""
+        if self.select_eval_params is None:
+            return self.state.params
+        return self.select_eval_params(self.state)
 
 
 def set_up(
@@ -296,7 +303,7 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
 
     chunk = lowered(donate=True)
     # A step metric's host callback can fail after the state went in: kept (not donated), the
-    # steps trained before the failing call can still be saved (train.loop.Trainer).
+    # steps trained before the failing call can still be saved (train.recovery.Recovery).
     if any(is_user_key(key) for key in step_metrics) and "callback" in chunk.as_text():
         chunk = lowered(donate=False)
     run.train_chunk = chunk.compile()
