@@ -465,15 +465,17 @@ def test_a_run_that_diverges_again_after_the_fall_back_says_so(
     reference, copy_of, corpus_file, caplog, monkeypatch
 ):
     """The fall-back happens once: a run diverging again from the older checkpoint is its own
-    divergence, reported with the checkpoint it stands on, never the damaged one as good."""
+    divergence, reported with both checkpoints (the one set aside is what a rerun resumes
+    from), never either as "last good"."""
     _restoring_negative_nu(monkeypatch, {36, 40})
     with caplog.at_level(logging.WARNING), pytest.raises(FloatingPointError) as error:
         resume(copy_of, corpus_file, num_steps=48)
     assert "skipping it for step 36" in caplog.text
     message = str(error.value)
     assert re.match(r"non-finite training loss nan .* at step 3[78]; ", message), message
-    assert "The newest checkpoint, step 36, is kept" in message
-    assert "step 40" not in message
+    assert "set checkpoint 40 aside as perhaps damaged and trained again from step 36" in message
+    assert "resume from step 40 (move it aside to resume from step 36)" in message
+    assert "last good" not in message
 
 
 def test_truncated_checkpoint_is_skipped_and_all_damaged_is_an_error(

@@ -94,8 +94,13 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus_file, f
     config = tiny_config(
         corpus_file, num_steps=60, **{"optim.lr": 99.0, "optim.schedule": "constant"}
     )
-    # Diverged at once after the resume: checkpoint 40 named as possibly damaged (issue 54).
-    with pytest.raises(FloatingPointError, match=r"The newest checkpoint, step 40, is kept.*only"):
+    # Diverged at once after the resume: checkpoint 40 set aside as possibly damaged, the run
+    # trains again from 20 and diverges again: its own divergence, 40 kept (issue 54).
+    with pytest.raises(
+        FloatingPointError,
+        match=r"set checkpoint 40 aside .* again from step 20: diverging again, .*Both "
+        r"checkpoints are kept .* resume from step 40 \(move it aside to resume from step 20\)",
+    ):
         train_and_evaluate(config, workdir, progress=False, allow_resume_changes=True)
     params, _ = load_params(workdir)
     chex.assert_trees_all_equal(params, good_params)

@@ -130,13 +130,16 @@ def non_finite_error(
     suspects: str = "",
     *,
     suspect_restore: bool = True,
+    fell_back_from: int | None = None,
 ) -> FloatingPointError:
     """The error for a non-finite `what` at `step`, naming the newest checkpoint: the last good
     one, since nothing non-finite is ever saved. A loss term whose own value (`values`, the
     step's aux values by name) is non-finite is named as the cause instead of the lr; else the
     user code in play (`suspects`, e.g. "config.model.activation='m:f'") comes before the lr.
     suspect_restore: whether a divergence just after restoring names the checkpoint as perhaps
-    damaged (not after the run already trained again from an older one)."""
+    damaged (not after the run already trained again from an older one); fell_back_from: the
+    checkpoint the run set aside as perhaps damaged before training again from an older one
+    (Recovery.fall_back): still on disk, it is what a rerun resumes from."""
     good = checkpointer.latest_step()
     for key in (term.key for term in terms):
         value = (values or {}).get(term_name(key))
@@ -156,6 +159,15 @@ def non_finite_error(
         if suspects
         else ""
     )
+    if fell_back_from is not None and good is not None and fell_back_from > good:
+        return FloatingPointError(
+            f"non-finite {what} at step {step}; nothing of it was saved. The run had set "
+            f"checkpoint {fell_back_from} aside as perhaps damaged and trained again from step "
+            f"{good}: diverging again, the divergence is likely the run's own. Both checkpoints "
+            f"are kept in {checkpointer.workdir}; {suspect}lower optim.lr or raise "
+            "optim.warmup_steps, then rerun the same command with --allow_resume_changes to "
+            f"resume from step {fell_back_from} (move it aside to resume from step {good})."
+        )
     just_restored = checkpointer.suspect_restore(step)  # then never called "good"
     at_once = just_restored if suspect_restore else None
     if at_once is not None:

@@ -118,6 +118,7 @@ class Recovery:
             values,
             guard.user_keys_in_play(run.config),
             suspect_restore=self.fell_back_from is None,
+            fell_back_from=self.fell_back_from,
         )
 
     def fall_back(self, damaged: guard.DamagedRestore) -> None:
