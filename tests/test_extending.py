@@ -103,6 +103,8 @@ def test_the_docs_hold_every_example():
         "my_aux.py",
         "my_hooks.py",
         "my_tokenizers.py",
+        "my_mtp.py",
+        "my_sam.py",
     }
 
 

@@ -70,6 +70,9 @@ def test_ablation_table_gives_seconds_steps_and_ratio():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not (SHARED_DATA / "tinyshakespeare.txt").is_file(), reason=f"{SHARED_DATA} not present"
+)
 def test_near_the_target_each_chunk_is_evaluated():
     """Once an evaluation reads at most fine_below, the contestant is evaluated after every
     chunk (so its crossing is timed to the chunk); otherwise every eval_every steps."""
