@@ -43,7 +43,7 @@ GRADIENTS: Registry[GradientRule] = Registry(
 def step_gradient(optim: Any) -> StepGradient:
     """(value_and_grad, params) -> ((loss, aux), grads) of config.optim.gradient's entry, with
     `optim` bound: what `train.step.train_step` calls."""
-    rule = GRADIENTS[optim.get("gradient", "plain")]
+    rule = GRADIENTS[optim.gradient]
     if rule is plain:
         return plain
 
