@@ -75,53 +75,6 @@ class StoppedWhileStarting(BaseException):
         self.signal_name, self.what, self.exit_status = sig.name, what, 128 + int(sig)
 
 
-class _RaiseWhileStarting:
-    """The SIGINT/SIGTERM handler of `raising_while_starting`: raises StoppedWhileStarting
-    where that is safe (`_safe_to_raise`), else has the signal delivered again shortly."""
-
-    def __init__(self, what: str):
-        self.what, self.pending, self.redeliveries, self.done = what, None, 0, False
-
-    def __call__(self, signum, frame) -> None:
-        sig = signal.Signals(signum)
-        if not _safe_to_raise(frame) and self.redeliveries < MAX_REDELIVERIES:
-            self.redeliveries += 1
-            self.pending = sig
-            threading.Timer(REDELIVER_AFTER_S, self._redeliver, (signum,)).start()
-            return
-        self.pending = None
-        raise StoppedWhileStarting(sig, self.what)
-
-    def _redeliver(self, signum: int) -> None:
-        if not self.done and self.pending is not None:
-            signal.pthread_kill(threading.main_thread().ident, signum)
-
-
-@contextlib.contextmanager
-def raising_while_starting(what: str) -> Iterator[None]:
-    """Within, while the command starts (`record_signals_while_starting`) and reads user code
-    that may hang (`what`: "importing the config's plug-ins"), SIGINT/SIGTERM raise
-    StoppedWhileStarting instead of waiting to be answered once that code returns; one
-    recorded before raises at once. Outside a command's start (signals not recorded) it does
-    nothing."""
-    if signal.getsignal(signal.SIGINT) is not _record_early:
-        yield
-        return
-    if _EARLY:
-        raise StoppedWhileStarting(_EARLY.pop(), what)
-    handler = _RaiseWhileStarting(what)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        handler.done = True
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _record_early)
-        if handler.pending is not None and not _EARLY:
-            _EARLY.append(handler.pending)  # never delivered: answered as the command goes on
-
-
 class StopRequest:
     """Records the first SIGINT/SIGTERM; `requested()` says whether one came. Subclasses add
     what a signal does at once through `on_signal`. Outside the main thread signals are left
@@ -215,6 +168,36 @@ class Interrupted(BaseException):
     def __init__(self, sig: signal.Signals):
         super().__init__(sig.name)
         self.signal_name, self.exit_status = sig.name, 128 + int(sig)
+
+
+class _RaiseWhileStarting(StopRequest):
+    """SIGINT/SIGTERM raise StoppedWhileStarting where that is safe (StopRequest delivers the
+    signal again shortly where it is not)."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def raises_on(self, sig: signal.Signals) -> bool:
+        return True
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        super().on_signal(sig)
+        raise StoppedWhileStarting(sig, self.what)
+
+
+@contextlib.contextmanager
+def raising_while_starting(what: str) -> Iterator[None]:
+    """Within, while the command starts (`record_signals_while_starting`) and reads user code
+    that may hang (`what`: "importing the config's plug-ins"), SIGINT/SIGTERM raise
+    StoppedWhileStarting instead of waiting to be answered once that code returns; one recorded
+    before is raised as soon as the code runs, and one never delivered stays recorded. Outside
+    a command's start (signals not recorded) it does nothing."""
+    if signal.getsignal(signal.SIGINT) is not _record_early:
+        yield
+        return
+    with _RaiseWhileStarting(what):
+        yield
 
 
 class RaiseOnSignal(StopRequest):
