@@ -354,6 +354,30 @@ class MatmulDtypeTest(parameterized.TestCase):
             relative = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
             self.assertLess(relative, BF16_GRAD_NORM_TOL)
 
+    def test_bf16_dense_vjp_is_the_rounded_operands_products(self):
+        """The direct VJP with bfloat16 operands (its weight gradient through a copied-out xᵀ,
+        docs/speed.md) gives dx = dy·Wᵀ and dW = xᵀ·dy of the operands rounded to bfloat16,
+        summed in float32: float64 NumPy of the same rounded operands agrees to float32's
+        summation error."""
+        kx, kw, kd = jax.random.split(jax.random.key(3), 3)
+        x_MxI = jax.random.normal(kx, (96, 40))
+        w_IxO = jax.random.normal(kw, (40, 24))
+        dy_MxO = jax.random.normal(kd, (96, 24))
+
+        @jax.jit
+        def grads(x_MxI, w_IxO, dy_MxO):
+            _, vjp = jax.vjp(lambda x, w: dense._matmul(x, w, None, jnp.bfloat16), x_MxI, w_IxO)
+            return vjp(dy_MxO)
+
+        dx_MxI, dw_IxO = grads(x_MxI, w_IxO, dy_MxO)
+
+        def rounded(a):
+            return np.asarray(a.astype(jnp.bfloat16), np.float64)
+
+        np.testing.assert_allclose(dw_IxO, rounded(x_MxI).T @ rounded(dy_MxO), rtol=0, atol=1e-4)
+        np.testing.assert_allclose(dx_MxI, rounded(dy_MxO) @ rounded(w_IxO).T, rtol=0, atol=1e-4)
+        self.assertEqual((dx_MxI.dtype, dw_IxO.dtype), (jnp.float32, jnp.float32))
+
     def test_bf16_operands_with_bf16_activations(self):
         """With dtype="bfloat16" the operands are bf16 already: the logits stay within bf16
         activations' own tolerance of the plain bf16 model."""
