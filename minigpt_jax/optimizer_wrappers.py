@@ -1,5 +1,6 @@
 """What `optimizers.build_optimizer` wraps around the picked optimizer: the per-tag learning-rate
-multipliers (`optim.lr_multipliers`, `scale_by_tags`) and the parameters evaluation uses
+multipliers (`optim.lr_multipliers`, `scale_by_tags`), the model's parametrization's
+(`model.parametrization`, `scale_by_parametrization`: μP's) and the parameters evaluation uses
 (`optim.eval_params`): an `EvalParams` choice, schedule-free's x (`schedule_free_x`) and the
 exponential moving average (`track_ema`, the `ema` entry `EMA`).
 
@@ -19,6 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from minigpt_jax.model import param_meta
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.param_meta import ParamMeta
+from minigpt_jax.model.parametrization import parametrization_of
 from minigpt_jax.settings.groups import TRAJECTORY, Optim, options_of, setting
 from minigpt_jax.settings.registry import declares
 
@@ -59,6 +63,31 @@ def scale_by_tags(factors: dict[str, float]) -> optax.GradientTransformation:
         return scaled, state
 
     return optax.GradientTransformation(init, update)
+
+
+def scale_by_parametrization(
+    model: GPTConfig, orthogonalised: Callable[[ParamMeta], bool]
+) -> optax.GradientTransformation | None:
+    """Each update times its parameter's learning-rate factor under model.parametrization's rule
+    (`parametrization.Parametrization.learning_rate`: μP's 1/m on the hidden matrices); None
+    for a parametrization without one (the chain, and its state, unchanged). `orthogonalised`:
+    whether the optimizer orthogonalises a parameter of this metadata (Muon's matrices)."""
+    rule = parametrization_of(model).learning_rate
+    if rule is None:
+        return None
+
+    def factor_of(path, leaf) -> float:
+        meta = param_meta.lookup(path, leaf)
+        return rule(meta, tuple(leaf.shape), model, orthogonalised(meta))
+
+    def update(updates, state, params=None):
+        del params
+        scaled = jax.tree_util.tree_map_with_path(
+            lambda path, u: u * jnp.asarray(factor_of(path, u), u.dtype), updates
+        )
+        return scaled, state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 def schedule_free_states(opt_state: optax.OptState) -> list:

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 import optax
 
-from minigpt_jax.model.param_meta import decay_mask
+from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.param_meta import ParamMeta, decay_mask
 from minigpt_jax.optimizer_plugins import (
     OPTIMIZER_SHAPE,
     Optimizer,
@@ -40,6 +41,7 @@ from minigpt_jax.optimizer_wrappers import (
     EMA,
     EvalParams,
     EvalParamsFn,
+    scale_by_parametrization,
     scale_by_tags,
     schedule_free_states,
     schedule_free_x,
@@ -120,17 +122,25 @@ class OptimizerParts(NamedTuple):
     eval_params: Callable[[optax.OptState], tuple[str, EvalParamsFn | None]]
 
 
-def build_optimizer(optim: Optim, num_steps: int) -> OptimizerParts:
+def build_optimizer(optim: Optim, num_steps: int, model: GPTConfig | None = None) -> OptimizerParts:
     """Global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s learning rate
-    (defaults: AdamW on linear warmup + cosine decay), wrapped as `optim.eval_params` needs.
+    (defaults: AdamW on linear warmup + cosine decay), its updates scaled per tag
+    (`optim.lr_multipliers`) and as `model.parametrization` says (μP's per-parameter rates;
+    None: the standard parametrization's, none), wrapped as `optim.eval_params` needs.
     Raises RegistryError for an entry that breaks its contract (before any work)."""
     schedule = SCHEDULES[optim_setting(optim, "schedule")](optim, num_steps)
     key = optim_setting(optim, "name")
     entry = optimizer_entry(OPTIMIZERS[key])
     optimizer = call_optimizer(entry, optim, schedule, key)
+    scalings = []  # the chain's shape (and the state's) is unchanged without any
     factors = parse_tag_factors(optim_setting(optim, "lr_multipliers"))
-    if factors:  # the chain's shape (and the state's) is unchanged without multipliers
-        optimizer = optax.chain(optimizer, scale_by_tags(factors))
+    if factors:
+        scalings.append(scale_by_tags(factors))
+    by_width = None if model is None else scale_by_parametrization(model, _orthogonalised(key))
+    if by_width is not None:
+        scalings.append(by_width)
+    if scalings:
+        optimizer = optax.chain(optimizer, *scalings)
     tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer)
     choice = optim_setting(optim, "eval_params")
     if choice != AUTO:
@@ -141,7 +151,7 @@ def build_optimizer(optim: Optim, num_steps: int) -> OptimizerParts:
     if entry.eval_params is not None:  # the entry's hook reads its own state: (clip, entry)[1]
 
         def select(state, params):
-            own = state[1][0] if factors else state[1]  # (entry, scale_by_tags) with factors
+            own = state[1][0] if scalings else state[1]  # (entry, *scalings) with scalings
             return entry.eval_params(own, params)
 
         return OptimizerParts(tx, schedule, lambda opt_state: (key, select))
@@ -154,9 +164,15 @@ def build_optimizer(optim: Optim, num_steps: int) -> OptimizerParts:
     return OptimizerParts(tx, schedule, auto)
 
 
+def _orthogonalised(key: str) -> Callable[[ParamMeta], bool]:
+    """Whether optimizer `key` orthogonalises a parameter of this metadata: the built-in Muon
+    does each that declares Muon dimension numbers; any other optimizer none."""
+    return lambda meta: key == "muon" and meta.muon is not None
+
+
 def make_optimizer(
-    optim: Optim, num_steps: int
+    optim: Optim, num_steps: int, model: GPTConfig | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(tx, schedule) of `build_optimizer`."""
-    parts = build_optimizer(optim, num_steps)
+    parts = build_optimizer(optim, num_steps, model)
     return parts.tx, parts.schedule

@@ -22,6 +22,7 @@ from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.param_meta import declare
+from minigpt_jax.model.parametrization import scale_queries
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
 
@@ -140,6 +141,9 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, cfg)
             k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
+
+        # The parametrization's factor on the scores (μP's √K_base/K for 1/√K); standard: none.
+        q_BxTxHxK = scale_queries(q_BxTxHxK, cfg)
 
         # The keys: this call's, or (written into it first) every slot of the cache.
         k_BxSxGxK, v_BxSxGxK, k_positions_BxS = k_BxTxGxK, v_BxTxGxK, positions_BxT

@@ -211,6 +211,17 @@ class GPTConfig(Group):
     zero_init_proj: bool = setting(
         False, "zero-init the attention/MLP output projections and an untied head", MODEL
     )
+    # μP (Yang et al. 2022): the init, the learning rates, the read-out and the attention scores
+    # follow the width, so what is tuned at a base width transfers (model/parametrization.py).
+    parametrization: str = setting(
+        "standard",
+        "how init, learning rates and multipliers follow the width: standard | mup (μP, "
+        "base width model.mup_base_width), a key of parametrization.PARAMETRIZATIONS or "
+        "module:attr",
+        MODEL,
+        choices=RegistryRef("model.parametrization"),
+        gpt2="standard",
+    )
     # Gemma 2 (Team et al. 2024) and the NanoGPT speedrun: logits = cap * tanh(logits / cap).
     logit_softcap: float = setting(
         0.0, "soft cap of the logits, cap * tanh(logits / cap); 0: none", MODEL, low=0.0, gpt2=0.0

@@ -10,6 +10,7 @@ import numpy as np
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
+from minigpt_jax.model.parametrization import scale_readout
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
@@ -46,10 +47,12 @@ def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
 
     The matmul runs in the compute dtype and accumulates in float32 (bf16 tensor cores on an
     accelerator, float32 logits out); the loss and sampling keep the first vocab_size columns.
-    With cfg.logit_softcap = c > 0 the logits are c · tanh(logits / c) (Gemma 2).
+    With cfg.logit_softcap = c > 0 the logits are c · tanh(logits / c) (Gemma 2). h is first
+    scaled as cfg.parametrization says (μP: by 1/m, mup's MuReadout).
     """
     spec = "...d,yd->...y" if cfg.tie_embeddings else "...d,dy->...y"
     compute = cfg.compute_dtype
+    h_xD = scale_readout(h_xD, cfg)  # the parametrization's factor (μP's 1/m); standard: none
     logits_xY = jnp.einsum(
         spec, h_xD.astype(compute), weight.astype(compute), preferred_element_type=jnp.float32
     )

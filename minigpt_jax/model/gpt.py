@@ -45,6 +45,7 @@ from minigpt_jax.model.loss_terms import (
 )
 from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy
 from minigpt_jax.model.param_meta import ParamMeta, declare
+from minigpt_jax.model.parametrization import scale_init
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
 
@@ -182,10 +183,11 @@ def init_annotated_params(cfg: GPTConfig, rng: Array) -> Any:
     """`init_params`, with each parameter whose creation site declares mesh axes and metadata
     (`param_meta.declare`) boxed: what `sharding.tree_shardings` reads. Records the metadata
     for the optimizers (`param_meta.record`); a matrix declaring none raises
-    `param_meta.UndeclaredParameterError` naming its path."""
+    `param_meta.UndeclaredParameterError` naming its path. The values follow
+    cfg.parametrization's init rule (`parametrization.scale_init`)."""
     annotated = GPT(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
     param_meta.record(annotated)
-    return annotated
+    return scale_init(annotated, cfg)  # cfg.parametrization's init rule (μP's); standard: none
 
 
 def declared_params(cfg: GPTConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], ParamMeta]]:

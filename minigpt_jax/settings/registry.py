@@ -93,6 +93,7 @@ REGISTRY_INDEX: dict[str, str] = {
     "model.remat": "minigpt_jax.model.speed.choices:REMAT_POLICIES",
     "model.dtype": "minigpt_jax.model.config:DTYPES",
     "model.param_dtype": "minigpt_jax.model.config:PARAM_DTYPES",
+    "model.parametrization": "minigpt_jax.model.parametrization:PARAMETRIZATIONS",
     "optim.name": "minigpt_jax.optimizers:OPTIMIZERS",
     "optim.schedule": "minigpt_jax.optimizers:SCHEDULES",
     "optim.eval_params": "minigpt_jax.optimizers:EVAL_PARAMS",

@@ -194,7 +194,7 @@ def _plan(
     resolve, the batch splits over the mesh, the run fits the devices' memory (with the
     vocabulary known so far), and a resume's settings are allowed, so a refused resume
     changes no data file."""
-    optimizer = build_optimizer(config.optim, config.num_steps)
+    optimizer = build_optimizer(config.optim, config.num_steps, config.model)
     terms = parse_terms(config.loss.terms, config.loss)
     metrics = _checked_metrics(config, terms, config.model, pretrained)
     mesh = sharding.make_mesh(config.mesh)
