@@ -17,6 +17,7 @@ os.environ["XLA_FLAGS"] = " ".join(  # once, though each xdist worker imports th
 
 import jax
 import pytest
+import scheduling
 from helpers import crash_train_args, pydoc_text, run
 
 from minigpt_jax.runtime import compile_cache
@@ -62,3 +63,9 @@ def copy_of(reference, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(reference, workdir)
     return workdir
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """The longest work first, each module's shared fixtures on one worker (tests/scheduling.py)."""
+    scheduling.order_and_group(items, group=config.pluginmanager.hasplugin("xdist"))
