@@ -28,8 +28,10 @@ from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.train.setup import set_up
 from minigpt_jax.train.shape_schedule import ShapeSchedule, parse_step_schedule
 from minigpt_jax.train.step import loss_fn
+from minigpt_jax.typed_config import build_experiment
 
 STEPS = {"num_steps": 12, "steps_per_call": 2, "eval_every": 4, "checkpoint_every": 4}
 TRAIN_KEYS = ("train_loss", "grad_norm", "lr")
@@ -158,6 +160,22 @@ def test_a_resume_mid_schedule_equals_the_uninterrupted_run(corpus_file, tmp_pat
     assert summary.resumed_from == 6
     assert trajectory(tmp_path / "resumed") == trajectory(tmp_path / "whole")
     assert sum("val_loss" in record for record in trajectory(tmp_path / "whole")) == 3
+
+
+def test_each_shape_left_is_compiled_once(corpus_file, tmp_path):
+    """A fresh run compiles the three shapes of its schedule before its first step; resumed at
+    step 6 (the second phase), the two it has left."""
+    schedule = {"seq_len_schedule": "4:4,8:8", "batch_size_schedule": "2:6"}
+
+    def compiled_shapes():
+        config = build_experiment(tiny_config(corpus_file, **{**STEPS, **schedule}))
+        run = set_up(config, tmp_path)
+        run.checkpointer.close()
+        return list(run.train_chunk.compiled)
+
+    assert compiled_shapes() == [(2, 4), (2, 8), (4, 8), (4, 16)]
+    _train(corpus_file, tmp_path, stop_at=6, **schedule)
+    assert compiled_shapes() == [(4, 8), (4, 16)]
 
 
 def test_a_resume_with_another_schedule_is_refused(corpus_file, tmp_path):
