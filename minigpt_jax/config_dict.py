@@ -31,6 +31,7 @@ from minigpt_jax.settings.registry import (
     RegistryError,
     is_user_key,
 )
+from minigpt_jax.train.shape_schedule import ShapeSchedule
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer
@@ -296,6 +297,7 @@ def _check_schedule(config: RunConfig) -> None:
             f"into grad_accum_steps={config.grad_accum_steps} equal micro-batches; use a "
             f"multiple of {config.grad_accum_steps}."
         )
+    ShapeSchedule.of(config)  # seq_len_schedule and batch_size_schedule
 
 
 def check_experiment_config(config: RunConfig) -> ml_collections.ConfigDict:

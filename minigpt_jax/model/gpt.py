@@ -48,6 +48,7 @@ from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.parametrization import scale_init
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
+from minigpt_jax.model.step_variable import step_variables
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -307,10 +308,11 @@ def next_token_loss_terms(
     a term of the model's internals or of the step's context (one scalar, from a
     `loss_terms.TermContext` of this batch, the forward's sown 'intermediates' and `step`, the
     optimizer steps taken: None outside training) broadcast to every token, so means and sums
-    treat all alike."""
+    treat all alike. `step` is also the model's "step" variable (`step_variable.training_step`)."""
     scalar_terms = len(per_token_terms(terms)) < len(terms)
+    variables = {"params": params, **step_variables(params, step)}  # read by training_step
     outputs = GPT(cfg).apply(
-        {"params": params},
+        variables,
         tokens_BxT1[:, :-1],
         deterministic=not train,
         rngs=_dropout_rngs(cfg, train, rng),

@@ -327,6 +327,21 @@ class Loop(Group):
         low=1,
         high=STEP_LIMIT,
     )
+    seq_len_schedule: str = setting(
+        "",
+        "tokens per row by step, 'length:until_step,...[,length]' ('16:100,32:200': 16 until "
+        "step 100, 32 until 200, then model.block_size); '' = block_size throughout "
+        "(train/shape_schedule.py)",
+        TRAJECTORY,
+        type=str,
+    )
+    batch_size_schedule: str = setting(
+        "",
+        "sequences per step by step, 'size:until_step,...[,size]' as seq_len_schedule, ramping "
+        "up to batch_size; '' = batch_size throughout",
+        TRAJECTORY,
+        type=str,
+    )
     grad_accum_steps: int = setting(
         1,
         "micro-batches of batch_size / grad_accum_steps per step",

@@ -28,6 +28,7 @@ from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import user_modules
 from minigpt_jax.train.setup import Run, set_up
+from minigpt_jax.train.shape_schedule import ShapeSchedule
 from minigpt_jax.typed_config import Experiment, build_experiment
 
 if TYPE_CHECKING:
@@ -246,13 +247,8 @@ def batch_problem(run: Run, step: int) -> str | None:
     read again from the data: an id outside the vocabulary (memory-mapped shards changed
     under the run), or None."""
     config, cfg = run.config, run.cfg
-    batch = data.get_batch(
-        run.dataset.train,
-        config.batch_size,
-        config.model.block_size,
-        seed=config.seed,
-        step=step - 1,
-    )
+    batch_size, seq_len = ShapeSchedule.of(config).at(step - 1)
+    batch = data.get_batch(run.dataset.train, batch_size, seq_len, seed=config.seed, step=step - 1)
     largest = int(np.max(batch))
     if largest < cfg.vocab_size:
         return None

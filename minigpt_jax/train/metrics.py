@@ -25,6 +25,7 @@ import jax
 from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
+from minigpt_jax.train.shape_schedule import ShapeSchedule
 
 if TYPE_CHECKING:  # a low layer: the type only
     from minigpt_jax.typed_config import Experiment
@@ -222,7 +223,7 @@ class RunLogger:
         """step: where the run stands; on_non_finite(step, values) raises the error for a step
         whose loss or grad norm is not finite (values: the step's metrics by name)."""
         self.steps_per_call, self.log_every = config.steps_per_call, config.log_every
-        self.tokens_per_chunk = config.steps_per_call * config.batch_size * config.model.block_size
+        self.shapes = ShapeSchedule.of(config)  # each chunk's tokens, for tokens_per_sec
         self.on_non_finite = on_non_finite
         is_main_process = jax.process_index() == 0
         self.writer = MetricsWriter(workdir, resume_step=step, enabled=is_main_process)
@@ -263,7 +264,7 @@ class RunLogger:
         seconds = now - max(dispatched_at, self._ready_at)
         self._ready_at = now
         self.chunk_seconds.append(seconds)
-        tokens_per_sec = self.tokens_per_chunk / seconds
+        tokens_per_sec = self.shapes.tokens(first_step, self.steps_per_call) / seconds
         for i in range(self.steps_per_call):
             step = first_step + i + 1
             values = {k: float(v[i]) for k, v in metrics_C.items()}

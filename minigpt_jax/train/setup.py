@@ -39,6 +39,7 @@ from minigpt_jax.train.eval_step import check_metrics, make_eval_step, make_metr
 from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
+from minigpt_jax.train.shape_schedule import ChunkPerShape, ShapeSchedule
 from minigpt_jax.train.step import (
     TrainState,
     init_state,
@@ -69,7 +70,8 @@ class Run:
     terms: tuple[PickedTerm, ...]  # config.loss.terms, parsed
     meta: dict  # what every checkpoint records beside the state
     train_batches: Callable[[int], jax.Array]  # first_step -> batches (C, B, T + 1), on the mesh
-    train_chunk: Any  # compiled (state, batches_CxBxT1) -> (state, metrics); None: nothing to train
+    train_chunk: Any  # (state, batches_CxBxT1) -> (state, metrics), compiled per batch shape
+    # (train.shape_schedule.ChunkPerShape); None: nothing to train
     eval_fn: Any  # compiled (params, batch_BxT1) -> (sums, count)
     metric_fn: Any  # compiled (params, batch_BxT1) -> {metric: value}, or None
     select_eval_params: Any  # compiled state -> eval params, or None: the trained ones
@@ -165,7 +167,7 @@ def set_up(
         )  # fmt: skip
         if last_step is None or run.step < last_step:
             on_phase("compiling", run.step)
-            _compile(run, plan.optimizer)
+            _compile(run, plan.optimizer, last_step or config.num_steps)
         return run
     except BaseException:
         checkpointer.close()  # an open orbax manager prints tracebacks at exit
@@ -199,6 +201,11 @@ def _plan(
     metrics = _checked_metrics(config, terms, config.model, pretrained)
     mesh = sharding.make_mesh(config.mesh)
     sharding.check_batch_size(config.micro_batch_size, mesh)
+    for batch_size in ShapeSchedule.of(config).batch_size.values:
+        try:
+            sharding.check_batch_size(batch_size // config.grad_accum_steps, mesh)
+        except ValueError as error:
+            raise ValueError(f"config.batch_size_schedule: {error}") from None
     # A char vocabulary is known once the corpus is read: counted as 1 until then.
     early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
     vocab_size = pretrained.cfg.vocab_size if pretrained else early_vocab
@@ -260,33 +267,29 @@ def _eval_params_selector(select: Callable | None, shardings: Any) -> Callable |
 
 def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int], jax.Array]:
     """first_step -> the global batches (C, B, T + 1) of steps [first_step, first_step + C) of
-    the train split `tokens`, the same on every process, placed on `mesh`."""
-    batch_at = functools.partial(
-        data.draw_batch,
-        tokens,
-        config.batch_size,
-        config.model.block_size,
-        seed=config.seed,
-        split="train",
-    )
+    the train split `tokens`, the same on every process, placed on `mesh`; (B, T) is the shape
+    schedule's at first_step (train.shape_schedule: one shape per chunk)."""
+    shapes = ShapeSchedule.of(config)
     batch_sharding = sharding.batch_sharding(mesh, 3)
+    draw = functools.partial(data.draw_batch, tokens, seed=config.seed, split="train")
 
     def train_batches(first_step: int) -> jax.Array:
+        batch_size, seq_len = shapes.at(first_step)
         steps = range(first_step, first_step + config.steps_per_call)
-        batches_CxBxT1 = np.stack([batch_at(step=step) for step in steps])
+        batches_CxBxT1 = np.stack([draw(batch_size, seq_len, step=step) for step in steps])
         return sharding.put_batch(batches_CxBxT1, batch_sharding)
 
     return train_batches
 
 
-def _compile(run: Run, optimizer: OptimizerParts) -> None:
-    """Compiles the train chunk ahead of its first call, refuses one that XLA's account says
-    will not fit, and times it."""
+def _compile(run: Run, optimizer: OptimizerParts, last_step: int) -> None:
+    """Compiles the train chunk of each batch shape the steps from run.step to last_step
+    take (train.shape_schedule; one without a schedule) ahead of its first call, refuses one
+    that XLA's account says will not fit, and times them."""
     start = time.perf_counter()
     step_metrics = parse_step_metrics(run.config.step_metrics)
-    batches = run.train_batches(run.step)
 
-    def lowered(donate: bool) -> Any:
+    def lowered(donate: bool, batches: jax.Array) -> Any:
         chunk = make_train_chunk(
             run.cfg,
             optimizer.tx,
@@ -301,13 +304,17 @@ def _compile(run: Run, optimizer: OptimizerParts) -> None:
         )
         return chunk.lower(run.state, batches)
 
-    chunk = lowered(donate=True)
-    # A step metric's host callback can fail after the state went in: kept (not donated), the
-    # steps trained before the failing call can still be saved (train.recovery.Recovery).
-    if any(is_user_key(key) for key in step_metrics) and "callback" in chunk.as_text():
-        chunk = lowered(donate=False)
-    run.train_chunk = chunk.compile()
-    budget.check_compiled_fits(run.train_chunk, run.mesh)
+    compiled = {}
+    for shape, first_step in ShapeSchedule.of(run.config).first_steps(run.step, last_step).items():
+        batches = run.train_batches(first_step)
+        chunk = lowered(True, batches)
+        # A step metric's host callback can fail after the state went in: kept (not donated),
+        # the steps trained before the failing call can still be saved (train.recovery).
+        if any(is_user_key(key) for key in step_metrics) and "callback" in chunk.as_text():
+            chunk = lowered(False, batches)
+        compiled[shape] = chunk.compile()
+        budget.check_compiled_fits(compiled[shape], run.mesh)
+    run.train_chunk = ChunkPerShape(compiled)
     run.compile_time_s = time.perf_counter() - start
 
 
