@@ -18,7 +18,17 @@ from minigpt_jax.settings.groups import Optim
 from minigpt_jax.train.gradients import GRADIENTS, plain, step_gradient
 from minigpt_jax.train.step import init_state, make_train_chunk
 
-CFG = GPTConfig(vocab_size=30, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+# float32 matmuls: "auto" trains with bf16 operands on CPUs with a bf16 dot unit, while the
+# hand-written step below differentiates the float32 forward.
+CFG = GPTConfig(
+    vocab_size=30,
+    block_size=8,
+    n_layer=2,
+    n_head=2,
+    n_embd=16,
+    dropout=0.0,
+    matmul_dtype="float32",
+)
 RHO = 0.1
 
 
