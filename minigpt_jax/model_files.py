@@ -38,7 +38,7 @@ from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.settings.groups import SPEED, declarations
-from minigpt_jax.settings.registry import changed_user_modules
+from minigpt_jax.settings.registry import changed_user_modules, is_user_key
 
 _log = logging.getLogger(__name__)
 
@@ -158,23 +158,42 @@ def _weights_bytes(params: Params) -> int:
 def shape_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
     """The fields where a checkpoint's model differs from a config's, beyond what fine-tuning
     may change (dropout, dtypes, the speed settings, the vocabulary padding, and a shorter
-    block_size, which crops positions)."""
-    free = {
-        name
-        for name, spec in declarations(GPTConfig).items()
-        if spec.finetune_free or spec.kind == SPEED
-    }
-    diffs = [
-        f"{name}: checkpoint {getattr(loaded, name)!r}, config {getattr(wanted, name)!r}"
-        for name in GPTConfig.__dataclass_fields__
-        if name not in free and getattr(loaded, name) != getattr(wanted, name)
-    ]
+    block_size, which crops positions). A field whose config value names a plug-in
+    (module:attr) may differ: the plug-in may wrap the built-in and add parameters, which
+    `finetune.new_parameters` then matches by path. Of the picked entries' own settings
+    (entry_settings) only those both models declare are compared, by the same rules: a
+    plug-in's new settings are its own."""
+    specs = declarations(GPTConfig)
+    free = {name for name, spec in specs.items() if spec.finetune_free or spec.kind == SPEED}
+    diffs = []
+    for name in GPTConfig.__dataclass_fields__:
+        have, want = getattr(loaded, name), getattr(wanted, name)
+        if name == "entry_settings" or name in free or have == want:
+            continue
+        if not (isinstance(want, str) and is_user_key(want)):
+            diffs.append(f"{name}: checkpoint {have!r}, config {want!r}")
+    diffs += _entry_settings_mismatch(loaded, wanted)
     learned = POSITION_ENCODINGS[loaded.pos_encoding].learned
     if wanted.block_size > loaded.block_size and learned:
         diffs.append(
             f"block_size: config {wanted.block_size} exceeds the checkpoint's learned "
             f"{loaded.block_size} positions"
         )
+    return diffs
+
+
+def _entry_settings_mismatch(loaded: GPTConfig, wanted: GPTConfig) -> list[str]:
+    """The picked entries' settings that both models declare and that differ, but those
+    declared SPEED or finetune_free."""
+    shared = loaded.declared_entry_settings().keys() & wanted.declared_entry_settings().keys()
+    have, want = loaded.flat_values(), wanted.flat_values()
+    diffs = []
+    for name in sorted(shared):
+        spec = wanted.declared_entry_settings()[name].metadata.get("setting")
+        if spec is not None and (spec.finetune_free or spec.kind == SPEED):
+            continue
+        if have[name] != want[name]:
+            diffs.append(f"{name}: checkpoint {have[name]!r}, config {want[name]!r}")
     return diffs
 
 

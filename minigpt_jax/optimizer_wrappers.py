@@ -1,5 +1,6 @@
 """What `optimizers.build_optimizer` wraps around the picked optimizer: the per-tag learning-rate
-multipliers (`optim.lr_multipliers`, `scale_by_tags`), the model's parametrization's
+multipliers (`optim.lr_multipliers`, `scale_by_tags`), the frozen tags (`optim.frozen_tags`,
+`zero_frozen`), the model's parametrization's
 (`model.parametrization`, `scale_by_parametrization`: μP's) and the parameters evaluation uses
 (`optim.eval_params`): an `EvalParams` choice, schedule-free's x (`schedule_free_x`) and the
 exponential moving average (`track_ema`, the `ema` entry `EMA`).
@@ -23,7 +24,7 @@ from minigpt_jax.model import param_meta
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.param_meta import ParamMeta
 from minigpt_jax.model.parametrization import parametrization_of
-from minigpt_jax.settings.groups import TRAJECTORY, Optim, options_of, setting
+from minigpt_jax.settings.groups import TRAJECTORY, UNTAGGED, Optim, options_of, setting
 from minigpt_jax.settings.registry import declares
 
 Params = Any
@@ -61,6 +62,42 @@ def scale_by_tags(factors: dict[str, float]) -> optax.GradientTransformation:
             lambda path, u: u * jnp.asarray(factor_of(path, u), u.dtype), updates
         )
         return scaled, state
+
+    return optax.GradientTransformation(init, update)
+
+
+def zero_frozen(tags: tuple[str, ...]) -> optax.GradientTransformation:
+    """Each update of a parameter carrying one of `tags` (`UNTAGGED`: one that declares no tag)
+    replaced by exact zeros, the others passed on unchanged; `init` raises ValueError for a tag
+    that no parameter declares, naming the tags there are. `build_optimizer` applies it to the
+    gradients before clipping (a frozen gradient takes no share of the norm) and to the
+    updates last (no weight decay, no step: a frozen parameter stays bit-identical)."""
+    wanted = set(tags)
+
+    def frozen(path, leaf) -> bool:
+        own = param_meta.tags_of(path, leaf)
+        return bool(wanted.intersection(own)) or (UNTAGGED in wanted and not own)
+
+    def init(params):
+        declared = set()
+        jax.tree_util.tree_map_with_path(
+            lambda path, leaf: declared.update(param_meta.tags_of(path, leaf) or (UNTAGGED,)),
+            params,
+        )
+        unknown = sorted(wanted - declared)
+        if unknown:
+            raise ValueError(
+                f"optim.frozen_tags names {unknown}, which no parameter declares; the "
+                f"parameters' tags: {sorted(declared)} ({UNTAGGED}: those declaring none)."
+            )
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        zeroed = jax.tree_util.tree_map_with_path(
+            lambda path, u: jnp.zeros_like(u) if frozen(path, u) else u, updates
+        )
+        return zeroed, state
 
     return optax.GradientTransformation(init, update)
 

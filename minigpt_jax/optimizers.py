@@ -45,10 +45,12 @@ from minigpt_jax.optimizer_wrappers import (
     scale_by_tags,
     schedule_free_states,
     schedule_free_x,
+    zero_frozen,
 )
 from minigpt_jax.settings.groups import (
     AUTO,  # eval_params: the optimizer's own choice (its hook, schedule-free's x, the params)
     Optim,
+    parse_frozen_tags,
     parse_tag_factors,
 )
 from minigpt_jax.settings.registry import Builtin, Registry
@@ -126,7 +128,8 @@ def build_optimizer(optim: Optim, num_steps: int, model: GPTConfig | None = None
     """Global-norm clipping, then `optim.name`'s optimizer on `optim.schedule`'s learning rate
     (defaults: AdamW on linear warmup + cosine decay), its updates scaled per tag
     (`optim.lr_multipliers`) and as `model.parametrization` says (μP's per-parameter rates;
-    None: the standard parametrization's, none), wrapped as `optim.eval_params` needs.
+    None: the standard parametrization's, none), those of `optim.frozen_tags` zeroed before
+    the clip and after everything (`zero_frozen`), wrapped as `optim.eval_params` needs.
     Raises RegistryError for an entry that breaks its contract (before any work)."""
     schedule = SCHEDULES[optim_setting(optim, "schedule")](optim, num_steps)
     key = optim_setting(optim, "name")
@@ -139,9 +142,14 @@ def build_optimizer(optim: Optim, num_steps: int, model: GPTConfig | None = None
     by_width = None if model is None else scale_by_parametrization(model, _orthogonalised(key))
     if by_width is not None:
         scalings.append(by_width)
+    clip = optax.clip_by_global_norm(optim.grad_clip)
+    frozen = parse_frozen_tags(optim_setting(optim, "frozen_tags"))
+    if frozen:  # zeroed gradients in, zeroed updates out: weight decay cannot move them either
+        scalings.append(zero_frozen(frozen))
+        clip = optax.chain(zero_frozen(frozen), clip)
     if scalings:
         optimizer = optax.chain(optimizer, *scalings)
-    tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), optimizer)
+    tx = optax.chain(clip, optimizer)
     choice = optim_setting(optim, "eval_params")
     if choice != AUTO:
         hook = EVAL_PARAMS[choice]

@@ -121,3 +121,31 @@ def test_the_command_line_trains_resumes_and_samples_packed_documents(
     sample = [sys.executable, "-m", "minigpt_jax", "sample", "--workdir", str(workdir)]
     result = run([*sample, "--prompt=The ", "--max_new_tokens=8"])
     assert result.returncode == 0 and result.stdout.startswith("The "), result.stderr
+
+
+def test_a_prompt_holding_end_of_text_warns_that_sampling_crosses_it(caplog):
+    """The KV cache continues one document: a prompt with an end-of-text id in it gets one
+    warning line naming the problem and the fix; one without gets none."""
+    from minigpt_jax.sampling.api import generate
+
+    params = init_params(CFG, jax.random.key(0))
+    with caplog.at_level("WARNING", logger="minigpt_jax.sampling.api"):
+        generate(params, CFG, [np.array(DOC_A)], 2, rng=jax.random.key(1))
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="minigpt_jax.sampling.api"):
+        generate(params, CFG, [np.array(DOC_A + [EOT] + DOC_B)], 2, rng=jax.random.key(1))
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message
+    assert message.startswith(f"the prompt holds the end-of-text id {EOT}, but sampling")
+    assert "give only the text after the last end-of-text as the prompt" in message
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="minigpt_jax.sampling.api"):
+        generate(
+            params,
+            CFG.replace(attention_mask="causal"),
+            [np.array(DOC_A + [EOT])],
+            2,
+            rng=jax.random.key(1),
+        )
+    assert not caplog.records  # a causal model was trained across documents

@@ -35,6 +35,7 @@ from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
+from minigpt_jax.model.leaks import naming_remat_leaks
 from minigpt_jax.model.loss_terms import (
     PickedTerm,
     TermContext,
@@ -132,13 +133,14 @@ class GPT(nn.Module):
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
         new_cache = []
         for i, block in enumerate(self.blocks):
-            x_BxTxD, layer_cache = block(
-                x_BxTxD,
-                positions_BxT,
-                deterministic,
-                None if cache is None else cache[i],
-                **segments,
-            )
+            with naming_remat_leaks(cfg):
+                x_BxTxD, layer_cache = block(
+                    x_BxTxD,
+                    positions_BxT,
+                    deterministic,
+                    None if cache is None else cache[i],
+                    **segments,
+                )
             new_cache.append(layer_cache)
             # Each block's mean square output, for terms of the model's internals
             # (loss_terms.activation_l2); kept only when applied with mutable 'intermediates'.

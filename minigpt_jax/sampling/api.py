@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -11,12 +12,13 @@ import numpy as np
 
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import check_token_ids
-from minigpt_jax.model.gpt import Params
+from minigpt_jax.model.gpt import Params, packs_documents
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.sampling.loop import CHUNK_SECONDS, NewTokens, decoded_batches
 from minigpt_jax.sampling.options import SampleSettings, settings_of
 from minigpt_jax.sampling.plan import plan_sampling
 
+_log = logging.getLogger(__name__)
 Array = chex.Array
 Prompts = np.ndarray | Array | Sequence[np.ndarray | Sequence[int]]
 
@@ -108,6 +110,7 @@ def _checked_then_decoded(
     an array came in, and the batches, decoded as they are iterated."""
     prompts, as_array = _validated_prompts(prompt_ids, cfg)
     check_request(cfg, max_new_tokens)
+    _warn_if_crossing_documents(prompts, cfg)
     longest = max(len(p) for p in prompts)
     if POSITION_ENCODINGS[cfg.pos_encoding].learned and max_len is not None:
         raise ValueError(
@@ -128,6 +131,30 @@ def _checked_then_decoded(
             params, cfg, prompts, max_new_tokens, rng, settings, plan, chunk_seconds, return_logits
         )
     return prompts, as_array, chunks
+
+
+def _warn_if_crossing_documents(prompts: list[np.ndarray], cfg: GPTConfig) -> None:
+    """Warns (one line) when a model trained on packed documents is given a prompt holding an
+    end-of-text id: the KV cache continues one document, so the tokens after it would attend
+    across the boundary, which training never showed the model."""
+    if not packs_documents(cfg):
+        return
+    eot = cfg.vocab_size - 1
+    crossing = [i for i, prompt in enumerate(prompts) if np.any(prompt == eot)]
+    if crossing:
+        which = (
+            "the prompt holds"
+            if len(prompts) == 1
+            else f"{len(crossing)} of {len(prompts)} prompts (the first: {crossing[0]}) hold"
+        )
+        _log.warning(
+            "%s the end-of-text id %d, but sampling continues one document: the tokens after "
+            "it attend across the boundary, which model.attention_mask=%r never showed the "
+            "model in training; give only the text after the last end-of-text as the prompt.",
+            which,
+            eot,
+            cfg.attention_mask,
+        )
 
 
 def check_request(cfg: GPTConfig, max_new_tokens: int) -> None:

@@ -421,7 +421,8 @@ class Loop(Group):
     init_from: str = setting(
         "",
         "fine-tune from a Hugging Face GPT-2 directory or a run's workdir ('' = from scratch); "
-        "its tokenizer replaces data's, and the model group must match it",
+        "its tokenizer replaces data's, the model group must match it (a plug-in may add "
+        "parameters, which start from their init: finetune.py)",
         BOOKKEEPING,
     )
 
@@ -464,6 +465,42 @@ class TagFactors:
         if not isinstance(value, str):
             raise ValueError(f"optim.lr_multipliers must be a string, got {value!r}.")
         parse_tag_factors(value)
+
+
+# The name optim.frozen_tags gives the parameters that declare no tag (norm scales, undeclared
+# vectors), so that a list of tags can freeze a whole model.
+UNTAGGED = "untagged"
+
+
+def parse_frozen_tags(text: str) -> tuple[str, ...]:
+    """The tags of optim.frozen_tags' "tag,tag" ("" is ()); raises ValueError naming a part that
+    is no tag name."""
+    tags = tuple(part.strip() for part in text.split(",") if part.strip())
+    for tag in tags:
+        if not all(char.isalnum() or char in "_-." for char in tag):
+            raise ValueError(
+                f"optim.frozen_tags={text!r}: {tag!r} is not a tag name (letters, digits, _ - .); "
+                f"give tags separated by commas, e.g. 'embedding,attention,mlp,{UNTAGGED}'."
+            )
+    return tags
+
+
+class FrozenTags:
+    """The allowed values of optim.frozen_tags, checked by `parse_frozen_tags`."""
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            return isinstance(value, str) and parse_frozen_tags(value) is not None
+        except ValueError:
+            return False
+
+    def __iter__(self):
+        return iter(("", "tag,..."))
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ValueError(f"optim.frozen_tags must be a string, got {value!r}.")
+        parse_frozen_tags(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,6 +596,16 @@ class Optim(Group):
         "attention, mlp, head, or a plug-in's own); '': none",
         TRAJECTORY,
         choices=TagFactors(),
+    )
+    # Fine-tuning's frozen base (LoRA): no update at all, exactly zero (optimizer_wrappers.
+    # freeze_tags), where lr_multipliers' factor 0 still keeps their gradients in the clip's norm.
+    frozen_tags: str = setting(
+        "",
+        f"tag,...: parameters carrying any of these tags (embedding, attention, mlp, head, a "
+        f"plug-in's own, or {UNTAGGED}: those declaring none) get no update, weight decay "
+        f"included, and no share of the gradient clip's norm; '': none",
+        TRAJECTORY,
+        choices=FrozenTags(),
     )
     gradient: str = setting(
         "plain",

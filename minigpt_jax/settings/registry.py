@@ -271,7 +271,7 @@ def import_attr(key: str) -> Any:
 # ----------------------------------------------------------------------------- plug-in errors
 
 
-def _is_user_file(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
     """Whether a frame's file is user code: not the package, not an installed library, not
     the standard library."""
     if not filename or filename.startswith("<"):
@@ -289,7 +289,7 @@ def _user_frames(error: BaseException) -> list[str]:
     traceback (a SyntaxError's own location included)."""
     lines = []
     for frame in traceback.extract_tb(error.__traceback__):
-        if _is_user_file(frame.filename):
+        if is_user_file(frame.filename):
             lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
             source = frame.line or linecache.getline(frame.filename, frame.lineno).strip()
             if source:
@@ -403,11 +403,11 @@ def user_modules(config: Mapping[str, Any] | SupportsToDict) -> dict[str, list[s
 
 def imported_user_modules(module_name: str) -> list[str]:
     """The modules of the user's own (not the package's, an installed library's or the
-    standard library's: `_is_user_file`) that `module_name`'s source imports, at its top or
+    standard library's: `is_user_file`) that `module_name`'s source imports, at its top or
     inside a function, and those they import in turn. Read from the source (every import
     statement), so an import a function makes only when called counts too."""
     root = _source_file(module_name)
-    if root is None or not _is_user_file(root):
+    if root is None or not is_user_file(root):
         return []  # a library's entry (optax:adamw): its imports are the library's
     found: list[str] = []
     seen, stack = {module_name}, [module_name]
@@ -421,7 +421,7 @@ def imported_user_modules(module_name: str) -> list[str]:
                 continue
             seen.add(imported)
             imported_file = _source_file(imported)
-            if imported_file is not None and _is_user_file(imported_file):
+            if imported_file is not None and is_user_file(imported_file):
                 found.append(imported)
                 stack.append(imported)
     return found

@@ -49,7 +49,8 @@ def train_and_evaluate(
     experiment (typed_config.build_experiment), or a run config (ConfigDict) it is built from.
 
     A fresh run starts from config.init_from when set: a Hugging Face GPT-2 directory or another
-    run's workdir, whose tokenizer it takes; config.model must match that model's shape.
+    run's workdir, whose tokenizer it takes; config.model must match that model's shape, but a
+    plug-in's new parameters (adapters), which start from the model's init (minigpt_jax.finetune).
 
     stop_at: end this call after that step (a multiple of steps_per_call) with a checkpoint, as an
     interruption would; the learning-rate schedule still spans config.num_steps.

@@ -26,12 +26,14 @@ from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
+from minigpt_jax.finetune import fitted_params, new_parameters
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
+from minigpt_jax.model.leaks import remat_leak
 from minigpt_jax.model.loss_terms import PickedTerm, parse_terms, term_name
 from minigpt_jax.model.speed.kernels import choose_kernel
-from minigpt_jax.model_files import LoadedModel, check_fits, load_model, params_for
+from minigpt_jax.model_files import LoadedModel, load_model
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.step_metrics import parse_step_metrics
@@ -128,7 +130,7 @@ def set_up(
             check_data=data_check if latest is not None else None,
             documents=packs_documents(config.model),
         )
-        cfg = _model_of(config, plan, dataset, pretrained, fresh=latest is None)
+        cfg = _model_of(config, plan, dataset, pretrained)
         shardings = state_shardings(cfg, plan.optimizer.tx, plan.mesh)
         # Which params evaluation, best/, sampling and export use, decided by the optimizer.
         eval_params_name, select = plan.optimizer.eval_params(shardings.opt_state)
@@ -169,6 +171,12 @@ def set_up(
             on_phase("compiling", run.step)
             _compile(run, plan.optimizer, last_step or config.num_steps)
         return run
+    except jax.errors.UnexpectedTracerError as error:  # a plug-in's value escaped model.remat
+        checkpointer.close()
+        leak = remat_leak(error, config.model)
+        if leak is error:
+            raise
+        raise leak from error
     except BaseException:
         checkpointer.close()  # an open orbax manager prints tracebacks at exit
         raise
@@ -194,8 +202,8 @@ def _plan(
 ) -> _Plan:
     """The checks that need no data, before any is read: the optimizer, loss terms and metrics
     resolve, the batch splits over the mesh, the run fits the devices' memory (with the
-    vocabulary known so far), and a resume's settings are allowed, so a refused resume
-    changes no data file."""
+    vocabulary known so far), a fresh run's model can take config.init_from's weights, and a
+    resume's settings are allowed, so a refused resume changes no data file."""
     optimizer = build_optimizer(config.optim, config.num_steps, config.model)
     terms = parse_terms(config.loss.terms, config.loss)
     metrics = _checked_metrics(config, terms, config.model, pretrained)
@@ -210,6 +218,8 @@ def _plan(
     early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
     vocab_size = pretrained.cfg.vocab_size if pretrained else early_vocab
     _check_memory(config, optimizer.tx, mesh, config.model.replace(vocab_size=vocab_size))
+    if pretrained is not None and latest is None:
+        _check_init_from(pretrained, config.model.replace(vocab_size=vocab_size))
     if latest is not None:
         saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
         model = config.model.replace(vocab_size=saved_vocab)
@@ -217,24 +227,33 @@ def _plan(
     return _Plan(optimizer, terms, metrics, mesh)
 
 
+def _check_init_from(pretrained: LoadedModel, cfg: GPTConfig) -> None:
+    """Refuses a model (with the pretrained vocabulary) that config.init_from's weights cannot
+    become (finetune.new_parameters); logs the new parameters (a plug-in's), which start from
+    the model's init."""
+    new = new_parameters(pretrained, cfg)
+    if new:
+        _log.warning(
+            "config.init_from: %d parameters the checkpoint lacks start from the model's init: %s",
+            len(new),
+            ", ".join(new),
+        )
+
+
 def _model_of(
     config: Experiment,
     plan: _Plan,
     dataset: data.Dataset,
     pretrained: LoadedModel | None,
-    *,
-    fresh: bool,
 ) -> GPTConfig:
     """The run's model: config.model with the vocabulary of the pretrained model or the data's
-    tokenizer, checked against the devices' memory, the tokenizer's end-of-text id (a mask
-    that packs documents) and, for a fresh run from config.init_from, the pretrained shapes."""
+    tokenizer, checked against the devices' memory and the tokenizer's end-of-text id (a mask
+    that packs documents)."""
     cfg = config.model.replace(
         vocab_size=(pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
     )
     _check_memory(config, plan.optimizer.tx, plan.mesh, cfg)
     _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
-    if pretrained is not None and fresh:
-        check_fits(pretrained.cfg, cfg)
     return cfg
 
 
@@ -430,12 +449,13 @@ class _DataCheck:
 def _with_pretrained_params(
     state: TrainState, pretrained: LoadedModel | None, cfg: GPTConfig, shardings: Any
 ) -> TrainState:
-    """A fresh state whose params are config.init_from's (AdamW's moments start at zero
-    whatever the params, so only the params change)."""
+    """A fresh state whose params are config.init_from's where the checkpoint has them, the
+    model's init elsewhere (a plug-in's new parameters: finetune.fitted_params); AdamW's
+    moments start at zero whatever the params, so only the params change."""
     if pretrained is None:
         return state
     # Host arrays, the same on every process, which device_put places on any mesh.
-    params = jax.tree_util.tree_map(np.asarray, params_for(pretrained, cfg))
+    params = fitted_params(state.params, pretrained, cfg)
     return state.replace(params=jax.device_put(params, shardings.params))
 
 
