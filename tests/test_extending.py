@@ -106,6 +106,7 @@ def test_the_docs_hold_every_example():
         "my_mtp.py",
         "my_sam.py",
         "my_lora.py",
+        "my_step_blocks.py",
     }
 
 
