@@ -373,3 +373,25 @@ def test_a_postgres_url_without_its_driver_names_the_extra_and_masks_the_passwor
         "--storage postgresql://sweeper:***@127.0.0.1:1/studies: the driver of postgresql:// "
         "is not installed; install psycopg (3): pip install 'minigpt-jax[postgres]'."
     )
+
+
+@pytest.mark.parametrize(
+    "child_code, want",
+    [
+        # a train that saves its checkpoint on SIGTERM exits 128 + SIGTERM: ended as asked
+        ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+         "print('up', flush=True)\ntime.sleep(60)", 0),
+        # one the SIGTERM reaches after its last step, its handler gone, dies by the signal:
+        # ended as asked too (a trial that reached its target at its last step was failed so)
+        ("import time\nprint('up', flush=True)\ntime.sleep(60)", 0),
+        # anything else is the child's own failure
+        ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+         "print('up', flush=True)\ntime.sleep(60)", 3),
+    ],
+)  # fmt: skip
+def test_stopping_a_trials_child_reads_its_end_by_the_signal_as_asked(child_code, want):
+    from minigpt_apps.sweep import trial
+
+    child = subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "up\n"  # its handler (if any) is installed
+    assert trial.stop(child) == want

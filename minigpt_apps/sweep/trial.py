@@ -138,8 +138,10 @@ def follow(
 
 def stop(child: subprocess.Popen) -> int:
     """SIGTERM (the child saves a checkpoint and ends), SIGKILL if it is not gone in time.
-    Returns the child's exit code, 0 for a child that ended as asked (a train stopped by
-    SIGTERM exits 128 + SIGTERM once its checkpoint is saved)."""
+    Returns the child's exit code, 0 for a child that ended as asked: a train stopped by
+    SIGTERM exits 128 + SIGTERM once its checkpoint is saved, and one the SIGTERM reaches after
+    its last step, once its handler is gone (it is exiting), ends by the signal itself (-SIGTERM);
+    what it saved is read from its run directory, not from this code."""
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
         try:
@@ -147,7 +149,7 @@ def stop(child: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    return 0 if child.returncode == 128 + signal.SIGTERM else child.returncode
+    return 0 if child.returncode in (128 + signal.SIGTERM, -signal.SIGTERM) else child.returncode
 
 
 def records_of(run_dir: Path) -> list[dict]:
