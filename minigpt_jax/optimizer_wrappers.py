@@ -32,6 +32,23 @@ Params = Any
 EvalParamsFn = Callable[[optax.OptState, Params], Params]
 
 
+def _refuse_undeclared(params: Params, tags, setting: str, *, untagged: bool) -> None:
+    """ValueError naming the `tags` that no parameter of `params` declares, and the tags there
+    are (with `untagged`, `UNTAGGED` stands for the parameters declaring none)."""
+    declared: set[str] = set()
+    none = (UNTAGGED,) if untagged else ()
+    jax.tree_util.tree_map_with_path(
+        lambda path, leaf: declared.update(param_meta.tags_of(path, leaf) or none), params
+    )
+    unknown = sorted(set(tags) - declared)
+    if unknown:
+        hint = f"{UNTAGGED}: those declaring none" if untagged else "param_meta.declare(tags=...)"
+        raise ValueError(
+            f"{setting} names {unknown}, which no parameter declares; the parameters' tags: "
+            f"{sorted(declared)} ({hint})."
+        )
+
+
 def scale_by_tags(factors: dict[str, float]) -> optax.GradientTransformation:
     """Each update times the product of `factors` over its parameter's tags (1 for a parameter
     without any of them; `param_meta.declare(tags=...)`). `init` raises ValueError for a tag
@@ -44,16 +61,7 @@ def scale_by_tags(factors: dict[str, float]) -> optax.GradientTransformation:
         return scale
 
     def init(params):
-        declared = set()
-        jax.tree_util.tree_map_with_path(
-            lambda path, leaf: declared.update(param_meta.tags_of(path, leaf)), params
-        )
-        unknown = sorted(set(factors) - declared)
-        if unknown:
-            raise ValueError(
-                f"optim.lr_multipliers names {unknown}, which no parameter declares; the "
-                f"parameters' tags: {sorted(declared)} (param_meta.declare(tags=...))."
-            )
+        _refuse_undeclared(params, factors, "optim.lr_multipliers", untagged=False)
         return optax.EmptyState()
 
     def update(updates, state, params=None):
@@ -79,17 +87,7 @@ def zero_frozen(tags: tuple[str, ...]) -> optax.GradientTransformation:
         return bool(wanted.intersection(own)) or (UNTAGGED in wanted and not own)
 
     def init(params):
-        declared = set()
-        jax.tree_util.tree_map_with_path(
-            lambda path, leaf: declared.update(param_meta.tags_of(path, leaf) or (UNTAGGED,)),
-            params,
-        )
-        unknown = sorted(wanted - declared)
-        if unknown:
-            raise ValueError(
-                f"optim.frozen_tags names {unknown}, which no parameter declares; the "
-                f"parameters' tags: {sorted(declared)} ({UNTAGGED}: those declaring none)."
-            )
+        _refuse_undeclared(params, wanted, "optim.frozen_tags", untagged=True)
         return optax.EmptyState()
 
     def update(updates, state, params=None):
