@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import steps, train_args
 
+from minigpt_jax.checkpoint import DIGEST_FILENAME
 from minigpt_jax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -102,7 +103,11 @@ def test_a_workdir_filling_during_metrics_writes_is_one_line(corpus_file, tmp_pa
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 metrics = workdir / "metrics.jsonl"
-                if metrics.exists() and metrics.stat().st_size > 60 * 150:  # ~60 steps
+                # Step 50's checkpoint whole (its digest is written after the save returns):
+                # under load the steps can run past 60 before it is, and a fill then leaves
+                # no checkpoint, so the run rightly starts again and there is nothing to resume.
+                saved = (workdir / "checkpoints" / "50" / DIGEST_FILENAME).is_file()
+                if saved and metrics.exists() and metrics.stat().st_size > 60 * 150:  # ~60 steps
                     _fill(mount)
                     return
                 time.sleep(0.05)
