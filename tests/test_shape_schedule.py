@@ -29,7 +29,7 @@ from minigpt_jax.model.gpt import init_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.setup import set_up
-from minigpt_jax.train.shape_schedule import ShapeSchedule, parse_step_schedule
+from minigpt_jax.train.shape_schedule import ChunkPerShape, ShapeSchedule, parse_step_schedule
 from minigpt_jax.train.step import loss_fn
 from minigpt_jax.typed_config import build_experiment
 
@@ -79,6 +79,18 @@ def test_the_shapes_a_run_compiles_are_those_its_steps_meet():
     assert shapes.first_steps(0, 100) == {(4, 8): 0, (4, 16): 4, (8, 16): 6, (8, 32): 8}
     assert shapes.first_steps(6, 8) == {(8, 16): 6}  # a resume at step 6, stopping at 8
     assert shapes.tokens(2, 4) == 2 * 4 * 8 + 2 * 4 * 16
+    assert shapes.fixed is None
+    # A bare last value is a schedule with no change: one shape, the plain run's.
+    plain = ShapeSchedule.of(
+        check_experiment_config(
+            {"batch_size": 8, "seq_len_schedule": "16", "model": {"block_size": 32}}
+        )
+    )
+    assert plain.fixed == (8, 16) and plain.tokens(3, 5) == 5 * 8 * 16
+    assert plain.first_steps(0, 100) == {(8, 16): 0}
+    assert ChunkPerShape.of({(8, 16): len}) is len  # one shape: its compiled chunk itself
+    chunks = ChunkPerShape.of({(4, 8): lambda state, b: "4x8", (8, 16): lambda state, b: "8x16"})
+    assert isinstance(chunks, ChunkPerShape) and chunks(None, np.zeros((2, 8, 17))) == "8x16"
 
 
 @pytest.mark.parametrize(

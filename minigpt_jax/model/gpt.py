@@ -20,6 +20,7 @@ Press & Wolf 2017, tied input/output embeddings (arXiv:1608.05859); nanoGPT's mo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -44,7 +45,7 @@ from minigpt_jax.model.loss_terms import (
     term_name,
     term_values,
 )
-from minigpt_jax.model.losses import CROSS_ENTROPY, cross_entropy
+from minigpt_jax.model.losses import cross_entropy
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.parametrization import scale_init
 from minigpt_jax.model.positions import POSITION_ENCODINGS
@@ -133,7 +134,7 @@ class GPT(nn.Module):
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
         new_cache = []
         for i, block in enumerate(self.blocks):
-            with naming_remat_leaks(cfg):
+            with naming_remat_leaks(cfg) if cfg.remat != "none" else contextlib.nullcontext():
                 x_BxTxD, layer_cache = block(
                     x_BxTxD,
                     positions_BxT,
@@ -285,13 +286,21 @@ def next_token_losses(
     *,
     train: bool = False,
     rng: Array | None = None,
+    step: Array | None = None,
 ) -> Array:
     """losses_BxT (float32, nats): the cross-entropy of each next token, for inputs
     tokens_BxT1[:, :-1] and targets tokens_BxT1[:, 1:] (T1 = T + 1). `train` and `rng` as in
-    `forward`. Training takes its mean, evaluation its sum (`next_token_loss_terms` adds the
-    config's loss terms)."""
-    losses_BxT, _ = next_token_loss_terms(params, tokens_BxT1, cfg, train=train, rng=rng)
-    return losses_BxT
+    `forward`; `step`, the optimizer steps taken (None outside training), is the model's "step"
+    variable (`step_variable.training_step`). Training takes its mean, evaluation its sum
+    (`next_token_loss_terms` adds the config's loss terms)."""
+    h_BxTxD = GPT(cfg).apply(
+        {"params": params, **step_variables(params, step)},
+        tokens_BxT1[:, :-1],
+        deterministic=not train,
+        rngs=_dropout_rngs(cfg, train, rng),
+        method=GPT.hidden,
+    )[0]
+    return chunked_cross_entropy(h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg)[0]
 
 
 def next_token_loss_terms(
@@ -310,7 +319,9 @@ def next_token_loss_terms(
     a term of the model's internals or of the step's context (one scalar, from a
     `loss_terms.TermContext` of this batch, the forward's sown 'intermediates' and `step`, the
     optimizer steps taken: None outside training) broadcast to every token, so means and sums
-    treat all alike. `step` is also the model's "step" variable (`step_variable.training_step`)."""
+    treat all alike."""
+    if not terms:
+        return next_token_losses(params, tokens_BxT1, cfg, train=train, rng=rng, step=step), {}
     scalar_terms = len(per_token_terms(terms)) < len(terms)
     variables = {"params": params, **step_variables(params, step)}  # read by training_step
     outputs = GPT(cfg).apply(
@@ -322,10 +333,13 @@ def next_token_loss_terms(
         mutable=["intermediates"] if scalar_terms else False,
     )
     (h_BxTxD, _), state = outputs if scalar_terms else (outputs, {})
-    per_token_BxT = chunked_cross_entropy(
+    values_ZxBxT = chunked_cross_entropy(
         h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg, terms
     )
-    losses_BxT = per_token_BxT.pop(CROSS_ENTROPY)
+    losses_BxT = values_ZxBxT[0]
+    per_token = dict(
+        zip((term_name(term.key) for term in per_token_terms(terms)), values_ZxBxT[1:], strict=True)
+    )
     scalars = {}
     if scalar_terms:
         ctx = TermContext(
@@ -341,8 +355,8 @@ def next_token_loss_terms(
         )
         scalars = scalar_term_values(terms, ctx)
     values_BxT = {
-        name: per_token_BxT[name]
-        if name in per_token_BxT
+        name: per_token[name]
+        if name in per_token
         else jnp.broadcast_to(scalars[name], losses_BxT.shape)
         for name in (term_name(term.key) for term in terms)
     }
@@ -363,9 +377,10 @@ def chunked_cross_entropy(
     targets_BxT: Array,
     cfg: GPTConfig,
     terms: tuple[PickedTerm, ...] = (),
-) -> dict[str, Array]:
-    """{"cross_entropy": losses_BxT, term name: values_BxT} of the read-out
-    `read_out(h, weight)`, cfg.loss_chunk tokens at a time (0: all at once, one chunk).
+) -> Array:
+    """values_ZxBxT of the read-out `read_out(h, weight)`: the cross-entropy (row 0), then each
+    per-token term of `terms` (Z = 1 + those terms), cfg.loss_chunk tokens at a time (0: all at
+    once, one chunk).
 
     With several chunks, each chunk's logits (E, V) live only inside a `jax.checkpoint`ed step
     of `lax.map`: the backward pass recomputes them instead of keeping all (B·T, V) float32
@@ -383,22 +398,20 @@ def chunked_cross_entropy(
     targets_JxE = jnp.pad(targets_BxT.reshape(rows), (0, pad)).reshape(num_chunks, chunk)
 
     def chunk_losses(args: tuple[Array, Array]) -> Array:
-        """values_ZxE: the cross-entropy, then each term (Z = 1 + terms)."""
+        """values_ZxE: the cross-entropy, then each per-token term."""
         h_ExD, targets_E = args
         logits_ExV = read_out(h_ExD, weight, cfg)[:, : cfg.vocab_size]
         losses_E = cross_entropy(logits_ExV, targets_E)
+        if not terms:
+            return losses_E[None]
         return jnp.stack([losses_E, *term_values(terms, logits_ExV, targets_E)])
 
     if num_chunks == 1:
         values_JxZxE = chunk_losses((h_JxExD[0], targets_JxE[0]))[None]
     else:
         values_JxZxE = jax.lax.map(jax.checkpoint(chunk_losses), (h_JxExD, targets_JxE))
-    names = [CROSS_ENTROPY, *(term_name(term.key) for term in per_token_terms(terms))]
-    values_ZxM = values_JxZxE.swapaxes(0, 1).reshape(len(names), -1)[:, :rows]
-    return {
-        name: values_M.reshape(batch, length)
-        for name, values_M in zip(names, values_ZxM, strict=True)
-    }
+    values_ZxM = values_JxZxE.swapaxes(0, 1).reshape(values_JxZxE.shape[1], -1)[:, :rows]
+    return values_ZxM.reshape(-1, batch, length)
 
 
 def checked_forward(params: Params, tokens_BxT: Array, cfg: GPTConfig, **kwargs) -> Array:

@@ -29,12 +29,17 @@ class Recovery:
         # The states the last two chunks started from: where a step metric's host callback
         # failed, the newest one still readable holds the steps trained (unless donated).
         self.starts: collections.deque = collections.deque(maxlen=2)
+        self.user_code = guard.user_keys_in_play(run.config)  # "" when nothing picks user code
 
     @contextlib.contextmanager
     def compiled_steps(self, log: RunLogger) -> Iterator[None]:
         """Within: compiled steps run and their metrics are fetched. An exception that a host
         callback of a step metric raised (config.step_metrics) is one plug-in error naming its
-        key and the user's frames, raised once the steps trained are saved."""
+        key and the user's frames, raised once the steps trained are saved. (Without user code
+        in play no host callback can raise: nothing to collect.)"""
+        if not self.user_code:
+            yield
+            return
         with host_callback_errors() as callback_errors:
             try:
                 yield
@@ -42,7 +47,7 @@ class Recovery:
                 if not callback_errors:
                     raise
                 cause = callback_errors[0]
-                where = guard.user_keys_in_play(self.run.config) or "user code"
+                where = self.user_code
                 plugin = plugin_error(cause) or plugin_error(cause, where=where)
                 plugin.header += " (in the compiled step, a host callback)"
                 plugin.note = self._keep_steps_trained(log)

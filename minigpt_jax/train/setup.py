@@ -293,7 +293,7 @@ def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int]
     draw = functools.partial(data.draw_batch, tokens, seed=config.seed, split="train")
 
     def train_batches(first_step: int) -> jax.Array:
-        batch_size, seq_len = shapes.at(first_step)
+        batch_size, seq_len = shapes.fixed or shapes.at(first_step)
         steps = range(first_step, first_step + config.steps_per_call)
         batches_CxBxT1 = np.stack([draw(batch_size, seq_len, step=step) for step in steps])
         return sharding.put_batch(batches_CxBxT1, batch_sharding)
@@ -333,7 +333,7 @@ def _compile(run: Run, optimizer: OptimizerParts, last_step: int) -> None:
             chunk = lowered(False, batches)
         compiled[shape] = chunk.compile()
         budget.check_compiled_fits(compiled[shape], run.mesh)
-    run.train_chunk = ChunkPerShape(compiled)
+    run.train_chunk = ChunkPerShape.of(compiled)
     run.compile_time_s = time.perf_counter() - start
 
 

@@ -116,12 +116,22 @@ class ShapeSchedule:
             ),
         )
 
+    @property
+    def fixed(self) -> tuple[int, int] | None:
+        """(B, T) of every step when neither setting schedules a change (the plain run), else
+        None."""
+        if self.batch_size.phases or self.seq_len.phases:
+            return None
+        return self.batch_size.final, self.seq_len.final
+
     def at(self, step: int) -> tuple[int, int]:
         """(B, T) of optimizer step `step`'s batch, which holds T + 1 tokens a row."""
         return self.batch_size.at(step), self.seq_len.at(step)
 
     def tokens(self, first_step: int, steps: int) -> int:
         """Input tokens of steps [first_step, first_step + steps)."""
+        if self.fixed:
+            return steps * self.fixed[0] * self.fixed[1]
         return sum(b * t for b, t in map(self.at, range(first_step, first_step + steps)))
 
     def first_steps(self, start: int, stop: int) -> dict[tuple[int, int], int]:
@@ -136,7 +146,12 @@ class ShapeSchedule:
 
 class ChunkPerShape:
     """(state, batches_CxBxT1) -> (state, metrics), by the compiled chunk of the batches' shape
-    (`compiled`: {(B, T): compiled chunk}, one per shape of the schedule)."""
+    (`compiled`: {(B, T): compiled chunk}, one per shape of the schedule). `of` gives the one
+    compiled chunk itself where there is one shape."""
+
+    @classmethod
+    def of(cls, compiled: dict[tuple[int, int], Any]) -> Any:
+        return next(iter(compiled.values())) if len(compiled) == 1 else cls(compiled)
 
     def __init__(self, compiled: dict[tuple[int, int], Any]):
         self.compiled = compiled

@@ -21,6 +21,8 @@ from minigpt_jax.model.gpt import (
     init_annotated_params,
     init_params,
     next_token_loss_terms,
+    next_token_losses,
+    packs_documents,
     target_weights,
 )
 from minigpt_jax.model.loss_terms import PickedTerm
@@ -73,6 +75,9 @@ def loss_fn(
     mean of the cross-entropy and of each term by name when there are terms (none without).
     With packed documents a target across a boundary is left out of every mean
     (`target_weights`). `step` (optimizer steps taken) is what a term's `TermContext` reads."""
+    if not terms and not packs_documents(cfg):  # the plain objective: every target counts
+        losses_BxT = next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng, step=step)
+        return losses_BxT.mean(), {}
     losses_BxT, term_values_BxT = next_token_loss_terms(
         params, batch_BxT1, cfg, terms, train=train, rng=rng, step=step
     )
