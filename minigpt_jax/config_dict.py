@@ -31,7 +31,7 @@ from minigpt_jax.settings.registry import (
     RegistryError,
     is_user_key,
 )
-from minigpt_jax.train.shape_schedule import ShapeSchedule
+from minigpt_jax.settings.shape_schedule import ShapeSchedule
 
 # The keys an experiment ConfigDict (configs/*.py) may hold, group by group, derived from the
 # declarations (minigpt_jax.settings.groups). vocab_size is not a model key: the tokenizer
@@ -413,6 +413,8 @@ _MOVED_MODULES = {
     "minigpt_jax.loading": "minigpt_jax.model_files",
     "minigpt_jax.data.storage": "minigpt_jax.data.formats",
     "minigpt_jax.sampling.settings": "minigpt_jax.sampling.options",
+    "minigpt_jax.step_metrics": "minigpt_jax.train.step_metrics",
+    "minigpt_jax.hooks": "minigpt_jax.train.hooks",
 }
 
 

@@ -95,7 +95,7 @@ def test_step_metrics_equal_the_norms_and_ratio_computed_by_hand():
 
 def test_a_step_metric_that_reuses_a_logged_name_is_refused():
     from minigpt_jax.settings.registry import RegistryError
-    from minigpt_jax.step_metrics import STEP_METRICS, step_metric_values
+    from minigpt_jax.train.step_metrics import STEP_METRICS, step_metric_values
 
     with pytest.raises(RegistryError, match="logs 'update_ratio', which the step or another"):
         step_metric_values(

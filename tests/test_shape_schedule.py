@@ -1,4 +1,4 @@
-"""Shape schedules (train.shape_schedule) and the step the model sees (model.step_variable): a
+"""Shape schedules (settings.shape_schedule) and the step the model sees (model.step_variable): a
 sequence-length or batch-size schedule's first phase trains bit-identically to a fixed run of
 that shape, a resume mid-schedule equals the uninterrupted run, a changed schedule is refused on
 resume, a bad schedule is one line naming the fix; a step-aware block (docs/extending/model.md's
@@ -26,10 +26,10 @@ from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config_dict import check_experiment_config
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_params
+from minigpt_jax.settings.shape_schedule import ShapeSchedule, parse_step_schedule
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
-from minigpt_jax.train.setup import set_up
-from minigpt_jax.train.shape_schedule import ChunkPerShape, ShapeSchedule, parse_step_schedule
+from minigpt_jax.train.setup import ChunkPerShape, set_up
 from minigpt_jax.train.step import loss_fn
 from minigpt_jax.typed_config import build_experiment
 

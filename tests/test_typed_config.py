@@ -12,11 +12,11 @@ from minigpt_jax.config_dict import (
     load_config_file,
     packaged_config_names,
 )
-from minigpt_jax.hooks import SamplesOptions
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.positions import RopeOptions
 from minigpt_jax.optimizer_wrappers import EMA
 from minigpt_jax.settings import groups, options_of
+from minigpt_jax.train.hooks import SamplesOptions
 from minigpt_jax.typed_config import Experiment, build_experiment
 
 

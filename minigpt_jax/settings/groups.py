@@ -331,7 +331,7 @@ class Loop(Group):
         "",
         "tokens per row by step, 'length:until_step,...[,length]' ('16:100,32:200': 16 until "
         "step 100, 32 until 200, then model.block_size); '' = block_size throughout "
-        "(train/shape_schedule.py)",
+        "(settings/shape_schedule.py)",
         TRAJECTORY,
         type=str,
     )
@@ -735,7 +735,7 @@ class Eval(Group):
 @dataclasses.dataclass(frozen=True)
 class Hooks(Group):
     """config.hooks: code the training loop calls at steps, evaluations and checkpoints
-    (minigpt_jax.hooks.py); the picked hooks' own settings join this group."""
+    (minigpt_jax/train/hooks.py); the picked hooks' own settings join this group."""
 
     config_group: ClassVar[str] = "hooks"
 

@@ -104,8 +104,8 @@ REGISTRY_INDEX: dict[str, str] = {
     "data.format": "minigpt_jax.data.formats:DATA_FORMATS",
     "loss.terms": "minigpt_jax.model.loss_terms:LOSS_TERMS",
     "eval.metrics": "minigpt_jax.model.eval_metrics:METRICS",
-    "step_metrics": "minigpt_jax.step_metrics:STEP_METRICS",
-    "hooks.names": "minigpt_jax.hooks:HOOKS",
+    "step_metrics": "minigpt_jax.train.step_metrics:STEP_METRICS",
+    "hooks.names": "minigpt_jax.train.hooks:HOOKS",
 }
 
 

@@ -27,8 +27,8 @@ from minigpt_jax.runtime.locks import RunLock
 from minigpt_jax.runtime.run_dir import RunDir, entries_of, remove_created
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import user_modules
+from minigpt_jax.settings.shape_schedule import ShapeSchedule
 from minigpt_jax.train.setup import Run, set_up
-from minigpt_jax.train.shape_schedule import ShapeSchedule
 from minigpt_jax.typed_config import Experiment, build_experiment
 
 if TYPE_CHECKING:

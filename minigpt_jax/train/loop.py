@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import chex
 
-from minigpt_jax.hooks import HookContext, HookError, Hooks, HookStopped, hook_plugin_error
 from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.train import guard
 from minigpt_jax.train.evaluation import evaluate_and_record
+from minigpt_jax.train.hooks import HookContext, HookError, Hooks, HookStopped, hook_plugin_error
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.recovery import Recovery
 from minigpt_jax.train.setup import Run

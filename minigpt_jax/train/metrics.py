@@ -25,7 +25,7 @@ import jax
 from tqdm.auto import tqdm
 
 from minigpt_jax.runtime.run_dir import RunDir
-from minigpt_jax.train.shape_schedule import ShapeSchedule
+from minigpt_jax.settings.shape_schedule import ShapeSchedule
 
 if TYPE_CHECKING:  # a low layer: the type only
     from minigpt_jax.typed_config import Experiment

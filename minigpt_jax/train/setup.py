@@ -36,12 +36,11 @@ from minigpt_jax.model.speed.kernels import choose_kernel
 from minigpt_jax.model_files import LoadedModel, load_model
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
-from minigpt_jax.step_metrics import parse_step_metrics
+from minigpt_jax.settings.shape_schedule import ShapeSchedule
 from minigpt_jax.train.eval_step import check_metrics, make_eval_step, make_metric_step
 from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
 from minigpt_jax.train.resume import check_resume, check_resume_data, check_resume_plugins
-from minigpt_jax.train.shape_schedule import ChunkPerShape, ShapeSchedule
 from minigpt_jax.train.step import (
     TrainState,
     init_state,
@@ -49,6 +48,7 @@ from minigpt_jax.train.step import (
     make_train_chunk,
     state_shardings,
 )
+from minigpt_jax.train.step_metrics import parse_step_metrics
 from minigpt_jax.typed_config import Experiment
 
 _log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Run:
     meta: dict  # what every checkpoint records beside the state
     train_batches: Callable[[int], jax.Array]  # first_step -> batches (C, B, T + 1), on the mesh
     train_chunk: Any  # (state, batches_CxBxT1) -> (state, metrics), compiled per batch shape
-    # (train.shape_schedule.ChunkPerShape); None: nothing to train
+    # (ChunkPerShape); None: nothing to train
     eval_fn: Any  # compiled (params, batch_BxT1) -> (sums, count)
     metric_fn: Any  # compiled (params, batch_BxT1) -> {metric: value}, or None
     select_eval_params: Any  # compiled state -> eval params, or None: the trained ones
@@ -287,7 +287,7 @@ def _eval_params_selector(select: Callable | None, shardings: Any) -> Callable |
 def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int], jax.Array]:
     """first_step -> the global batches (C, B, T + 1) of steps [first_step, first_step + C) of
     the train split `tokens`, the same on every process, placed on `mesh`; (B, T) is the shape
-    schedule's at first_step (train.shape_schedule: one shape per chunk)."""
+    schedule's at first_step (settings.shape_schedule: one shape per chunk)."""
     shapes = ShapeSchedule.of(config)
     batch_sharding = sharding.batch_sharding(mesh, 3)
     draw = functools.partial(data.draw_batch, tokens, seed=config.seed, split="train")
@@ -301,9 +301,26 @@ def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int]
     return train_batches
 
 
+class ChunkPerShape:
+    """(state, batches_CxBxT1) -> (state, metrics), by the compiled chunk of the batches' shape
+    (`compiled`: {(B, T): compiled chunk}, one per shape of the schedule). `of` gives the one
+    compiled chunk itself where there is one shape."""
+
+    @classmethod
+    def of(cls, compiled: dict[tuple[int, int], Any]) -> Any:
+        return next(iter(compiled.values())) if len(compiled) == 1 else cls(compiled)
+
+    def __init__(self, compiled: dict[tuple[int, int], Any]):
+        self.compiled = compiled
+
+    def __call__(self, state: Any, batches_CxBxT1: Any) -> Any:
+        _, rows, width = batches_CxBxT1.shape
+        return self.compiled[rows, width - 1](state, batches_CxBxT1)
+
+
 def _compile(run: Run, optimizer: OptimizerParts, last_step: int) -> None:
     """Compiles the train chunk of each batch shape the steps from run.step to last_step
-    take (train.shape_schedule; one without a schedule) ahead of its first call, refuses one
+    take (settings.shape_schedule; one without a schedule) ahead of its first call, refuses one
     that XLA's account says will not fit, and times them."""
     start = time.perf_counter()
     step_metrics = parse_step_metrics(run.config.step_metrics)

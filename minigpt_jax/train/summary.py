@@ -8,9 +8,9 @@ import dataclasses
 import sys
 import time
 
-from minigpt_jax.hooks import Hooks
 from minigpt_jax.runtime.signals import StopBeforeTraining
 from minigpt_jax.train import guard
+from minigpt_jax.train.hooks import Hooks
 from minigpt_jax.train.metrics import RunLogger
 from minigpt_jax.train.setup import Run
 

@@ -9,7 +9,8 @@ evaluation use the full shape), and every `until` is a multiple of steps_per_cal
 compiled chunk of steps has one shape. The shape at a step is a function of the step alone, so
 a resumed run continues with the right one; the settings are trajectory settings, so a resume
 with another schedule is refused (train.resume). Each shape's chunk is compiled once
-(`ChunkPerShape`). "" (the default) is the full size throughout: one shape, the plain run."""
+(train.setup.ChunkPerShape). "" (the default) is the full size throughout: one shape, the plain
+run."""
 
 from __future__ import annotations
 
@@ -142,20 +143,3 @@ class ShapeSchedule:
         for step in [start, *sorted(step for step in changes if start < step < stop)]:
             firsts.setdefault(self.at(step), step)
         return firsts
-
-
-class ChunkPerShape:
-    """(state, batches_CxBxT1) -> (state, metrics), by the compiled chunk of the batches' shape
-    (`compiled`: {(B, T): compiled chunk}, one per shape of the schedule). `of` gives the one
-    compiled chunk itself where there is one shape."""
-
-    @classmethod
-    def of(cls, compiled: dict[tuple[int, int], Any]) -> Any:
-        return next(iter(compiled.values())) if len(compiled) == 1 else cls(compiled)
-
-    def __init__(self, compiled: dict[tuple[int, int], Any]):
-        self.compiled = compiled
-
-    def __call__(self, state: Any, batches_CxBxT1: Any) -> Any:
-        _, rows, width = batches_CxBxT1.shape
-        return self.compiled[rows, width - 1](state, batches_CxBxT1)
