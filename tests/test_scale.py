@@ -263,6 +263,28 @@ def test_another_study_in_out_is_refused_naming_what_differs(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["scale.json"]  # nothing else written
 
 
+def test_budgets_added_to_a_study_grow_it_and_no_other_change_does(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--config", TINY, "--out", str(out), *GRID]
+    study, _ = command.check(argv)
+    out.mkdir()
+    plans.write_identity(study, argv)
+    assert plans.check_out(study) is True  # the same study: resumed
+    budgets = argv.index("--budgets") + 1
+    grown, _ = command.check([*argv[:budgets], "1e8,2e8,4e8,3e8", *argv[budgets + 1 :]])
+    assert grown.identity["runs"].keys() > study.identity["runs"].keys()
+    assert plans.check_out(grown) is False  # grown: written again, its ended runs read
+    for other in ("1e8,2e8,3e8", "2e8,3e8,4e8"):  # a budget dropped: another study
+        changed, _ = command.check([*argv[:budgets], other, *argv[budgets + 1 :]])
+        with pytest.raises(plans.ScaleError, match="holds another study: --budgets"):
+            plans.check_out(changed)
+    more_and_wsd, _ = command.check(
+        [*argv[:budgets], "1e8,2e8,4e8,3e8", *argv[budgets + 1 :], "--schedule", "wsd"]
+    )
+    with pytest.raises(plans.ScaleError, match="holds another study: --budgets .*; --schedule"):
+        plans.check_out(more_and_wsd)  # budgets added, and another schedule: refused
+
+
 def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert command.main(["--config", TINY, "--out", str(out), *GRID, "--dry_run"]) == 0

@@ -17,8 +17,9 @@ fewer than 3 sizes, or a size in no budget, is refused before anything is writte
 Each run is an ordinary run directory, OUT/runs/NAME/, trained one after another here or with
 --workers K in K `minigpt-jax train` processes; OUT/scale.json records the study, so the same
 command resumes it (a stopped run from its checkpoint, an ended one never again) and another
-is refused, naming what differs. --predict, --check, --bootstrap and --workers are not part of
-the study: a rerun with others reads the same runs.
+is refused, naming what differs; the same command with budgets added to --budgets grows the
+study (the new budgets' runs train, the ended ones are read). --predict, --check, --bootstrap
+and --workers are not part of the study: a rerun with others reads the same runs.
 
 Fits: per budget a parabola in ln N (its vertex N_opt(C), D_opt(C)), then N_opt ∝ C^a and
 D_opt ∝ C^b; and L(N, D) = E + A/N^α + B/D^β with a Huber loss on log residuals from many
@@ -195,7 +196,7 @@ def main(argv: list[str]) -> int:
         return 2
     record_signals_while_starting()
     if not resuming:
-        plans.write_identity(study, [PROG, *argv])
+        plans.write_identity(study, [PROG, *argv])  # a new study, or one with budgets added
     todo = runs.to_train(study, study.points)
     print(
         f"scale: {len(study.budgets)} budgets, {len(study.points)} runs in {study.out}: "

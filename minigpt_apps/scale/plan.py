@@ -389,9 +389,23 @@ def differences(saved: dict, mine: dict) -> str:
     return "; ".join(words) or "its settings"
 
 
+def adds_budgets(saved: dict, mine: dict) -> bool:
+    """Whether identity `mine` is `saved` with budgets added: every other setting the same,
+    every saved budget kept and each saved run in the grid unchanged (its ended run is read,
+    not trained again)."""
+    others = (set(saved) | set(mine)) - {"budgets", "runs"}
+    return (
+        all(saved.get(key) == mine.get(key) for key in others)
+        and set(saved.get("budgets", ())) < set(mine.get("budgets", ()))
+        and all(mine.get("runs", {}).get(name) == run for name, run in saved["runs"].items())
+    )
+
+
 def check_out(study: Study) -> bool:
     """Whether OUT already holds this study; refuses one holding another (or a folder that is
-    not a study's and is not empty)."""
+    not a study's and is not empty). A study with budgets added to OUT's (`adds_budgets`)
+    grows it: False, like a new one (its identity is written again), and its ended runs are
+    read."""
     out, path = study.out, study.out / IDENTITY_FILE
     if not path.exists():
         if out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir()):
@@ -405,6 +419,8 @@ def check_out(study: Study) -> bool:
     except (OSError, ValueError, KeyError, TypeError) as error:
         why = f"{path} is unreadable ({type(error).__name__}); give another --out."
         raise ScaleError(why) from None
+    if saved != study.identity and adds_budgets(saved, study.identity):
+        return False  # a grown study: its identity is written again, its ended runs are read
     if saved != study.identity:
         raise ScaleError(
             f"--out {out} holds another study: {differences(saved, study.identity)}; rerun its "
