@@ -98,18 +98,30 @@ def guarded(workdir: Path) -> Iterator[RunGuard]:
     run_guard = RunGuard(workdir)
     stop, lock = run_guard.stop, run_guard.lock
     with stop, lock, FreshRunCleanup(workdir, lock, stop) as cleanup:
+        failed = True
         try:
             yield run_guard
+            failed = False
         except OSError as error:
             if run_guard.run is None:  # the setup's, as it is: nothing is trained yet
                 raise
             raise disk_full_error(error, run_guard.run.checkpointer) from error
         finally:
-            if run_guard.log is not None:
-                run_guard.log.close()
+            # Before closing the logs: their last write can fail too (a full disk), and the
+            # checkpoints kept must be known whatever it raises, or the cleanup takes them.
             if run_guard.run is not None:
                 cleanup.kept = run_guard.run.checkpointer.latest_step() is not None
-                run_guard.run.checkpointer.close()
+            try:
+                if run_guard.log is not None:
+                    run_guard.log.close()
+            except OSError as error:
+                if not failed:  # the run's own error, if any, is the one to tell
+                    if run_guard.run is None:
+                        raise
+                    raise disk_full_error(error, run_guard.run.checkpointer) from error
+            finally:
+                if run_guard.run is not None:
+                    run_guard.run.checkpointer.close()
 
 
 def _last_step(config: Experiment, stop_at: int | None) -> int:
