@@ -103,3 +103,25 @@ def test_a_checkpoint_without_a_data_digest_is_not_compared():
         "the token stream of data.path=x: 30 tokens, sha256 cdcdcdcdcdcd -> 40 tokens, "
         "sha256 abababababab"
     )
+
+
+def test_a_resume_checks_its_settings_and_memory_once(corpus_file, tmp_path, monkeypatch):
+    """Issue 49, item 4: a resume checked its settings twice (with the saved vocabulary before
+    the data was read, then with the data's) and the memory twice (a placeholder vocabulary,
+    then the real one). Now the saved vocabulary is the one checked first and, the data's
+    being the same, each check runs once and the model config is the one checked."""
+    from minigpt_jax.train import setup
+
+    workdir = tmp_path / "run"
+    train_and_evaluate(tiny_config(corpus_file, num_steps=2, eval_every=2), workdir)
+    calls = {"_check_resume": [], "_check_memory": []}
+    for name, seen in calls.items():
+        real = getattr(setup, name)
+        monkeypatch.setattr(
+            setup, name, lambda *args, real=real, seen=seen: seen.append(args) or real(*args)
+        )
+    train_and_evaluate(tiny_config(corpus_file, num_steps=4, eval_every=2), workdir)
+    assert read_metrics(workdir)[-1]["step"] == 4
+    (resume_args,) = calls["_check_resume"]
+    (memory_args,) = calls["_check_memory"]
+    assert resume_args[1].vocab_size == memory_args[3].vocab_size > 1  # the saved vocabulary

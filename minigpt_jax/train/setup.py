@@ -153,7 +153,7 @@ def set_up(
         else:
             on_phase(f"restoring checkpoint {latest}", latest)
             state, saved_meta = _restored(
-                config, cfg, checkpointer, latest, allow_resume_changes, state
+                config, cfg, plan, checkpointer, latest, allow_resume_changes, state
             )
             resumed_from = int(state.step)
             pending_evaluation = bool(saved_meta.get("pending_evaluation"))
@@ -185,12 +185,16 @@ def set_up(
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """What `_plan` checked before any data is read: the optimizer, the loss terms, the
-    evaluation metrics and the device mesh."""
+    evaluation metrics, the device mesh, and the model config whose memory (and, on a resume,
+    whose settings: `resume_changes`, those allowed) it checked, with the vocabulary known so
+    far: the run's own model when the data's vocabulary is the same (checked once)."""
 
     optimizer: OptimizerParts
     terms: tuple[PickedTerm, ...]
     metrics: tuple[str, ...]
     mesh: Any
+    model: GPTConfig
+    resume_changes: list[str] | None  # None: a fresh run
 
 
 def _plan(
@@ -214,17 +218,22 @@ def _plan(
             sharding.check_batch_size(batch_size // config.grad_accum_steps, mesh)
         except ValueError as error:
             raise ValueError(f"config.batch_size_schedule: {error}") from None
-    # A char vocabulary is known once the corpus is read: counted as 1 until then.
-    early_vocab = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
-    vocab_size = pretrained.cfg.vocab_size if pretrained else early_vocab
-    _check_memory(config, optimizer.tx, mesh, config.model.replace(vocab_size=vocab_size))
-    if pretrained is not None and latest is None:
-        _check_init_from(pretrained, config.model.replace(vocab_size=vocab_size))
+    # The vocabulary known so far: a resume's saved one, a pretrained model's, BPE's setting;
+    # a char vocabulary is known once the corpus is read: counted as 1 until then.
     if latest is not None:
-        saved_vocab = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
-        model = config.model.replace(vocab_size=saved_vocab)
-        _check_resume(config, model, checkpointer, latest, allow_resume_changes)
-    return _Plan(optimizer, terms, metrics, mesh)
+        vocab_size = checkpointer.read_meta(latest).get("gpt_config", {}).get("vocab_size", 1)
+    elif pretrained is not None:
+        vocab_size = pretrained.cfg.vocab_size
+    else:
+        vocab_size = config.data.vocab_size if config.data.tokenizer == "bpe" else 1
+    model = config.model.replace(vocab_size=vocab_size)
+    _check_memory(config, optimizer.tx, mesh, model)
+    if pretrained is not None and latest is None:
+        _check_init_from(pretrained, model)
+    changes = None
+    if latest is not None:
+        changes = _check_resume(config, model, checkpointer, latest, allow_resume_changes)
+    return _Plan(optimizer, terms, metrics, mesh, model, changes)
 
 
 def _check_init_from(pretrained: LoadedModel, cfg: GPTConfig) -> None:
@@ -249,10 +258,11 @@ def _model_of(
     """The run's model: config.model with the vocabulary of the pretrained model or the data's
     tokenizer, checked against the devices' memory and the tokenizer's end-of-text id (a mask
     that packs documents)."""
-    cfg = config.model.replace(
-        vocab_size=(pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
-    )
-    _check_memory(config, plan.optimizer.tx, plan.mesh, cfg)
+    vocab_size = (pretrained.cfg if pretrained else dataset.tokenizer).vocab_size
+    cfg = plan.model
+    if vocab_size != cfg.vocab_size:
+        cfg = config.model.replace(vocab_size=vocab_size)
+        _check_memory(config, plan.optimizer.tx, plan.mesh, cfg)
     _check_documents(cfg, pretrained.tokenizer if pretrained else dataset.tokenizer)
     return cfg
 
@@ -260,15 +270,19 @@ def _model_of(
 def _restored(
     config: Experiment,
     cfg: GPTConfig,
+    plan: _Plan,
     checkpointer: Checkpointer,
     latest: int,
     allow_resume_changes: bool,
     state: TrainState,
 ) -> tuple[TrainState, dict]:
     """(state, meta) of checkpoint `latest`, restored into `state`'s shapes and shardings once
-    its settings pass the resume rules with the data's vocabulary (changes allowed by
-    allow_resume_changes are logged)."""
-    changes = _check_resume(config, cfg, checkpointer, latest, allow_resume_changes)
+    its settings pass the resume rules with the data's vocabulary (`_plan` checked them with
+    the saved one: checked again only when the data's differs, which they refuse); changes
+    allowed by allow_resume_changes are logged."""
+    changes = plan.resume_changes
+    if cfg is not plan.model or changes is None:
+        changes = _check_resume(config, cfg, checkpointer, latest, allow_resume_changes)
     if changes:
         _log.warning("resuming step %d with changed settings: %s", latest, "; ".join(changes))
     return checkpointer.restore(state, latest)
