@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
+from statsmodels.stats.weightstats import ttost_paired
 
 from minigpt_apps.compare import command, plan, report, stats
 from minigpt_apps.compare.record import RunRecord
@@ -935,6 +936,40 @@ def test_cli_kill_9_then_a_rerun_resumes_from_the_checkpoints(tmp_path, env):
 
 
 @pytest.mark.slow
+def test_cli_a_worker_child_killed_with_9_fails_the_command_and_a_rerun_resumes_it(tmp_path, env):
+    """Issue 51, item 2 through the command line: kill -9 of one `--workers` child (the
+    `minigpt-jax train` of baseline seed 0, its PID read from its run.lock) used to leave a
+    verdict over the other seeds and exit 0. Now the command says the run stopped, exits 3
+    naming it, and the same command resumes it from its checkpoint."""
+    out = tmp_path / "out"
+    args = ["--config", TINY, "--out", str(out), "--seeds", "2", "--arm", "same:log_every=4"]
+    args += ["--config.num_steps=3000", "--config.checkpoint_every=8", "--workers", "2"]
+    compare = [sys.executable, "-m", "minigpt_jax", "compare", *args]
+    process = subprocess.Popen(
+        compare, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = out / "baseline" / "seed-0"
+    deadline = time.monotonic() + 300
+    while not (first / "checkpoints" / "8").exists():
+        assert time.monotonic() < deadline, "timed out waiting for the first checkpoint"
+        time.sleep(0.05)
+    pid = int((first / "run.lock").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 3, stdout + stderr
+    assert "baseline seed 0: stopped by SIGKILL; rerun the same command" in stdout, stdout
+    assert stderr.startswith("incomplete: 1 of 4 planned runs did not end well (baseline seed 0"), (
+        stderr
+    )
+    rerun = subprocess.run(compare, env=env, cwd=REPO, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "1 to run, 3 already ended" in rerun.stdout, rerun.stdout
+    assert "resumed from step" in (first / "train.log").read_text()
+    steps = [r["step"] for r in read_metrics(first) if "train_loss" in r]
+    assert steps[-1] == 3000 and len(steps) == len(set(steps))  # each step logged once
+
+
+@pytest.mark.slow
 def test_cli_time_to_target_reads_the_runs_again_without_training(compared, env):
     """--metric is not the comparison's identity: the same OUT is read again, nothing trains,
     into its own report. A run that never reaches the target is censored, not dropped: the arm
@@ -1000,6 +1035,45 @@ def test_cli_seeds_grow_an_existing_comparison(compared, env, tmp_path):
     text = (out / "report-final_val_loss.md").read_text()
     assert "- grown from `minigpt-jax compare --config" in text
     assert "every arm is now judged against 2 comparisons" in text
+
+
+@pytest.mark.slow
+def test_cli_an_added_arm_is_judged_with_sesoi_as_statsmodels_tost_says(compared, env, tmp_path):
+    """Issue 51, items 1, 3 and 8 through the command line: an arm added to an existing
+    comparison trains alone (the old runs read), every arm is then judged against 3
+    comparisons, and with --sesoi each verdict carries the paired TOST that statsmodels
+    computes from results.csv, at the arm's Bonferroni level, its interval at 1 - 2·alpha."""
+    out = tmp_path / "out"
+    shutil.copytree(compared[0], out)
+    old = _values(out)
+    result = _compare(env, out, "--arm", "near:optim.lr=3.1e-3", "--sesoi", "0.5")
+    assert "3 to run, 9 already ended (grown" in result, result
+    values = _values(out)
+    assert {k: v for k, v in values.items() if k[0] != "near"} == old  # read, not rerun
+    text = (out / "report-final_val_loss.md").read_text()
+    assert "every arm is now judged against 3 comparisons" in text
+    base = np.array([values[("baseline", s)][1] for s in range(3)])
+    alpha = 0.05 / 3  # each of the 3 arms at its Bonferroni level
+    for arm in ("near", "lowlr"):
+        line = next(x for x in result.splitlines() if x.startswith(f"{arm} vs baseline"))
+        values_arm = np.array([values[(arm, s)][1] for s in range(3)])
+        diff = values_arm - base
+        p = ttost_paired(values_arm, base, -0.5, 0.5)[0]
+        low, high = scipy_stats.t.interval(
+            1 - 2 * alpha, 2, loc=diff.mean(), scale=scipy_stats.sem(diff)
+        )
+        said = f"(TOST {100 * (1 - 2 * alpha):.4g}% CI {low:+.4f} … {high:+.4f}, "
+        said += "p < 0.001)" if p < 0.001 else f"p = {p:.3f})"
+        equivalent = p < alpha
+        detected = ": worse" in line or ": better" in line
+        if equivalent:  # "equivalent within", or for a difference found "by less than"
+            assert f"±0.5 nats {said}" in line and "not shown" not in line, line
+        elif detected:  # a difference found and larger than the margin: no TOST to add
+            assert "TOST" not in line, line
+        else:
+            assert f"not shown equivalent within ±0.5 nats {said}" in line, line
+        # The verdict agrees with the interval printed beside it.
+        assert equivalent == (-0.5 < low and high < 0.5), line
 
 
 @pytest.mark.slow
