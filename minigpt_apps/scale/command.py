@@ -29,7 +29,7 @@ loss of the nearest ladder shape; --check trains that run and says whether its l
 the interval. Written into OUT: report.md, results.csv, isoflop.png, frontier.png,
 loss_vs_compute.png. --dry_run prints the grid and an estimated time and writes nothing.
 Exit status 0 when every run has ended, 1 when a signal stopped the study (rerun to resume
-it), 2 for a refused command.
+it) or when --check trained no run (the prediction not identified), 2 for a refused command.
 """
 
 from __future__ import annotations
@@ -232,6 +232,15 @@ def main(argv: list[str]) -> int:
     if stop.requested():
         print(
             f"stopped by {stop.signal_name}: rerun the same command to resume the study.",
+            flush=True,
+        )
+        return 1
+    if args.check and findings.measured is None:
+        print(
+            f"{PROG}: error: --check trained no run: the prediction at C = "
+            f"{findings.predict_budget:.3g} is not identified (the notes above say why); add "
+            "budgets to the same command (it grows the study) until it is.",
+            file=sys.stderr,
             flush=True,
         )
         return 1
