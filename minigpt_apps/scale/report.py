@@ -223,6 +223,7 @@ def write_figures(out: Path, findings: Findings) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return ["figures skipped: matplotlib is not installed (pip install matplotlib)"]
     ok = [r for r in findings.results if r.status == "ok"]
@@ -273,6 +274,8 @@ def write_figures(out: Path, findings: Findings) -> list[str]:
     else:
         ax.text(0.5, 0.5, "N_opt(C) not identified", ha="center", transform=ax.transAxes)
     ax.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt")
+    # Within one decade matplotlib labels the minor ticks too, and they overlap.
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title("compute-optimal size")
     if findings.frontier is not None:
         ax.legend(fontsize=8)
@@ -293,6 +296,7 @@ def write_figures(out: Path, findings: Findings) -> list[str]:
             ax.errorbar([m.point.flops], [q.value], yerr=err, fmt="s", color="C3",
                         label="check (predicted)")  # fmt: skip
     ax.set(xscale="log", xlabel="compute C (FLOPs)", ylabel="final val loss")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title("loss against compute, per size")
     ax.legend(fontsize=7)
     fig.tight_layout()
