@@ -639,9 +639,14 @@ def test_the_table_is_live_and_shared(servers, browser, tmp_path, lang, size):
     page.wait_for("step-result", words["step_count"].format(n=61))
     table = page.agree()
     assert table[2, 5] == np.float32(0.25)
-    # The step came second: it cleared the edit's note (issue 39: no message outlives the table).
-    page.wait_for("step-message", words["step_done"])
-    assert page.text("edit-message") == ""
+    # The tab applies its events in the order they reach the server, which two clicks in one
+    # instant do not fix (two requests): whichever came second cleared the other's note (issue
+    # 39: no message outlives the table), so exactly one note stands, and it is its own.
+    page.wait.until(lambda _: bool(page.text("step-message")) != bool(page.text("edit-message")))
+    if page.text("step-message"):
+        assert words["step_done"] in page.text("step-message")
+    else:
+        assert num(0.25) in page.text("edit-message"), page.text("edit-message")
 
     # A reload keeps the table and says so.
     page.driver.refresh()
