@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from minigpt_jax.model.attention_fns import attention_weights, causal_mask, mix_values
 from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.attention_scores import score_fn
-from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.config import CAUSAL, NO_SCORE, STANDARD, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.layers import rms_normalize
 from minigpt_jax.model.param_meta import declare
@@ -134,7 +134,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Array, KVCache | None]:
         cfg = self.cfg
         # qkv: projected, QK-normed (cfg.qk_norm), rotated by a rotary encoding (RoPE's).
-        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = _project_qkv(cfg, x_BxTxD)
+        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = project_qkv(cfg, x_BxTxD)
         if cfg.qk_norm:
             q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
         rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
@@ -143,7 +143,8 @@ class MultiHeadAttention(nn.Module):
             k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
 
         # The parametrization's factor on the scores (μP's √K_base/K for 1/√K); standard: none.
-        q_BxTxHxK = scale_queries(q_BxTxHxK, cfg)
+        if cfg.parametrization != STANDARD:
+            q_BxTxHxK = scale_queries(q_BxTxHxK, cfg)
 
         # The keys: this call's, or (written into it first) every slot of the cache.
         k_BxSxGxK, v_BxSxGxK, k_positions_BxS = k_BxTxGxK, v_BxTxGxK, positions_BxT
@@ -154,14 +155,15 @@ class MultiHeadAttention(nn.Module):
         v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
 
         # The mask (broadcasting to B, H, T, S; None: every key), and whether it is the triangle.
-        mask, triangle = _mask(cfg, positions_BxT, k_positions_BxS, segments_BxT, cache is not None)
+        mask, triangle = mask_for(cfg, positions_BxT, k_positions_BxS, segments_BxT, cache)
 
         # scores -> softmax -> mix, through the kernel chosen for this kind of call; the
         # explicit path sows its weights (B, H, T, S) as `attention_weights` and drops them out.
         weight_dropout = not deterministic and cfg.dropout > 0
         kernel = speed_of(cfg).kernels[weight_dropout, cache is not None, mask is None or triangle]
-        entry_score, score = score_fn(cfg), None
-        if entry_score is not None:
+        score = None  # the raw scores' entry, bound to the positions (none by default)
+        if cfg.attention_score != NO_SCORE:
+            entry_score = score_fn(cfg)
 
             def score(scores_BxHxTxS):
                 return entry_score(scores_BxHxTxS, positions_BxT, k_positions_BxS, cfg)
@@ -181,32 +183,40 @@ class MultiHeadAttention(nn.Module):
                 score=score,
             )
 
-        return _out_proj(cfg, out_BxTxHxK), cache
+        return project_out(cfg, out_BxTxHxK), cache
 
 
-def _mask(
+def mask_for(
     cfg: GPTConfig,
     positions_BxT: Array,
     k_positions_BxS: Array,
-    segments_BxT: Array | None,
-    cached: bool,
+    segments_BxT: Array | None = None,
+    cache: KVCache | None = None,
 ) -> tuple[Array | None, bool]:
-    """(mask, triangle): cfg.attention_mask's entry over the query and key positions (None:
-    every key), with a cache only its filled slots (a sample continues one document, document
-    0); triangle: without a cache, where positions are 0..T-1, the mask is the causal triangle
-    that a kernel's is_causal builds (cuDNN skips its masked blocks instead of reading one)."""
+    """(mask, triangle): which keys each query sees, broadcasting to (B, H, T, S) (None: every
+    key), and whether it is the causal triangle over positions 0..T-1 (then a fused kernel
+    builds it itself, `is_causal`: cuDNN skips its masked blocks instead of reading one).
+
+    The default is the causal mask (every key when cfg.causal is False); another
+    cfg.attention_mask is its `ATTENTION_MASKS` entry over the query and key positions
+    (`segments_BxT`: packed documents); with a `cache` (its key positions, `k_positions_BxS`)
+    only its filled slots are seen, and a sample continues one document, document 0."""
+    if cfg.attention_mask == CAUSAL and cache is None:
+        if not cfg.causal:
+            return None, False
+        return causal_mask(positions_BxT, k_positions_BxS), True
     mask_entry = ATTENTION_MASKS[cfg.attention_mask]
     documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
-    if cached and mask_entry.documents:
+    if cache is not None and mask_entry.documents:
         documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
     mask = mask_entry.fn(positions_BxT, k_positions_BxS, cfg, *documents)
-    if cached:
+    if cache is not None:
         filled_Bx1x1xS = (k_positions_BxS >= 0)[:, None, None, :]
         mask = filled_Bx1x1xS if mask is None else filled_Bx1x1xS & mask
-    return mask, not cached and mask is not None and mask_entry.causal_triangle
+    return mask, cache is None and mask is not None and mask_entry.causal_triangle
 
 
-def _out_proj(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
+def project_out(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
     """out_BxTxD: the heads joined and projected back to D (GPT-2's c_proj)."""
     return nn.DenseGeneral(
         cfg.n_embd,
@@ -227,7 +237,7 @@ def _out_proj(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
     )(out_BxTxHxK)
 
 
-def _project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
+def project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
     """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK): one fused (D, 3, H, K) projection (GPT-2's c_attn)
     when G = H; a query projection (D, H, K) and a key/value one (D, 2, G, K) when fewer key/value
     heads serve groups of query heads (cfg.n_kv_head)."""

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.attention_fns import causal_mask
-from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.config import CAUSAL, GPTConfig
 from minigpt_jax.settings.registry import Builtin, ContractError, Registry
 
 Array = chex.Array
@@ -71,7 +71,7 @@ ATTENTION_MASKS: Registry[AttentionMask] = Registry(
     "attention mask",
     "model.attention_mask",
     {
-        "causal": AttentionMask(_causal_or_full, causal_triangle=True),
+        CAUSAL: AttentionMask(_causal_or_full, causal_triangle=True),
         "document": Builtin("minigpt_jax.model.variants.attention:DOCUMENT"),
     },
     entry_class=AttentionMask,

@@ -23,6 +23,10 @@ DTYPES = Registry("dtype", "model.dtype", _DTYPE_NAMES, user_entries=False)
 PARAM_DTYPES = Registry("dtype", "model.param_dtype", _DTYPE_NAMES, user_entries=False)
 # The attention_score that applies none (attention_scores.ATTENTION_SCORES' no_score).
 NO_SCORE = "none"
+# The defaults of the attention mask and the parametrization, which the model runs without their
+# registries' dispatch.
+CAUSAL = "causal"
+STANDARD = "standard"
 
 
 class KernelChoices:
@@ -150,11 +154,11 @@ class GPTConfig(Group):
         True, "False: bidirectional attention (used by the invariant tests)", MODEL, gpt2=True
     )
     attention_mask: str = setting(
-        "causal",
+        CAUSAL,
         "which keys a query sees: a key of attention_masks.ATTENTION_MASKS or module:attr",
         MODEL,
         choices=RegistryRef("model.attention_mask"),
-        gpt2="causal",
+        gpt2=CAUSAL,
     )
     # QK-norm (Henry et al. 2020; Dehghani et al. 2023; the NanoGPT speedrun): queries and keys
     # RMS-normalised per head, before rotary positions, so the scores cannot blow up.
@@ -214,13 +218,13 @@ class GPTConfig(Group):
     # μP (Yang et al. 2022): the init, the learning rates, the read-out and the attention scores
     # follow the width, so what is tuned at a base width transfers (model/parametrization.py).
     parametrization: str = setting(
-        "standard",
+        STANDARD,
         "how init, learning rates and multipliers follow the width: standard | mup (μP, "
         "base width model.mup_base_width), a key of parametrization.PARAMETRIZATIONS or "
         "module:attr",
         MODEL,
         choices=RegistryRef("model.parametrization"),
-        gpt2="standard",
+        gpt2=STANDARD,
     )
     # Gemma 2 (Team et al. 2024) and the NanoGPT speedrun: logits = cap * tanh(logits / cap).
     logit_softcap: float = setting(

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model.config import GPTConfig
+from minigpt_jax.model.config import STANDARD, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_readout
@@ -52,7 +52,8 @@ def read_out(h_xD: Array, weight: Array, cfg: GPTConfig) -> Array:
     """
     spec = "...d,yd->...y" if cfg.tie_embeddings else "...d,dy->...y"
     compute = cfg.compute_dtype
-    h_xD = scale_readout(h_xD, cfg)  # the parametrization's factor (μP's 1/m); standard: none
+    if cfg.parametrization != STANDARD:  # the parametrization's factor (μP's 1/m)
+        h_xD = scale_readout(h_xD, cfg)
     logits_xY = jnp.einsum(
         spec, h_xD.astype(compute), weight.astype(compute), preferred_element_type=jnp.float32
     )

@@ -46,6 +46,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from minigpt_jax.model.config import STANDARD as STANDARD_KEY
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.param_meta import VECTOR, Declared, ParamMeta
 from minigpt_jax.settings.groups import MODEL, options_of, setting
@@ -132,7 +133,7 @@ MUP = declares(MupOptions)(
 PARAMETRIZATIONS: Registry[Parametrization] = Registry(
     "parametrization",
     "model.parametrization",
-    {"standard": STANDARD, "mup": MUP},
+    {STANDARD_KEY: STANDARD, "mup": MUP},
     entry_class=Parametrization,
     shape="a minigpt_jax.model.parametrization.Parametrization",
 )

@@ -131,6 +131,9 @@ def _resolve(where: str) -> Any:
     return getattr(importlib.import_module(module_name), name)
 
 
+_NOT_BUILT_IN = object()  # `Registry.__getitem__`'s marker of a key with no built-in entry
+
+
 @dataclasses.dataclass(frozen=True)
 class Builtin:
     """A built-in entry that lives in another module ("module:NAME", e.g. a variant in
@@ -632,14 +635,16 @@ class Registry(Generic[Entry]):
         )
 
     def __getitem__(self, key: str) -> Entry:
-        if not isinstance(key, str):
-            raise RegistryError(self._unknown(key))
-        if key in self._entries:
-            entry = self._entries[key]
-            if isinstance(entry, Builtin):
-                entry = self._entries[key] = _resolve(entry.where)
-            return entry
-        if not is_user_key(key) or not self.user_entries:
+        entry = self._entries.get(key, _NOT_BUILT_IN) if isinstance(key, str) else _NOT_BUILT_IN
+        if entry is _NOT_BUILT_IN:
+            return self._user_entry(key)
+        if isinstance(entry, Builtin):  # a built-in named "module:NAME", imported when picked
+            entry = self._entries[key] = _resolve(entry.where)
+        return entry
+
+    def _user_entry(self, key: str) -> Entry:
+        """The entry `module:attr` names (imported and checked once), or a RegistryError."""
+        if not isinstance(key, str) or not is_user_key(key) or not self.user_entries:
             raise RegistryError(self._unknown(key))
         if key not in self._user:
             where = f"config.{self.config_key}={key!r}"

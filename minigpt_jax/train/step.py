@@ -97,6 +97,39 @@ def loss_fn(
     return objective, aux
 
 
+def micro_batched(value_and_grad, grad_accum_steps: int):
+    """`value_and_grad(params, batch_BxT1, rng)`'s ((objective, aux), grads) from
+    grad_accum_steps micro-batches of B / grad_accum_steps rows run in turn (`lax.scan`), each
+    with its own dropout key; the objective, every aux value and the grads are averaged."""
+
+    def accumulated(params: Params, batch_BxT1: Array, rng: Array):
+        batch_size, width = batch_BxT1.shape
+        if batch_size % grad_accum_steps:
+            raise ValueError(
+                f"batch of {batch_size} rows does not split into grad_accum_steps="
+                f"{grad_accum_steps} micro-batches; use a batch_size divisible by it."
+            )
+        # Micro-batch a takes rows a, a + A, a + 2A, ...: with the batch split over devices in
+        # contiguous blocks, every device holds its share of every micro-batch, so no row moves.
+        rows_UxAxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
+        micro_AxUxT1 = rows_UxAxT1.swapaxes(0, 1)
+
+        def add_micro_batch(sums, inputs):
+            index, micro_UxT1 = inputs
+            values_and_grads = value_and_grad(params, micro_UxT1, jax.random.fold_in(rng, index))
+            return jax.tree_util.tree_map(jnp.add, sums, values_and_grads), None
+
+        shapes = jax.eval_shape(value_and_grad, params, micro_AxUxT1[0], rng)
+        zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        steps = (jnp.arange(grad_accum_steps), micro_AxUxT1)
+        sums, _ = jax.lax.scan(add_micro_batch, zeros, steps)
+        # Equal micro-batches: the mean of their means is the mean over the batch.
+        scale = 1.0 / grad_accum_steps
+        return jax.tree_util.tree_map(lambda x: x * scale, sums)
+
+    return accumulated
+
+
 def accumulated_value_and_grad(
     params: Params,
     batch_BxT1: Array,
@@ -106,36 +139,21 @@ def accumulated_value_and_grad(
     terms: LossTerms = (),
     step: Array | None = None,
 ) -> tuple[tuple[Array, dict[str, Array]], Params]:
-    """((objective, aux), grads) of the batch, from grad_accum_steps micro-batches in turn; the
-    objective, every aux value and the grads are averaged over them."""
-    value_and_grad = jax.value_and_grad(
-        functools.partial(loss_fn, cfg=cfg, train=True, terms=terms, step=step), has_aux=True
-    )
-    if grad_accum_steps == 1:
-        return value_and_grad(params, batch_BxT1, rng=dropout_rng)
-    batch_size, width = batch_BxT1.shape
-    if batch_size % grad_accum_steps:
-        raise ValueError(
-            f"batch of {batch_size} rows does not split into grad_accum_steps="
-            f"{grad_accum_steps} micro-batches; use a batch_size divisible by it."
-        )
-    # Micro-batch a takes rows a, a + A, a + 2A, ...: with the batch split over devices in
-    # contiguous blocks, every device holds its share of every micro-batch, so no row moves.
-    rows_UxAxT1 = batch_BxT1.reshape(batch_size // grad_accum_steps, grad_accum_steps, width)
-    micro_AxUxT1 = rows_UxAxT1.swapaxes(0, 1)
+    """((objective, aux), grads) of the batch, from grad_accum_steps micro-batches in turn, as
+    the train step computes them."""
+    value_and_grad = _objective_value_and_grad(cfg, terms, step)
+    if grad_accum_steps > 1:
+        value_and_grad = micro_batched(value_and_grad, grad_accum_steps)
+    return value_and_grad(params, batch_BxT1, dropout_rng)
 
-    def add_micro_batch(sums, inputs):
-        index, micro_UxT1 = inputs
-        rng = jax.random.fold_in(dropout_rng, index)
-        values_and_grads = value_and_grad(params, micro_UxT1, rng=rng)
-        return jax.tree_util.tree_map(jnp.add, sums, values_and_grads), None
 
-    shapes = jax.eval_shape(value_and_grad, params, micro_AxUxT1[0], rng=dropout_rng)
-    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    sums, _ = jax.lax.scan(add_micro_batch, zeros, (jnp.arange(grad_accum_steps), micro_AxUxT1))
-    # Equal micro-batches: the mean of their means is the mean over the batch.
-    scale = 1.0 / grad_accum_steps
-    return jax.tree_util.tree_map(lambda x: x * scale, sums)
+def _objective_value_and_grad(cfg: GPTConfig, terms: LossTerms, step: Array | None):
+    """(params, batch_BxT1, rng) -> ((objective, aux), grads) of `loss_fn` in training."""
+
+    def objective(params, batch_BxT1, rng):
+        return loss_fn(params, batch_BxT1, cfg, train=True, rng=rng, terms=terms, step=step)
+
+    return jax.value_and_grad(objective, has_aux=True)
 
 
 def train_step(
@@ -155,23 +173,30 @@ def train_step(
     `step_metrics` entries (`step_metrics.STEP_METRICS`: of the gradients, updates and params).
 
     grad_accum_steps > 1 splits the batch into that many micro-batches, run one after another
-    (`lax.scan`), and averages their losses and gradients: the mean over the whole batch.
+    (`micro_batched`), and averages their losses and gradients: the mean over the whole batch.
     `gradient` (config.optim.gradient's rule, `gradients.step_gradient`) takes the step's
-    value_and_grad and returns the loss and the gradient the optimizer applies; `plain` calls
-    it once at the params.
+    value_and_grad and returns the loss and the gradient the optimizer applies; `plain` (the
+    default) is the value_and_grad at the params.
     """
     chex.assert_rank(batch_BxT1, 2)
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    value_and_grad = functools.partial(
-        accumulated_value_and_grad,
-        batch_BxT1=batch_BxT1,
-        cfg=cfg,
-        dropout_rng=dropout_rng,
-        grad_accum_steps=grad_accum_steps,
-        terms=terms,
-        step=state.step,
-    )
-    (loss, aux), grads = gradient(value_and_grad, state.params)
+
+    def objective(params):
+        return loss_fn(params, batch_BxT1, cfg, train=True, rng=dropout_rng, step=state.step)
+
+    if grad_accum_steps == 1 and not terms and gradient is plain:
+        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    else:
+        value_and_grad = functools.partial(
+            accumulated_value_and_grad,
+            batch_BxT1=batch_BxT1,
+            cfg=cfg,
+            dropout_rng=dropout_rng,
+            grad_accum_steps=grad_accum_steps,
+            terms=terms,
+            step=state.step,
+        )
+        (loss, aux), grads = gradient(value_and_grad, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
