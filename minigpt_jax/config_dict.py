@@ -415,6 +415,8 @@ _MOVED_MODULES = {
     "minigpt_jax.sampling.settings": "minigpt_jax.sampling.options",
     "minigpt_jax.step_metrics": "minigpt_jax.train.step_metrics",
     "minigpt_jax.hooks": "minigpt_jax.train.hooks",
+    "minigpt_jax.model.attention_fns": "minigpt_jax.model.attention",
+    "minigpt_jax.model.losses": "minigpt_jax.model.gpt",
 }
 
 

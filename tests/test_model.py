@@ -298,7 +298,7 @@ def test_cross_entropy_equals_optax_values_and_gradients():
     (values and gradients bit for bit), without its gather whose gradient XLA folds."""
     import optax
 
-    from minigpt_jax.model.losses import cross_entropy
+    from minigpt_jax.model.gpt import cross_entropy
 
     logits_ExV = 5 * jax.random.normal(jax.random.key(0), (300, 65))
     targets_E = jax.random.randint(jax.random.key(1), (300,), 0, 65)

@@ -1,13 +1,17 @@
-"""Multi-head self-attention: the linen module and its KV cache.
+"""Multi-head self-attention: its math (the causal mask, softmax(q·kᵀ/√K)·v), the linen module
+and its KV cache.
 
-The math is `attention_fns`'s (the causal mask, softmax(q·kᵀ/√K)·v), the mask and score
-entries are `attention_masks`' and `attention_scores`'; a fused kernel of the speed room
-(model/speed/kernels.py) stands in for the softmax path in one call, where "auto" picks one.
-`causal_mask`, `attention_weights` and `mix_values` are re-exported here.
+The module's parts are public, for attention modules of one's own: `project_qkv` (the fused
+q/k/v projection), `mask_for` (which keys each query sees), `project_out` (the heads joined and
+projected back). Another mask or a score on the raw scores is an entry of
+`attention_masks.ATTENTION_MASKS` or `attention_scores.ATTENTION_SCORES`, read only when picked;
+a fused kernel of the speed room (model/speed/kernels.py) stands in for the softmax path in one
+call, where "auto" picks one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import chex
@@ -15,8 +19,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import attention_weights, causal_mask, mix_values
-from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.attention_scores import score_fn
 from minigpt_jax.model.config import CAUSAL, NO_SCORE, STANDARD, GPTConfig
 from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
@@ -25,18 +27,86 @@ from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_queries
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
+from minigpt_jax.settings.registry import REGISTRIES
 
 Array = chex.Array
 ATTENTION = ("attention",)  # the tag of every parameter of the attention (param_meta)
+QKV_INIT = nn.initializers.normal(stddev=INIT_STDDEV)  # of the q, k and v kernels
 
 __all__ = [
     "KVCache",
-    "expand_kv_heads",
     "MultiHeadAttention",
     "attention_weights",
     "causal_mask",
+    "expand_kv_heads",
+    "explicit_attention",
+    "mask_for",
     "mix_values",
+    "project_out",
+    "project_qkv",
 ]
+
+
+# ----------------------------------------------------------------------------- the math
+
+
+def causal_mask(q_positions_BxT: Array, k_positions_BxS: Array) -> Array:
+    """mask_Bx1xTxS: query at position t may see keys at positions <= t."""
+    return k_positions_BxS[:, None, None, :] <= q_positions_BxT[:, None, :, None]
+
+
+def attention_weights(
+    q_BxTxHxK: Array,
+    k_BxSxHxK: Array,
+    mask: Array | None = None,
+    score: Callable[[Array], Array] | None = None,
+) -> Array:
+    """softmax(score(q·kᵀ / sqrt(K))) over keys, computed in float32: weights_BxHxTxS.
+
+    score: scores_BxHxTxS -> scores_BxHxTxS (an attention-score entry bound to its positions),
+    applied before the mask; mask broadcasts to (B, H, T, S); False entries get zero weight.
+    """
+    scale = q_BxTxHxK.shape[-1] ** -0.5
+    scores_BxHxTxS = jnp.einsum(
+        "bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32
+    )
+    scores_BxHxTxS = scores_BxHxTxS * scale
+    if score is not None:
+        scores_BxHxTxS = score(scores_BxHxTxS)
+    if mask is not None:
+        scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores_BxHxTxS, axis=-1)
+
+
+def mix_values(weights_BxHxTxS: Array, v_BxSxHxK: Array) -> Array:
+    """out_BxTxHxK = Σ_s weights[b, h, t, s] · v[b, s, h]."""
+    return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+
+
+def _with_triangle(mask: Array | None, causal: bool, length: int, keys: int) -> Array | None:
+    if not causal:
+        return mask
+    triangle_TxS = jnp.tril(jnp.ones((length, keys), bool))
+    return triangle_TxS if mask is None else mask & triangle_TxS
+
+
+def explicit_attention(
+    q_BxTxHxK: Array,
+    k_BxSxHxK: Array,
+    v_BxSxHxK: Array,
+    mask: Array | None,
+    *,
+    causal: bool,
+    score: Callable[[Array], Array] | None = None,
+) -> Array:
+    """out_BxTxHxK = `mix_values(attention_weights(q, k, mask, score), v)`; causal adds the
+    top-left triangle. (The attention module runs this path itself, to sow and drop out the
+    weights.)"""
+    mask = _with_triangle(mask, causal, q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
+    return mix_values(attention_weights(q_BxTxHxK, k_BxSxHxK, mask, score), v_BxSxHxK)
+
+
+# ----------------------------------------------------------------------------- the module
 
 
 class KVCache(NamedTuple):
@@ -151,8 +221,10 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             cache = cache.write(k_BxTxGxK, v_BxTxGxK, positions_BxT)
             k_BxSxGxK, v_BxSxGxK, k_positions_BxS = cache[:3]
-        k_BxSxHxK = expand_kv_heads(k_BxSxGxK, cfg.n_head)
-        v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
+        k_BxSxHxK, v_BxSxHxK = k_BxSxGxK, v_BxSxGxK
+        if cfg.kv_heads != cfg.n_head:  # grouped-query attention: each kv head serves H / G
+            k_BxSxHxK = expand_kv_heads(k_BxSxGxK, cfg.n_head)
+            v_BxSxHxK = expand_kv_heads(v_BxSxGxK, cfg.n_head)
 
         # The mask (broadcasting to B, H, T, S; None: every key), and whether it is the triangle.
         mask, triangle = mask_for(cfg, positions_BxT, k_positions_BxS, segments_BxT, cache)
@@ -205,7 +277,7 @@ def mask_for(
         if not cfg.causal:
             return None, False
         return causal_mask(positions_BxT, k_positions_BxS), True
-    mask_entry = ATTENTION_MASKS[cfg.attention_mask]
+    mask_entry = REGISTRIES["model.attention_mask"][cfg.attention_mask]
     documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
     if cache is not None and mask_entry.documents:
         documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))
@@ -238,37 +310,41 @@ def project_out(cfg: GPTConfig, out_BxTxHxK: Array) -> Array:
 
 
 def project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
-    """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK): one fused (D, 3, H, K) projection (GPT-2's c_attn)
-    when G = H; a query projection (D, H, K) and a key/value one (D, 2, G, K) when fewer key/value
-    heads serve groups of query heads (cfg.n_kv_head)."""
-    init = nn.initializers.normal(stddev=INIT_STDDEV)
+    """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK): one fused (D, 3, H, K) projection (GPT-2's c_attn);
+    `project_grouped_qkv`'s when fewer key/value heads serve groups of query heads (G < H)."""
+    if cfg.kv_heads != cfg.n_head:
+        return project_grouped_qkv(cfg, x_BxTxD)
     # The mesh's tensor axis splits the heads (minigpt_jax/sharding.py); Muon reads each
     # kernel as (D, H·K) matrices, one each for q, k and v.
-    if cfg.kv_heads == cfg.n_head:
-        qkv_BxTx3xHxK = nn.DenseGeneral(
-            (3, cfg.n_head, cfg.head_dim),
-            kernel_init=declare(
-                init,
-                (None, None, "tensor", None),
-                muon=(0, (2, 3)),
-                decay=True,
-                gpt2="h.{i}.attn.c_attn.weight",
-                tags=ATTENTION,
-            ),
-            bias_init=declare(
-                nn.initializers.zeros_init(),
-                (None, "tensor", None),
-                gpt2="h.{i}.attn.c_attn.bias",
-                tags=ATTENTION,
-            ),
-            name="qkv",
-            **dense_options(cfg),
-        )(x_BxTxD)
-        return qkv_BxTx3xHxK[:, :, 0], qkv_BxTx3xHxK[:, :, 1], qkv_BxTx3xHxK[:, :, 2]
+    qkv_BxTx3xHxK = nn.DenseGeneral(
+        (3, cfg.n_head, cfg.head_dim),
+        kernel_init=declare(
+            QKV_INIT,
+            (None, None, "tensor", None),
+            muon=(0, (2, 3)),
+            decay=True,
+            gpt2="h.{i}.attn.c_attn.weight",
+            tags=ATTENTION,
+        ),
+        bias_init=declare(
+            nn.initializers.zeros_init(),
+            (None, "tensor", None),
+            gpt2="h.{i}.attn.c_attn.bias",
+            tags=ATTENTION,
+        ),
+        name="qkv",
+        **dense_options(cfg),
+    )(x_BxTxD)
+    return qkv_BxTx3xHxK[:, :, 0], qkv_BxTx3xHxK[:, :, 1], qkv_BxTx3xHxK[:, :, 2]
+
+
+def project_grouped_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
+    """(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK) of grouped-query attention (cfg.n_kv_head = G < H): a
+    query projection (D, H, K) and a key/value one (D, 2, G, K)."""
     q_BxTxHxK = nn.DenseGeneral(
         (cfg.n_head, cfg.head_dim),
         kernel_init=declare(
-            init, (None, "tensor", None), muon=(0, (1, 2)), decay=True, tags=ATTENTION
+            QKV_INIT, (None, "tensor", None), muon=(0, (1, 2)), decay=True, tags=ATTENTION
         ),
         bias_init=declare(nn.initializers.zeros_init(), ("tensor", None), tags=ATTENTION),
         name="q",
@@ -278,7 +354,7 @@ def project_qkv(cfg: GPTConfig, x_BxTxD: Array) -> tuple[Array, Array, Array]:
     kv_BxTx2xGxK = nn.DenseGeneral(
         (2, cfg.kv_heads, cfg.head_dim),
         kernel_init=declare(
-            init, (None, None, None, None), muon=(0, (2, 3)), decay=True, tags=ATTENTION
+            QKV_INIT, (None, None, None, None), muon=(0, (2, 3)), decay=True, tags=ATTENTION
         ),
         bias_init=declare(nn.initializers.zeros_init(), (None, None, None), tags=ATTENTION),
         name="kv",

@@ -18,7 +18,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import causal_mask
+from minigpt_jax.model.attention import causal_mask
 from minigpt_jax.model.config import CAUSAL, GPTConfig
 from minigpt_jax.settings.registry import Builtin, ContractError, Registry
 

@@ -45,7 +45,6 @@ from minigpt_jax.model.loss_terms import (
     term_name,
     term_values,
 )
-from minigpt_jax.model.losses import cross_entropy
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.parametrization import scale_init
 from minigpt_jax.model.positions import POSITION_ENCODINGS
@@ -369,6 +368,16 @@ def head_weight(params: Params, cfg: GPTConfig) -> Array:
     return (
         params["embed"]["tok"]["embedding"] if cfg.tie_embeddings else params["lm_head"]["kernel"]
     )
+
+
+def cross_entropy(logits_ExV: Array, targets_E: Array) -> Array:
+    """losses_E: -log softmax(logits)[target] per token, as
+    optax.softmax_cross_entropy_with_integer_labels computes it (logsumexp minus the target's
+    logit), but with the target's logit squeezed out rather than gathered at index 0: the
+    gradient of that gather is a scatter of constants, which XLA folds at compile time, for
+    seconds per million tokens."""
+    target_logits_E = jnp.take_along_axis(logits_ExV, targets_E[:, None], axis=-1).squeeze(-1)
+    return jax.nn.logsumexp(logits_ExV, axis=-1) - target_logits_E
 
 
 def chunked_cross_entropy(

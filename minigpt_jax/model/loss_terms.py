@@ -36,11 +36,13 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.losses import CROSS_ENTROPY
 from minigpt_jax.settings.groups import make_options, options_of
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape, is_user_key
 
 Array = chex.Array
+
+# The aux key of the plain next-token cross-entropy, logged beside the terms.
+CROSS_ENTROPY = "cross_entropy"
 TermFn = Callable[[Array, Array], Array]
 ModelTermFn = Callable[[Any, Any, Any], Array]  # (intermediates, params, cfg) -> scalar
 ContextTermFn = Callable[["TermContext"], Array]  # (ctx) -> scalar

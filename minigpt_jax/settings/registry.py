@@ -115,7 +115,7 @@ class _Registries(Mapping[str, "Registry"]):
     never changes what is walked."""
 
     def __getitem__(self, config_key: str) -> Registry:
-        return _resolve(REGISTRY_INDEX[config_key])
+        return resolve_builtin(REGISTRY_INDEX[config_key])
 
     def __iter__(self) -> Iterator[str]:
         return iter(REGISTRY_INDEX)
@@ -125,7 +125,7 @@ class _Registries(Mapping[str, "Registry"]):
 
 
 @functools.cache
-def _resolve(where: str) -> Any:
+def resolve_builtin(where: str) -> Any:
     """The object `NAME` of the package's module `module` for "module:NAME"."""
     module_name, _, name = where.partition(":")
     return getattr(importlib.import_module(module_name), name)
@@ -639,7 +639,7 @@ class Registry(Generic[Entry]):
         if entry is _NOT_BUILT_IN:
             return self._user_entry(key)
         if isinstance(entry, Builtin):  # a built-in named "module:NAME", imported when picked
-            entry = self._entries[key] = _resolve(entry.where)
+            entry = self._entries[key] = resolve_builtin(entry.where)
         return entry
 
     def _user_entry(self, key: str) -> Entry:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,18 +111,21 @@ def _train(
     stop, is answered with a checkpoint after the chunk in flight."""
     run, config = trainer.run, trainer.run.config
     _before_the_first_chunk(trainer, log, stop, last_step)
+    # A host callback's error (user code's step metrics) named as the plug-in's; without user
+    # code in play no callback can raise, and the chunks run as they are.
+    compiled_steps = trainer.recovery.compiled_steps if trainer.recovery.user_code else nullcontext
     for first_step in range(run.step, last_step, config.steps_per_call):
         if stop.requested():
             break
         dispatched_at = time.perf_counter()
-        with trainer.recovery.compiled_steps(log):
+        with compiled_steps(log):
             log.dispatched(first_step, trainer.train_chunk(first_step), dispatched_at)
         end = first_step + config.steps_per_call
         evaluate_now = end % config.eval_every == 0 or end == config.num_steps
         save_now = end % config.checkpoint_every == 0 or end == last_step
         hook_now = any(end % every == 0 for every in hooks.step_every)
         if evaluate_now or save_now or hook_now or stop.requested():
-            with trainer.recovery.compiled_steps(log):
+            with compiled_steps(log):
                 log.drain()
             if _after_chunk(trainer, log, stop, hooks, end, evaluate_now, save_now, hook_now):
                 break

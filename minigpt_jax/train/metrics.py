@@ -224,6 +224,8 @@ class RunLogger:
         whose loss or grad norm is not finite (values: the step's metrics by name)."""
         self.steps_per_call, self.log_every = config.steps_per_call, config.log_every
         self.shapes = ShapeSchedule.of(config)  # each chunk's tokens, for tokens_per_sec
+        # A chunk's tokens where every step has one shape (0: they follow the schedule).
+        self.chunk_tokens = self.shapes.tokens(0, self.steps_per_call) if self.shapes.fixed else 0
         self.on_non_finite = on_non_finite
         is_main_process = jax.process_index() == 0
         self.writer = MetricsWriter(workdir, resume_step=step, enabled=is_main_process)
@@ -264,7 +266,8 @@ class RunLogger:
         seconds = now - max(dispatched_at, self._ready_at)
         self._ready_at = now
         self.chunk_seconds.append(seconds)
-        tokens_per_sec = self.shapes.tokens(first_step, self.steps_per_call) / seconds
+        tokens = self.chunk_tokens or self.shapes.tokens(first_step, self.steps_per_call)
+        tokens_per_sec = tokens / seconds
         for i in range(self.steps_per_call):
             step = first_step + i + 1
             values = {k: float(v[i]) for k, v in metrics_C.items()}
@@ -272,7 +275,8 @@ class RunLogger:
                 self.on_non_finite(step, values)
             # Every metric the step returns (the loss's aux values too), under its own name.
             loss = values.pop("loss")
-            self._warn_non_finite(step, values, STEP_VALUES)
+            if not all(map(math.isfinite, values.values())):
+                self._warn_non_finite(step, values, STEP_VALUES)
             row = {"train_loss": loss, **values, "tokens_per_sec": tokens_per_sec}
             self.writer.write(step, row, tensorboard=step % self.log_every == 0)
             self.train_loss = loss

@@ -303,14 +303,18 @@ def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int]
     the train split `tokens`, the same on every process, placed on `mesh`; (B, T) is the shape
     schedule's at first_step (settings.shape_schedule: one shape per chunk)."""
     shapes = ShapeSchedule.of(config)
+    fixed_shape = shapes.fixed  # (B, T) of every step, or None: the schedule's at first_step
     batch_sharding = sharding.batch_sharding(mesh, 3)
     draw = functools.partial(data.draw_batch, tokens, seed=config.seed, split="train")
 
     def train_batches(first_step: int) -> jax.Array:
-        batch_size, seq_len = shapes.fixed or shapes.at(first_step)
+        batch_size, seq_len = fixed_shape or shapes.at(first_step)
         steps = range(first_step, first_step + config.steps_per_call)
         batches_CxBxT1 = np.stack([draw(batch_size, seq_len, step=step) for step in steps])
-        return sharding.put_batch(batches_CxBxT1, batch_sharding)
+        # Every process holds the whole batch; each device takes its own rows (put_batch).
+        return jax.make_array_from_callback(
+            batches_CxBxT1.shape, batch_sharding, batches_CxBxT1.__getitem__
+        )
 
     return train_batches
 

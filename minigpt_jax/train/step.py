@@ -25,8 +25,7 @@ from minigpt_jax.model.gpt import (
     packs_documents,
     target_weights,
 )
-from minigpt_jax.model.loss_terms import PickedTerm
-from minigpt_jax.model.losses import CROSS_ENTROPY
+from minigpt_jax.model.loss_terms import CROSS_ENTROPY, PickedTerm
 from minigpt_jax.model.speed import backend
 from minigpt_jax.train.gradients import StepGradient, plain
 from minigpt_jax.train.step_metrics import step_metric_values

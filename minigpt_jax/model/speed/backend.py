@@ -26,8 +26,12 @@ import jax
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.speed.choices import REMAT_POLICIES
 from minigpt_jax.model.speed.dense import dot_general_for
-from minigpt_jax.model.speed.kernels import kernel_table
 from minigpt_jax.model.speed.layernorm import DirectLayerNorm
+from minigpt_jax.settings.registry import resolve_builtin
+
+# The kernels' table, found when a config's choices are first made: the kernels' module builds
+# on the attention module, which asks this one for its choices.
+KERNEL_TABLE = "minigpt_jax.model.speed.kernels:kernel_table"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +66,7 @@ def speed_of(cfg: GPTConfig) -> SpeedChoices:
             dense_grad=dense,
             norm_grad=norm,
             matmul_dtype=operands,
-            kernels=kernel_table(cfg),
+            kernels=resolve_builtin(KERNEL_TABLE)(cfg),
             dot_general=dot_general_for(dense, operands),
             layer_norm=DirectLayerNorm if norm == "direct" else nn.LayerNorm,
             remat_policy=REMAT_POLICIES[cfg.remat],

@@ -1,5 +1,5 @@
 """The attention kernels: `ATTENTION_KERNELS` (cuDNN's and XLA's fused attention beside the
-plain softmax path of `attention_fns.explicit_attention`) and the "auto" choice read from the
+plain softmax path of `attention.explicit_attention`) and the "auto" choice read from the
 kernels' entries, once per config (`kernel_table`, in `speed_of(cfg).kernels`).
 
 A kernel computes softmax(score(q·kᵀ/√K))·v: an `AttentionKernel` holding its function. One
@@ -20,7 +20,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.model.attention_fns import explicit_attention
+from minigpt_jax.model.attention import explicit_attention
 from minigpt_jax.model.config import NO_SCORE, GPTConfig, check_kernel
 from minigpt_jax.settings.groups import AUTO
 from minigpt_jax.settings.registry import Registry, expect_shape

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minigpt_jax.model.attention_fns import causal_mask
+from minigpt_jax.model.attention import causal_mask
 from minigpt_jax.model.attention_masks import AttentionMask
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.param_meta import declare
