@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from minigpt_jax.model.config import GPTConfig
 
-# minigpt_jax.model.dense.INIT_STDDEV and minigpt_jax.model.layers.NORM_EPS (GPT-2 / nanoGPT).
+# minigpt_jax.model.layers.INIT_STDDEV and minigpt_jax.model.layers.NORM_EPS (GPT-2 / nanoGPT).
 INIT_STDDEV = 0.02
 LAYERNORM_EPS = 1e-5
 _POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")

@@ -417,6 +417,7 @@ _MOVED_MODULES = {
     "minigpt_jax.hooks": "minigpt_jax.train.hooks",
     "minigpt_jax.model.attention_fns": "minigpt_jax.model.attention",
     "minigpt_jax.model.losses": "minigpt_jax.model.gpt",
+    "minigpt_jax.model.dense": "minigpt_jax.model.layers",
 }
 
 

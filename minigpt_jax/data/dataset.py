@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from minigpt_jax.data.tokenizers import Tokenizer
+from minigpt_jax.settings.shape_schedule import ShapeSchedule
 
 _log = logging.getLogger(__name__)
 
@@ -130,3 +133,28 @@ def draw_batch(
     if isinstance(tokens, np.ndarray):
         return tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
     return tokens.windows(starts, block_size + 1)  # memory-mapped shards (shards.read.TokenStream)
+
+
+def train_batches(
+    tokens: Any, shapes: ShapeSchedule, *, seed: int, steps_per_call: int, batch_sharding: Any
+) -> Callable[[int], jax.Array]:
+    """first_step -> the global batches (C, B, T + 1) of steps [first_step, first_step + C) of
+    the train split `tokens` (C = steps_per_call), the same on every process, placed by
+    `batch_sharding`; (B, T) is the shape schedule's at first_step (one shape per chunk)."""
+    fixed_shape = shapes.fixed  # (B, T) of every step, or None: the schedule's at first_step
+
+    def batches(first_step: int) -> jax.Array:
+        batch_size, seq_len = fixed_shape or shapes.at(first_step)
+        steps = range(first_step, first_step + steps_per_call)
+        batches_CxBxT1 = np.stack(
+            [
+                draw_batch(tokens, batch_size, seq_len, seed=seed, step=step, split="train")
+                for step in steps
+            ]
+        )
+        # Every process holds the whole batch; each device takes its own rows.
+        return jax.make_array_from_callback(
+            batches_CxBxT1.shape, batch_sharding, batches_CxBxT1.__getitem__
+        )
+
+    return batches

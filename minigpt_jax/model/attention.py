@@ -21,8 +21,7 @@ import jax.numpy as jnp
 
 from minigpt_jax.model.attention_scores import score_fn
 from minigpt_jax.model.config import CAUSAL, NO_SCORE, STANDARD, GPTConfig
-from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.model.layers import rms_normalize
+from minigpt_jax.model.layers import INIT_STDDEV, dense_options, residual_init, rms_normalize
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_queries
 from minigpt_jax.model.positions import POSITION_ENCODINGS

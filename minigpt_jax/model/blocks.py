@@ -27,8 +27,7 @@ from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.dense import INIT_STDDEV, dense_options, residual_init
-from minigpt_jax.model.layers import NORMS, activation_fn
+from minigpt_jax.model.layers import INIT_STDDEV, NORMS, activation_fn, dense_options, residual_init
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.settings.registry import Builtin, ContractError, Registry, expect_shape
 

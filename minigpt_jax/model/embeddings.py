@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minigpt_jax.model.config import STANDARD, GPTConfig
-from minigpt_jax.model.dense import INIT_STDDEV
+from minigpt_jax.model.layers import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_readout
 from minigpt_jax.model.positions import POSITION_ENCODINGS

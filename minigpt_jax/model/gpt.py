@@ -34,8 +34,8 @@ from minigpt_jax.model.attention import KVCache
 from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.blocks import BLOCKS, norm
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.dense import INIT_STDDEV
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
+from minigpt_jax.model.layers import INIT_STDDEV
 from minigpt_jax.model.leaks import naming_remat_leaks
 from minigpt_jax.model.loss_terms import (
     PickedTerm,

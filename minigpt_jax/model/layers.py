@@ -1,11 +1,16 @@
-"""Normalisation layers and MLP activations: the registries `NORMS` and `ACTIVATIONS`.
+"""The model's layers: the Dense layers' options and init, normalisation layers and MLP
+activations (the registries `NORMS` and `ACTIVATIONS`).
+
+Dense layers are flax's, differentiated by autodiff; where a faster contraction of the same
+math stands in (a hand-written VJP, bfloat16 operands: `GPTConfig.dense_grad`, `matmul_dtype`),
+it comes from the speed room in one call, `speed_of(cfg).dot_general` (model/speed/dense.py).
 
 A norm entry is one function `(cfg, name) -> flax module` that normalises the last axis (D);
 an activation entry is one function `x -> x`, applied elementwise to the MLP's hidden units.
 `config.model.norm` and `config.model.activation` pick them by name, or `module:attr` names your
 own (e.g. `--config.model.activation=jax.nn:silu`).
 
-LayerNorm is flax's, differentiated by autodiff; where a faster layer of the same math and
+LayerNorm is flax's likewise; where a faster layer of the same math and
 parameters stands in (a hand-written VJP: `GPTConfig.norm_grad`), it comes from the speed room
 in one call, `speed_of(cfg)` (minigpt_jax/model/speed/).
 """
@@ -26,6 +31,30 @@ from minigpt_jax.model.speed.backend import speed_of
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
 Array = chex.Array
+
+# Every weight of the model is initialised N(0, 0.02^2), as GPT-2 / nanoGPT; the projections
+# into the residual stream are scaled down further (`residual_init`).
+INIT_STDDEV = 0.02
+
+
+def dense_options(cfg: GPTConfig) -> dict:
+    """Keyword arguments every Dense / DenseGeneral layer of the model shares: bias, dtypes and
+    the `dot_general` the speed room stands in with (None: flax's `lax.dot_general`)."""
+    return dict(
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        dot_general=speed_of(cfg).dot_general,
+    )
+
+
+def residual_init(cfg: GPTConfig):
+    """Init of the projections into the residual stream: GPT-2 scales N(0, 0.02²) by
+    1/sqrt(2N), two per block; zeros with cfg.zero_init_proj (the NanoGPT speedrun)."""
+    if cfg.zero_init_proj:
+        return nn.initializers.zeros_init()
+    return nn.initializers.normal(stddev=INIT_STDDEV / (2 * cfg.n_layer) ** 0.5)
+
 
 # PyTorch's LayerNorm epsilon, which GPT-2 and nanoGPT use; RMSNorm takes the same.
 NORM_EPS = 1e-5

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from minigpt_jax import budget, sharding
 from minigpt_jax.checkpoint import Checkpointer
@@ -161,7 +160,13 @@ def set_up(
         run = Run(
             config, cfg, dataset, plan.mesh, shardings, checkpointer, state, resumed_from,
             best_val, pending_evaluation, plan.terms, meta,
-            _train_batches(config, dataset.train, plan.mesh), None,
+            data.train_batches(
+                dataset.train,
+                ShapeSchedule.of(config),
+                seed=config.seed,
+                steps_per_call=config.steps_per_call,
+                batch_sharding=sharding.batch_sharding(plan.mesh, 3),
+            ), None,
             make_eval_step(cfg, plan.mesh, shardings.params, plan.terms),
             make_metric_step(cfg, plan.metrics, plan.mesh, shardings.params)
             if plan.metrics else None,
@@ -296,27 +301,6 @@ def _eval_params_selector(select: Callable | None, shardings: Any) -> Callable |
     return jax.jit(
         lambda state: select(state.opt_state, state.params), out_shardings=shardings.params
     )
-
-
-def _train_batches(config: Experiment, tokens: Any, mesh: Any) -> Callable[[int], jax.Array]:
-    """first_step -> the global batches (C, B, T + 1) of steps [first_step, first_step + C) of
-    the train split `tokens`, the same on every process, placed on `mesh`; (B, T) is the shape
-    schedule's at first_step (settings.shape_schedule: one shape per chunk)."""
-    shapes = ShapeSchedule.of(config)
-    fixed_shape = shapes.fixed  # (B, T) of every step, or None: the schedule's at first_step
-    batch_sharding = sharding.batch_sharding(mesh, 3)
-    draw = functools.partial(data.draw_batch, tokens, seed=config.seed, split="train")
-
-    def train_batches(first_step: int) -> jax.Array:
-        batch_size, seq_len = fixed_shape or shapes.at(first_step)
-        steps = range(first_step, first_step + config.steps_per_call)
-        batches_CxBxT1 = np.stack([draw(batch_size, seq_len, step=step) for step in steps])
-        # Every process holds the whole batch; each device takes its own rows (put_batch).
-        return jax.make_array_from_callback(
-            batches_CxBxT1.shape, batch_sharding, batches_CxBxT1.__getitem__
-        )
-
-    return train_batches
 
 
 class ChunkPerShape:

@@ -13,8 +13,7 @@ import flax.linen as nn
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
 from minigpt_jax.model.blocks import HIDDEN_INIT, MATRIX, MLP_TAGS, MLPS, norm, out_proj
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.dense import dense_options
-from minigpt_jax.model.layers import activation_fn
+from minigpt_jax.model.layers import activation_fn, dense_options
 from minigpt_jax.model.param_meta import declare
 
 Array = chex.Array
