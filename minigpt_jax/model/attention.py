@@ -269,13 +269,25 @@ def mask_for(
     builds it itself, `is_causal`: cuDNN skips its masked blocks instead of reading one).
 
     The default is the causal mask (every key when cfg.causal is False); another
-    cfg.attention_mask is its `ATTENTION_MASKS` entry over the query and key positions
-    (`segments_BxT`: packed documents); with a `cache` (its key positions, `k_positions_BxS`)
-    only its filled slots are seen, and a sample continues one document, document 0."""
-    if cfg.attention_mask == CAUSAL and cache is None:
-        if not cfg.causal:
-            return None, False
-        return causal_mask(positions_BxT, k_positions_BxS), True
+    cfg.attention_mask, or a `cache`, is `entry_mask`'s."""
+    if cfg.attention_mask != CAUSAL or cache is not None:
+        return entry_mask(cfg, positions_BxT, k_positions_BxS, segments_BxT, cache)
+    if not cfg.causal:
+        return None, False
+    return causal_mask(positions_BxT, k_positions_BxS), True
+
+
+def entry_mask(
+    cfg: GPTConfig,
+    positions_BxT: Array,
+    k_positions_BxS: Array,
+    segments_BxT: Array | None = None,
+    cache: KVCache | None = None,
+) -> tuple[Array | None, bool]:
+    """`mask_for`'s (mask, triangle) from cfg.attention_mask's `ATTENTION_MASKS` entry over the
+    query and key positions (`segments_BxT`: packed documents); with a `cache` (its key
+    positions, `k_positions_BxS`) only its filled slots are seen, and a sample continues one
+    document, document 0."""
     mask_entry = REGISTRIES["model.attention_mask"][cfg.attention_mask]
     documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
     if cache is not None and mask_entry.documents:

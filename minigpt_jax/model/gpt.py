@@ -299,7 +299,12 @@ def next_token_losses(
         rngs=_dropout_rngs(cfg, train, rng),
         method=GPT.hidden,
     )[0]
-    return chunked_cross_entropy(h_BxTxD, head_weight(params, cfg), tokens_BxT1[:, 1:], cfg)[0]
+    targets_BxT = tokens_BxT1[:, 1:]
+    if 0 < cfg.loss_chunk < targets_BxT.size:  # the logits a chunk at a time, never all at once
+        return chunked_cross_entropy(h_BxTxD, head_weight(params, cfg), targets_BxT, cfg)[0]
+    h_ExD = h_BxTxD.reshape(targets_BxT.size, h_BxTxD.shape[-1])  # E = B·T tokens
+    logits_ExV = read_out(h_ExD, head_weight(params, cfg), cfg)[:, : cfg.vocab_size]
+    return cross_entropy(logits_ExV, targets_BxT.reshape(-1)).reshape(targets_BxT.shape)
 
 
 def next_token_loss_terms(

@@ -74,9 +74,26 @@ def loss_fn(
     mean of the cross-entropy and of each term by name when there are terms (none without).
     With packed documents a target across a boundary is left out of every mean
     (`target_weights`). `step` (optimizer steps taken) is what a term's `TermContext` reads."""
-    if not terms and not packs_documents(cfg):  # the plain objective: every target counts
-        losses_BxT = next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng, step=step)
-        return losses_BxT.mean(), {}
+    if terms or packs_documents(cfg):
+        return _loss_with_terms(
+            params, batch_BxT1, cfg, train=train, rng=rng, terms=terms, step=step
+        )
+    losses_BxT = next_token_losses(params, batch_BxT1, cfg, train=train, rng=rng, step=step)
+    return losses_BxT.mean(), {}  # the plain objective: every target counts
+
+
+def _loss_with_terms(
+    params: Params,
+    batch_BxT1: Array,
+    cfg: GPTConfig,
+    *,
+    train: bool,
+    rng: Array | None,
+    terms: LossTerms,
+    step: Array | None,
+) -> tuple[Array, dict[str, Array]]:
+    """`loss_fn` with loss terms or packed documents: the weighted means of the cross-entropy
+    and of each term, over the targets `target_weights` keeps."""
     losses_BxT, term_values_BxT = next_token_loss_terms(
         params, batch_BxT1, cfg, terms, train=train, rng=rng, step=step
     )
@@ -181,11 +198,13 @@ def train_step(
     dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
     def objective(params):
-        return loss_fn(params, batch_BxT1, cfg, train=True, rng=dropout_rng, step=state.step)
+        return loss_fn(
+            params, batch_BxT1, cfg, train=True, rng=dropout_rng, terms=terms, step=state.step
+        )
 
-    if grad_accum_steps == 1 and not terms and gradient is plain:
+    if grad_accum_steps == 1 and gradient is plain:
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-    else:
+    else:  # micro-batches in turn, or a gradient rule (sharpness-aware: a second gradient)
         value_and_grad = functools.partial(
             accumulated_value_and_grad,
             batch_BxT1=batch_BxT1,

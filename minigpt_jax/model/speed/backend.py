@@ -59,19 +59,22 @@ class SpeedChoices:
 def speed_of(cfg: GPTConfig) -> SpeedChoices:
     """cfg's speed choices, made on first use and kept with the config (a pickle leaves them
     out: another process, another backend, makes its own)."""
-    made = cfg.__dict__.get("_speed")
-    if made is None:
-        dense, norm, operands = dense_grad(cfg), norm_grad(cfg), matmul_dtype(cfg)
-        made = SpeedChoices(
-            dense_grad=dense,
-            norm_grad=norm,
-            matmul_dtype=operands,
-            kernels=resolve_builtin(KERNEL_TABLE)(cfg),
-            dot_general=dot_general_for(dense, operands),
-            layer_norm=DirectLayerNorm if norm == "direct" else nn.LayerNorm,
-            remat_policy=REMAT_POLICIES[cfg.remat],
-        )
-        object.__setattr__(cfg, "_speed", made)  # frozen: set as cached_property would
+    return cfg.__dict__.get("_speed") or _choices_made(cfg)
+
+
+def _choices_made(cfg: GPTConfig) -> SpeedChoices:
+    """The choices `speed_of` keeps with cfg, made now."""
+    dense, norm, operands = dense_grad(cfg), norm_grad(cfg), matmul_dtype(cfg)
+    made = SpeedChoices(
+        dense_grad=dense,
+        norm_grad=norm,
+        matmul_dtype=operands,
+        kernels=resolve_builtin(KERNEL_TABLE)(cfg),
+        dot_general=dot_general_for(dense, operands),
+        layer_norm=DirectLayerNorm if norm == "direct" else nn.LayerNorm,
+        remat_policy=REMAT_POLICIES[cfg.remat],
+    )
+    object.__setattr__(cfg, "_speed", made)  # frozen: set as cached_property would
     return made
 
 
