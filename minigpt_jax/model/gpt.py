@@ -49,7 +49,7 @@ from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.parametrization import scale_init
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.model.speed.backend import speed_of
-from minigpt_jax.model.step_variable import step_variables
+from minigpt_jax.model.step_variable import STEP_COLLECTION, STEP_LEAF
 
 Array = chex.Array
 Params = Any  # a nested dict of arrays: the 'params' collection of `GPT`
@@ -276,6 +276,19 @@ def forward_with_cache(
     A negative position marks left padding, which is never attended to.
     """
     return GPT(cfg).apply({"params": params}, tokens_BxT, positions_BxT, cache=cache)
+
+
+def step_variables(params: Any, step: Array | None) -> dict[str, Any]:
+    """The variables to add to a model's apply for `step` over `params` (None: none): the step
+    at the root and at every module path of the params tree."""
+    if step is None:
+        return {}
+
+    def at_every_path(tree: Any) -> dict[str, Any]:
+        children = {k: at_every_path(v) for k, v in tree.items() if isinstance(v, dict)}
+        return {STEP_LEAF: step, **children}
+
+    return {STEP_COLLECTION: at_every_path(params)}
 
 
 def next_token_losses(

@@ -1,7 +1,8 @@
 """The training step as the model sees it: inside a train step the model is applied with a
-variable collection "step" holding the optimizer steps taken (int32 scalar, the value the
-learning-rate schedule reads), so a block, attention or MLP plug-in can do step-dependent things
-(a branch faded in, a window grown); `training_step(self)` reads it in any module. Outside
+variable collection "step" (`gpt.step_variables`) holding the optimizer steps taken (int32
+scalar, the value the learning-rate schedule reads), so a block, attention or MLP plug-in can
+do step-dependent things (a branch faded in, a window grown); `training_step(self)` reads it in
+any module. Outside
 training (init, evaluation, sampling) the collection is absent and it reads None: a plug-in then
 behaves as a trained model does (its schedule's end). A model that never reads it traces to the
 same computation, so the default train step is unchanged.
@@ -12,28 +13,13 @@ reads its nearest ancestor's."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import chex
 import flax.linen as nn
 
 Array = chex.Array
 
 STEP_COLLECTION = "step"
-_LEAF = "optimizer_step"  # not a module name: a path's submodules are its other keys
-
-
-def step_variables(params: Any, step: Array | None) -> dict[str, Any]:
-    """The variables to add to a model's apply for `step` over `params` (None: none): the step
-    at the root and at every module path of the params tree."""
-    if step is None:
-        return {}
-
-    def at_every_path(tree: Any) -> dict[str, Any]:
-        children = {k: at_every_path(v) for k, v in tree.items() if isinstance(v, dict)}
-        return {_LEAF: step, **children}
-
-    return {STEP_COLLECTION: at_every_path(params)}
+STEP_LEAF = "optimizer_step"  # not a module name: a path's submodules are its other keys
 
 
 def training_step(module: nn.Module) -> Array | None:
@@ -41,7 +27,7 @@ def training_step(module: nn.Module) -> Array | None:
     else None (init, evaluation, sampling)."""
     scope = module.scope
     while scope is not None:
-        if scope.has_variable(STEP_COLLECTION, _LEAF):
-            return scope.get_variable(STEP_COLLECTION, _LEAF)
+        if scope.has_variable(STEP_COLLECTION, STEP_LEAF):
+            return scope.get_variable(STEP_COLLECTION, STEP_LEAF)
         scope = scope.parent
     return None
