@@ -498,7 +498,10 @@ def load_params(
     # orbax warns about each file a rotated-away step lacks; the retries below answer that.
     absl_logger.setLevel(logging.ERROR)
     try:
-        return _load_newest(directory, items, trained)
+        # Read as concrete arrays even when asked while a step is traced (a loss term loading a
+        # teacher run: the arrays are then the step's constants).
+        with jax.ensure_compile_time_eval():
+            return _load_newest(directory, items, trained)
     finally:
         absl_logger.setLevel(level)
 

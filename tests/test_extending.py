@@ -107,6 +107,8 @@ def test_the_docs_hold_every_example():
         "my_sam.py",
         "my_lora.py",
         "my_step_blocks.py",
+        "my_distill.py",
+        "my_value_residual.py",
     }
 
 

@@ -3,7 +3,10 @@
 An MLP entry is a flax module class with a `cfg` field, called `mlp(x_BxTxD, deterministic=)
 -> out_BxTxD` (dropout on its output included); a block entry likewise, called `block(x_BxTxD,
 positions_BxT, deterministic, cache) -> (x_BxTxD, cache)` (deterministic positional, so that
-`nn.remat` can hold it static). `config.model.mlp` and `config.model.block` pick them by name,
+`nn.remat` can hold it static); a block that passes state between layers (the first layer's
+values, a residual stream of its own) also takes `carry=` (the block before it's, None for the
+first) and returns `(x_BxTxD, cache, carry)`, under remat and with the KV cache alike.
+`config.model.mlp` and `config.model.block` pick them by name,
 or `module:attr` names your own. Each parameter is created with `param_meta.declare`: its mesh
 axes, optimizer group (Muon or AdamW), weight decay and GPT-2 name beside its init.
 
@@ -16,6 +19,7 @@ named here (`Builtin`) and imported only when picked.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -176,15 +180,25 @@ class Block(nn.Module):
         return x_BxTxD + h_BxTxD, cache
 
 
+def takes_carry(entry: type[nn.Module]) -> bool:
+    """Whether a block entry passes state between layers: its call takes `carry=` (what the
+    block before it returned; None for the first) and returns (x_BxTxD, cache, carry)."""
+    return "carry" in inspect.signature(entry.__call__).parameters
+
+
 def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
-    """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None), and each of its matrices
-    declares metadata; with a mask that packs documents it takes `segments_BxT=` too."""
+    """entry(cfg)(x_BxTxD, positions_BxT) is (x_BxTxD's shape, None) — (x_BxTxD's shape, None,
+    carry) for a block that takes `carry=` —, and each of its matrices declares metadata; with
+    a mask that packs documents it takes `segments_BxT=` too."""
     x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
     positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
     documents = ATTENTION_MASKS[cfg.attention_mask].documents
+    carries = takes_carry(entry)
 
     def init(x, p):
         extra = {"segments_BxT": p} if documents else {}
+        if carries:
+            extra["carry"] = None
         return entry(cfg).init_with_output(jax.random.key(0), x, p, **extra)
 
     try:
@@ -197,10 +211,15 @@ def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
                 "(MultiHeadAttention(...)(..., segments_BxT=segments_BxT)); this one takes none"
             ) from None
         raise
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise ContractError(f"it returned {type(out).__name__}, not (x_BxTxD, cache)")
+    size, returns = (3, "(x_BxTxD, cache, carry)") if carries else (2, "(x_BxTxD, cache)")
+    if not (isinstance(out, tuple) and len(out) == size):
+        raise ContractError(f"it returned {type(out).__name__} of {_length(out)}, not {returns}")
     expect_shape(out[0], x_BxTxD.shape, "its output (x_BxTxD in)", dtype_kind="f")
     _declared(variables, ("block_0",))
+
+
+def _length(out: Any) -> str:
+    return f"{len(out)} values" if isinstance(out, tuple) else "one value"
 
 
 BLOCKS: Registry[type[nn.Module]] = Registry(
@@ -209,9 +228,10 @@ BLOCKS: Registry[type[nn.Module]] = Registry(
     {"pre_ln": Block, "parallel": Builtin("minigpt_jax.model.variants.blocks:ParallelBlock")},
     coerce=_module_class(
         "block",
-        "(x_BxTxD, positions_BxT, deterministic, cache[, segments_BxT]) -> (x_BxTxD, cache)",
+        "(x_BxTxD, positions_BxT, deterministic, cache[, segments_BxT][, carry]) -> (x_BxTxD, "
+        "cache[, carry])",
     ),
     shape="a flax module class with a cfg field, called (x_BxTxD, positions_BxT, "
-    "deterministic, cache[, segments_BxT=]) -> (x_BxTxD, cache)",
+    "deterministic, cache[, segments_BxT=][, carry=]) -> (x_BxTxD, cache[, carry])",
     contract=_block_contract,
 )

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
 from minigpt_jax.model.attention_masks import ATTENTION_MASKS
-from minigpt_jax.model.blocks import BLOCKS, norm
+from minigpt_jax.model.blocks import BLOCKS, norm, takes_carry
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import INIT_STDDEV
@@ -96,6 +96,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         self.embed = Embeddings(cfg)
         block = BLOCKS[cfg.block]
+        self.carries = takes_carry(block)  # its blocks pass state between layers (`carry=`)
         if cfg.remat != "none":
             # Argument 3 counts the module: (self, x, positions, deterministic).
             block = nn.remat(block, static_argnums=(3,), policy=speed_of(cfg).remat_policy)
@@ -131,16 +132,19 @@ class GPT(nn.Module):
         x_BxTxD = self.embed(tokens_BxT, embed_positions_BxT, deterministic=deterministic)
         if positions_BxT is None:
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
-        new_cache = []
+        new_cache, carry = [], None
         for i, block in enumerate(self.blocks):
+            carried = {"carry": carry} if self.carries else {}
             with naming_remat_leaks(cfg) if cfg.remat != "none" else contextlib.nullcontext():
-                x_BxTxD, layer_cache = block(
+                x_BxTxD, layer_cache, *carry_out = block(
                     x_BxTxD,
                     positions_BxT,
                     deterministic,
                     None if cache is None else cache[i],
                     **segments,
+                    **carried,
                 )
+            carry = carry_out[0] if self.carries else None
             new_cache.append(layer_cache)
             # Each block's mean square output, for terms of the model's internals
             # (loss_terms.activation_l2); kept only when applied with mutable 'intermediates'.
