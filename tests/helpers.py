@@ -31,6 +31,15 @@ CRASH_SETTINGS = {
 }
 
 
+# `minigpt-jax train` of 3 steps of the tiny config on a user's folder's corpus.txt (`user_dir`),
+# evaluated and saved at step 3, into its folder "run".
+THREE_TINY_STEPS = (
+    "train", "--config", "tiny", "--workdir", "run", "--config.data.corpus=text",
+    "--config.data.path=corpus.txt", "--progress=false", "--config.num_steps=3",
+    "--config.eval_every=3", "--config.checkpoint_every=3",
+)  # fmt: skip
+
+
 def pydoc_text(chars: int | None = 40_000) -> str:
     """The first `chars` characters (None: all) of CPython's own documentation topics: real
     English text that ships with Python."""
@@ -185,3 +194,20 @@ def extending_files() -> dict[str, str]:
             assert name not in files, f"{name} is shown twice in docs/extending/"
             files[name] = source
     return files
+
+
+def decoded_one_token_at_a_time(params, tokens_BxT, cfg):
+    """logits_BxTxV of tokens_BxT fed through the KV cache one token at a time (positions
+    0..T-1): what the full forward must equal."""
+    import jax.numpy as jnp
+
+    from minigpt_jax.model.gpt import forward_with_cache, init_cache
+
+    batch, length = tokens_BxT.shape
+    cache, steps = init_cache(cfg, batch, length), []
+    for t in range(length):
+        positions_Bx1 = jnp.full((batch, 1), t)
+        token_Bx1 = tokens_BxT[:, t : t + 1]
+        logits, cache = forward_with_cache(params, token_Bx1, positions_Bx1, cache, cfg)
+        steps.append(logits)
+    return jnp.concatenate(steps, 1)

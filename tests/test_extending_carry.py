@@ -9,11 +9,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import cli_in, extending_files, write_module
+from helpers import (
+    THREE_TINY_STEPS,
+    cli_in,
+    decoded_one_token_at_a_time,
+    extending_files,
+    write_module,
+)
 
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.blocks import BLOCKS
-from minigpt_jax.model.gpt import forward, forward_with_cache, init_cache, init_params
+from minigpt_jax.model.gpt import forward, init_params
 from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.step import loss_fn
 
@@ -64,14 +70,8 @@ def test_the_cache_decodes_as_the_full_forward_with_remat_on(carry_dir, CFG, pos
     cfg = CFG.replace(pos_encoding=pos_encoding, remat="full")
     params = init_params(cfg, jax.random.key(1))
     full_BxTxV = forward(params, TOKENS_BxT, cfg)
-    cache = init_cache(cfg, 2, TOKENS_BxT.shape[1])
-    steps = []
-    for t in range(TOKENS_BxT.shape[1]):
-        logits, cache = forward_with_cache(
-            params, TOKENS_BxT[:, t : t + 1], jnp.full((2, 1), t), cache, cfg
-        )
-        steps.append(logits)
-    np.testing.assert_allclose(jnp.concatenate(steps, 1), full_BxTxV, rtol=1e-4, atol=1e-5)
+    decoded_BxTxV = decoded_one_token_at_a_time(params, TOKENS_BxT, cfg)
+    np.testing.assert_allclose(decoded_BxTxV, full_BxTxV, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("remat", ["full", "dots"])
@@ -116,17 +116,9 @@ def test_a_block_that_takes_a_carry_and_returns_none_is_named(carry_dir, CFG):
 
 @pytest.mark.slow
 def test_the_command_line_trains_under_remat_and_samples(carry_dir):
-    common = ("--config", "tiny", "--workdir", "run")
     cli_in(
         carry_dir,
-        "train",
-        *common,
-        "--config.data.corpus=text",
-        "--config.data.path=corpus.txt",
-        "--progress=false",
-        "--config.num_steps=3",
-        "--config.eval_every=3",
-        "--config.checkpoint_every=3",
+        *THREE_TINY_STEPS,
         "--config.model.block=my_value_residual:ValueResidualBlock",
         "--config.model.remat=full",
     )

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import cli_in, extending_files, tiny_config
+from helpers import THREE_TINY_STEPS, cli_in, extending_files, tiny_config
 
 from minigpt_jax import GPTConfig, load_model
 from minigpt_jax.model.gpt import GPT, init_params
@@ -113,17 +113,7 @@ def test_distillation_trains_through_the_command_line(distill_dir, teacher_dir):
     cross_entropy + 0.5 · distill at every step, and evaluation logs val_distill."""
     cli_in(
         distill_dir,
-        "train",
-        "--config",
-        "tiny",
-        "--workdir",
-        "student",
-        "--config.data.corpus=text",
-        "--config.data.path=corpus.txt",
-        "--progress=false",
-        "--config.num_steps=3",
-        "--config.eval_every=3",
-        "--config.checkpoint_every=3",
+        *THREE_TINY_STEPS,
         "--config.model.n_layer=1",
         "--config.loss.terms=my_distill:distill",
         f"--config.loss.teacher={teacher_dir}",
@@ -131,7 +121,7 @@ def test_distillation_trains_through_the_command_line(distill_dir, teacher_dir):
     )
     records = [
         json.loads(line)
-        for line in (distill_dir / "student" / "metrics.jsonl").read_text().splitlines()
+        for line in (distill_dir / "run" / "metrics.jsonl").read_text().splitlines()
     ]
     steps = [r for r in records if "train_loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]

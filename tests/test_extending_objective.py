@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import cli_in, extending_files
+from helpers import THREE_TINY_STEPS, cli_in, extending_files
 
 from minigpt_jax import GPTConfig
 from minigpt_jax.model.gpt import GPT, init_params
@@ -95,17 +95,7 @@ def test_mtp_trains_through_the_command_line(mtp_dir):
     mtp_ahead=3 set on the command line, and evaluation logs val_mtp."""
     cli_in(
         mtp_dir,
-        "train",
-        "--config",
-        "tiny",
-        "--workdir",
-        "run",
-        "--config.data.corpus=text",
-        "--config.data.path=corpus.txt",
-        "--progress=false",
-        "--config.num_steps=3",
-        "--config.eval_every=3",
-        "--config.checkpoint_every=3",
+        *THREE_TINY_STEPS,
         "--config.model.block=my_mtp:MTPBlock",
         "--config.loss.terms=my_mtp:mtp",
         "--config.loss.mtp_ahead=3",

@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import decoded_one_token_at_a_time
 
 from minigpt_jax import GPTConfig, SampleSettings, forward, generate, init_params
 from minigpt_jax.model.attention import KVCache, expand_kv_heads
-from minigpt_jax.model.gpt import forward_with_cache, init_cache
+from minigpt_jax.model.gpt import init_cache
 
 CFG = GPTConfig(vocab_size=40, block_size=12, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 TOKENS_BxT = jax.random.randint(jax.random.key(3), (2, 9), 0, CFG.vocab_size)
@@ -69,13 +70,8 @@ def test_the_cache_holds_g_heads_and_decodes_as_the_full_forward(groups):
     full_BxTxV = forward(params, TOKENS_BxT, cfg)
     cache = init_cache(cfg, 2, TOKENS_BxT.shape[1])
     assert cache[0].k_BxSxGxK.shape == (2, TOKENS_BxT.shape[1], groups, cfg.head_dim)
-    steps = []
-    for t in range(TOKENS_BxT.shape[1]):
-        logits, cache = forward_with_cache(
-            params, TOKENS_BxT[:, t : t + 1], jnp.full((2, 1), t), cache, cfg
-        )
-        steps.append(logits)
-    np.testing.assert_allclose(jnp.concatenate(steps, 1), full_BxTxV, rtol=1e-4, atol=1e-5)
+    decoded_BxTxV = decoded_one_token_at_a_time(params, TOKENS_BxT, cfg)
+    np.testing.assert_allclose(decoded_BxTxV, full_BxTxV, rtol=1e-4, atol=1e-5)
 
 
 def test_generate_on_the_grouped_cache_is_the_full_attentions_greedy_text():
