@@ -9,12 +9,13 @@ the model config is built in a run and on a resume, and how many config paramete
   python benchmarks/house.py --repo OTHER      # another checkout (e.g. a git worktree of main)
 
 The step path is measured by running the code, not by reading it: `minigpt-jax train` on the
-tiny config runs in a child process under a profiler, twice (3 and 4 steps, one step per call,
-evaluation and checkpoints only at the end). A function is on the path when it runs while JAX
+tiny config runs in a child process under a profiler, four times (3 to 6 steps, one step per
+call, evaluation and checkpoints only at the end). A function is on the path when it runs while JAX
 traces the train step (the Python code that is the step: loss, model, optimizer update), or
 when each step more calls it the same number of times more (the host's work per step: the batch,
 the dispatch, the metrics line), and so are the package's functions that call those (the command
-line down to the loop). Lines are the definitions' lines of the functions on the path. The path
+line down to the loop). Lines are the definitions' lines of the functions on the path, each
+counted once (a nested function's lie in its parent's), and of them the code lines. The path
 is measured twice: with the default config, and with the speed settings set to the plain path
 (`PLAIN`: the reference core alone). The import graph counts `TYPE_CHECKING` imports too.
 """
@@ -46,8 +47,9 @@ def line_count(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def code_lines(path: Path) -> int:
-    """Lines of code: not blank, not only a comment, not a docstring."""
+def code_line_numbers(path: Path) -> set[int]:
+    """The numbers (from 1) of the lines of code: not blank, not only a comment, not a
+    docstring."""
     tree = ast.parse(path.read_text())
     docstrings = set()
     for node in ast.walk(tree):
@@ -57,11 +59,16 @@ def code_lines(path: Path) -> int:
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 docstrings.update(range(value.lineno, value.end_lineno + 1))
     lines = path.read_text().splitlines()
-    return sum(
-        1
+    return {
+        number
         for number, line in enumerate(lines, 1)
         if line.strip() and not line.strip().startswith("#") and number not in docstrings
-    )
+    }
+
+
+def code_lines(path: Path) -> int:
+    """Lines of code: not blank, not only a comment, not a docstring."""
+    return len(code_line_numbers(path))
 
 
 def core_files(repo: Path) -> list[str]:
@@ -75,6 +82,12 @@ def core_files(repo: Path) -> list[str]:
 
 def functions(repo: Path) -> list[tuple[str, str, int]]:
     """(file, qualified name, lines) of every function and method of the library."""
+    return [(rel, name, last - first + 1) for rel, name, first, last in function_spans(repo)]
+
+
+def function_spans(repo: Path) -> list[tuple[str, str, int, int]]:
+    """(file, qualified name, first line, last line) of every function and method of the
+    library (a nested function's lines lie inside its parent's)."""
     found = []
     for path in library_files(repo):
         rel = str(path.relative_to(repo / PACKAGE))
@@ -83,7 +96,7 @@ def functions(repo: Path) -> list[tuple[str, str, int]]:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     name = prefix + child.name
-                    found.append((rel, name, child.end_lineno - child.lineno + 1))
+                    found.append((rel, name, child.lineno, child.end_lineno))
                     visit(child, name + ".", rel)
                 elif isinstance(child, ast.ClassDef):
                     visit(child, prefix + child.name + ".", rel)
@@ -282,8 +295,9 @@ def _trace(repo: Path, steps: int, workdir: str | None = None, extra: tuple = ()
     raise SystemExit(f"the traced run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
 
 
-def step_path(repo: Path, extra: tuple = ()) -> tuple[set[tuple], dict[tuple, int]]:
-    """The functions (file, qualname, first line) on one step's path, and their lines (`extra`:
+def step_path(repo: Path, extra: tuple = ()) -> tuple[set[tuple], dict[tuple, tuple]]:
+    """The functions (file, qualname, first line) on one step's path, and their (first, last)
+    lines (`extra`:
     flags of the traced command, `PLAIN` for the plain path)."""
 
     def counted(trace):
@@ -301,12 +315,26 @@ def step_path(repo: Path, extra: tuple = ()) -> tuple[set[tuple], dict[tuple, in
         if more >= 1 and all(b - a == more for a, b in itertools.pairwise(seen)):
             path.add(key)
             path.update(chain)
-    sizes = {}
+    spans = {}
     for file, qualname, _ in path:
-        for rel, name, lines in functions(repo):
+        for rel, name, first, last in function_spans(repo):
             if rel == file and name == qualname.replace(".<locals>", ""):
-                sizes[(file, qualname)] = lines
-    return path, sizes
+                spans[(file, qualname)] = (first, last)
+    return path, spans
+
+
+def path_lines(repo: Path, spans: dict[tuple, tuple[int, int]]) -> tuple[int, int]:
+    """(lines, code lines) of the path's definitions, each source line counted once (a nested
+    function's lie inside its parent's; code: `code_line_numbers`)."""
+    lines, code = 0, 0
+    for file in {file for file, _ in spans}:
+        numbers = set()
+        for (rel, _), (first, last) in spans.items():
+            if rel == file:
+                numbers.update(range(first, last + 1))
+        lines += len(numbers)
+        code += len(numbers & code_line_numbers(repo / PACKAGE / file))
+    return lines, code
 
 
 CONFIG_NAMES = {"config", "cfg", "optim", "data_config", "mesh_config", "experiment"}
@@ -389,7 +417,8 @@ def main() -> None:
 
 
 def print_step_path(repo: Path, label: str, extra: tuple) -> None:
-    path, path_sizes = step_path(repo, extra)
+    path, path_spans = step_path(repo, extra)
+    lines, code = path_lines(repo, path_spans)
     path_files = sorted({file for file, _, _ in path})
     comprehensions = sum(
         1 for _, name, _ in path if re.search(r"<(genexpr|listcomp|dictcomp|setcomp)>$", name)
@@ -397,7 +426,7 @@ def print_step_path(repo: Path, label: str, extra: tuple) -> None:
     print(
         f"one training step ({label}): {len(path_files)} files, {len(path)} functions "
         f"({len(path) - comprehensions} without comprehensions), "
-        f"{sum(path_sizes.values()):,} lines of them"
+        f"{lines:,} lines of them ({code:,} code)"
     )
     by_file = collections.defaultdict(list)
     for file, qualname, _ in sorted(path):
