@@ -35,11 +35,9 @@ class Recovery:
     def compiled_steps(self, log: RunLogger) -> Iterator[None]:
         """Within: compiled steps run and their metrics are fetched. An exception that a host
         callback of a step metric raised (config.step_metrics) is one plug-in error naming its
-        key and the user's frames, raised once the steps trained are saved. (Without user code
-        in play no host callback can raise: nothing to collect.)"""
-        if not self.user_code:
-            yield
-            return
+        key and the user's frames, raised once the steps trained are saved. Only with user code
+        in play (`user_code`): without it no host callback can raise, and the loop runs its
+        chunks without this guard."""
         with host_callback_errors() as callback_errors:
             try:
                 yield
