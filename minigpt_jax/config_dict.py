@@ -418,6 +418,7 @@ _MOVED_MODULES = {
     "minigpt_jax.model.attention_fns": "minigpt_jax.model.attention",
     "minigpt_jax.model.losses": "minigpt_jax.model.gpt",
     "minigpt_jax.model.dense": "minigpt_jax.model.layers",
+    "minigpt_jax.model.eval_metrics": "minigpt_jax.train.eval_metrics",
 }
 
 

@@ -103,7 +103,7 @@ REGISTRY_INDEX: dict[str, str] = {
     "data.tokenizer": "minigpt_jax.data.tokenizers:TOKENIZERS",
     "data.format": "minigpt_jax.data.formats:DATA_FORMATS",
     "loss.terms": "minigpt_jax.model.loss_terms:LOSS_TERMS",
-    "eval.metrics": "minigpt_jax.model.eval_metrics:METRICS",
+    "eval.metrics": "minigpt_jax.train.eval_metrics:METRICS",
     "step_metrics": "minigpt_jax.train.step_metrics:STEP_METRICS",
     "hooks.names": "minigpt_jax.train.hooks:HOOKS",
 }

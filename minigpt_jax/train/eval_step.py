@@ -15,9 +15,9 @@ from jax.sharding import Mesh
 
 from minigpt_jax import sharding
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.eval_metrics import METRICS, check_value, metric_name
 from minigpt_jax.model.gpt import GPT, Params, init_params, next_token_loss_terms, target_weights
 from minigpt_jax.model.loss_terms import PickedTerm
+from minigpt_jax.train.eval_metrics import METRICS, check_value, metric_name
 
 Array = chex.Array
 LossTerms = tuple[PickedTerm, ...]  # loss_terms.parse_terms(config.loss.terms, config.loss)

@@ -27,7 +27,6 @@ from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.finetune import fitted_params, new_parameters
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.leaks import remat_leak
 from minigpt_jax.model.loss_terms import PickedTerm, parse_terms, term_name
@@ -36,6 +35,7 @@ from minigpt_jax.model_files import LoadedModel, load_model
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.settings.shape_schedule import ShapeSchedule
+from minigpt_jax.train.eval_metrics import metric_name, parse_metrics
 from minigpt_jax.train.eval_step import check_metrics, make_eval_step, make_metric_step
 from minigpt_jax.train.gradients import step_gradient
 from minigpt_jax.train.metrics import reserved_key
