@@ -46,9 +46,9 @@ from experiments.training import (
     train_fresh,
 )
 from minigpt_jax import GPTConfig
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.tokenizers import load_tokenizer
 from minigpt_jax.model.embeddings import INIT_STDDEV
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.runtime.run_dir import TOKENS_FILENAME
 from minigpt_jax.train.step import init_state
 

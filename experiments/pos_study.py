@@ -33,10 +33,10 @@ from experiments.training import (
     val_curve,
 )
 from minigpt_jax import GPTConfig
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.dataset import get_batch
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model.gpt import next_token_losses
+from minigpt_jax.runtime.checkpoint import load_params
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")
 # The same scheme trained without its paper's sqrt(D) token scale, shown beside the fair runs.

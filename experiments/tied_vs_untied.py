@@ -29,7 +29,7 @@ from experiments.training import (
     val_curve,
 )
 from minigpt_jax import GPTConfig, count_params
-from minigpt_jax.checkpoint import load_params
+from minigpt_jax.runtime.checkpoint import load_params
 
 WIDTHS = (64, 128)  # n_embd; 128 is shakespeare_char's
 

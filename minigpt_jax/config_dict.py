@@ -419,6 +419,7 @@ _MOVED_MODULES = {
     "minigpt_jax.model.losses": "minigpt_jax.model.gpt",
     "minigpt_jax.model.dense": "minigpt_jax.model.layers",
     "minigpt_jax.model.eval_metrics": "minigpt_jax.train.eval_metrics",
+    "minigpt_jax.checkpoint": "minigpt_jax.runtime.checkpoint",
 }
 
 

@@ -16,7 +16,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.data.tokenizers import (
     Tokenizer,
     has_gpt2_tokenizer_files,
@@ -36,6 +35,7 @@ from minigpt_jax.gpt2 import (
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.settings.groups import SPEED, declarations
 from minigpt_jax.settings.registry import changed_user_modules, is_user_key

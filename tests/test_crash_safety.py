@@ -35,9 +35,9 @@ from helpers import (
     trajectory,
 )
 
-from minigpt_jax.checkpoint import CheckpointError, load_params
 from minigpt_jax.data import in_memory
 from minigpt_jax.data.tokenizers import CharTokenizer
+from minigpt_jax.runtime.checkpoint import CheckpointError, load_params
 from minigpt_jax.runtime.locks import RunDirectoryInUse, RunLock
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
@@ -393,7 +393,7 @@ def test_a_checkpoint_restored_with_non_finite_tensors_is_skipped(
     silently; the run then said "the last good checkpoint, step 40, is kept" (40 was the
     damaged one, 36 intact). A restored float tensor that is not finite (no run saves one)
     marks the checkpoint damaged: the previous intact one is used."""
-    from minigpt_jax import checkpoint
+    from minigpt_jax.runtime import checkpoint
 
     real_restore = checkpoint._restore
 
@@ -419,7 +419,7 @@ def _restoring_negative_nu(monkeypatch, damaged_steps):
     """checkpoint._restore handing back, for each step in damaged_steps, Adam's second moments
     negated: finite tensors (so the restore passes) whose first update is NaN, as 32 bytes
     flipped in a checkpoint's array data with its sha256sums.txt written again give."""
-    from minigpt_jax import checkpoint
+    from minigpt_jax.runtime import checkpoint
 
     real_restore = checkpoint._restore
 
@@ -858,7 +858,7 @@ def test_disk_full_while_saving_best_is_reported_once(corpus_file, tmp_path, mon
     """best/ fails for want of space at an evaluation (issue: CI printed a logged "the step-120
     evaluation failed; the steps trained could not be saved" line before the one-line error,
     from a second save to the full disk): the disk-full error alone, nothing logged."""
-    from minigpt_jax.checkpoint import Checkpointer
+    from minigpt_jax.runtime.checkpoint import Checkpointer
 
     def no_space(self, step, params, meta):
         raise OSError(errno.ENOSPC, f"no space left on the device while saving step {step}")
@@ -875,7 +875,7 @@ def test_only_orbax_leftovers_are_silenced():
     """The unraisable-error filter drops orbax's two leftover reports and passes on the rest."""
     import asyncio
 
-    from minigpt_jax import checkpoint
+    from minigpt_jax.runtime import checkpoint
 
     seen = []
     previous, sys.unraisablehook = sys.unraisablehook, seen.append

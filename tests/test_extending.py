@@ -18,10 +18,10 @@ from helpers import extending_files, pydoc_text, train_args
 from tensorboardX.proto import event_pb2
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config_dict import check_experiment_config, default_config
 from minigpt_jax.model.loss_terms import parse_terms
 from minigpt_jax.optimizers import make_optimizer
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.settings import options_of
 from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.metrics import read_metrics

@@ -16,13 +16,13 @@ import pytest
 from helpers import extending_files, pydoc_text, tensorboard_scalars, train_args
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config_dict import check_experiment_config, default_config
 from minigpt_jax.data.dataset import get_batch
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.gpt import forward_with_attention
 from minigpt_jax.optimizers import build_optimizer, decay_mask, make_optimizer
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.settings.registry import RegistryError
 from minigpt_jax.train.metrics import read_metrics
 
@@ -199,7 +199,7 @@ def test_schedule_free_is_evaluated_at_x_not_at_the_trained_y(user_dir, tmp_path
     assert abs(y_loss - logged["val_loss"]) > 1e-3
     # x from the schedule-free state's z, restored into the optimizer's own structure.
     tx, _ = make_optimizer(config.optim, config.num_steps)
-    from minigpt_jax.checkpoint import Checkpointer
+    from minigpt_jax.runtime.checkpoint import Checkpointer
     from minigpt_jax.train.step import init_state
 
     target = jax.eval_shape(lambda: init_state(cfg, tx, jax.random.key(0)))

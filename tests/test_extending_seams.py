@@ -20,12 +20,12 @@ from helpers import extending_files, pydoc_text, train_args
 from jax.sharding import PartitionSpec
 
 from minigpt_jax import GPTConfig, forward, init_params, sharding
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.model.gpt import GPT, init_annotated_params
 from minigpt_jax.model.param_meta import UndeclaredParameterError
 from minigpt_jax.model.variants import attention as variants
 from minigpt_jax.muon import muon_dimension_numbers
 from minigpt_jax.optimizers import decay_mask
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.train.metrics import read_metrics
 
 # The full suite only (`python -m pytest -q`): plug-ins trained through the CLI.

@@ -15,10 +15,10 @@ import pytest
 from helpers import REPO, cli_in, extending_files
 
 from minigpt_jax import GPTConfig, forward, init_params
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.finetune import fitted_params, new_parameters
 from minigpt_jax.model_files import LoadedModel, shape_mismatch
 from minigpt_jax.optimizers import make_optimizer
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.settings.groups import Optim, check_values, defaults
 from minigpt_jax.train.step import init_state, train_step
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import steps, tiny_config, train_args
 
-from minigpt_jax.checkpoint import DIGEST_FILENAME
+from minigpt_jax.runtime.checkpoint import DIGEST_FILENAME
 from minigpt_jax.train import guard
 from minigpt_jax.train.metrics import read_metrics
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from minigpt_jax.checkpoint import load_params
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.sharding import HEARTBEAT_TIMEOUT_ENV
 
 pytestmark = pytest.mark.slow

@@ -31,8 +31,8 @@ from helpers import (
 )
 
 from minigpt_apps.lab import serving
-from minigpt_jax import checkpoint
-from minigpt_jax.checkpoint import check_digest, load_params, write_digest
+from minigpt_jax.runtime import checkpoint
+from minigpt_jax.runtime.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.train.loop import train_and_evaluate
 
 # The full suite only (`python -m pytest -q`): commands in subprocesses, signalled and refused.
@@ -212,7 +212,7 @@ def test_a_signal_while_a_command_starts_is_one_line(reference, corpus_file, tmp
 
 def test_a_run_stopped_while_checking_its_checkpoints_claims_no_step(copy_of, corpus_file):
     args = crash_train_args(copy_of, corpus_file) + ["--config.num_steps=44"]
-    result = _signalled(args, "SIGTERM", "minigpt_jax.checkpoint:newest_intact_step")
+    result = _signalled(args, "SIGTERM", "minigpt_jax.runtime.checkpoint:newest_intact_step")
     assert result.returncode == 143, result.stderr
     assert result.stderr.splitlines() == [
         "SIGTERM received while checking the checkpoints, before training: nothing new to save; "

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import pydoc_text, snapshot, tiny_config
 
-from minigpt_jax.checkpoint import load_params
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume_data

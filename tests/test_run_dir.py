@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helpers import tensorboard_scalars
 
-from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data.in_memory import prepare_dataset
 from minigpt_jax.runtime import locks as run_lock
+from minigpt_jax.runtime.checkpoint import Checkpointer
 from minigpt_jax.runtime.run_dir import RunDir, fingerprint_path
 from minigpt_jax.train import metrics
 

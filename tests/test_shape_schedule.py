@@ -22,10 +22,10 @@ from helpers import (
     trajectory,
 )
 
-from minigpt_jax.checkpoint import load_params
 from minigpt_jax.config_dict import check_experiment_config
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.gpt import init_params
+from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.settings.shape_schedule import ShapeSchedule, parse_step_schedule
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics

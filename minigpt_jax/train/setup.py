@@ -22,7 +22,6 @@ from typing import Any
 import jax
 
 from minigpt_jax import budget, sharding
-from minigpt_jax.checkpoint import Checkpointer
 from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.finetune import fitted_params, new_parameters
@@ -33,6 +32,7 @@ from minigpt_jax.model.loss_terms import PickedTerm, parse_terms, term_name
 from minigpt_jax.model.speed.kernels import choose_kernel
 from minigpt_jax.model_files import LoadedModel, load_model
 from minigpt_jax.optimizers import OptimizerParts, build_optimizer
+from minigpt_jax.runtime.checkpoint import Checkpointer
 from minigpt_jax.settings.registry import is_user_key, user_module_digests, user_modules
 from minigpt_jax.settings.shape_schedule import ShapeSchedule
 from minigpt_jax.train.eval_metrics import metric_name, parse_metrics
