@@ -274,7 +274,7 @@ def _model_note(cfg) -> str:
     gelu = "tanh" if cfg.gelu_approximate else "erf"
     attention = choose_kernel(cfg, weight_dropout=cfg.dropout > 0, cached=False)
     chunk = f" loss_chunk={cfg.loss_chunk}" if cfg.loss_chunk else ""
-    matmul = backend.for_training(cfg).matmul_dtype
+    matmul = backend.matmul_dtype(backend.for_training(cfg))
     if matmul == "bfloat16" and not backend.bf16_matmuls_pay():
         matmul += "(no bf16 dot unit: converted to float32)"
     return (

@@ -302,10 +302,18 @@ class MatmulDtypeTest(parameterized.TestCase):
     @parameterized.parameters((True, "bfloat16"), (False, "float32"))
     def test_a_training_step_resolves_auto_by_the_cpus_bf16_unit(self, pays, want):
         with unittest.mock.patch.object(backend, "bf16_matmuls_pay", return_value=pays):
-            self.assertEqual(backend.for_training(CFG).matmul_dtype, want)
+            self.assertEqual(backend.matmul_dtype(backend.for_training(CFG)), want)
             for choice in ("float32", "bfloat16"):  # a dtype asked for by name is kept
                 cfg = CFG.replace(matmul_dtype=choice)
                 self.assertIs(backend.for_training(cfg), cfg)
+
+    def test_auto_that_trains_in_float32_keeps_the_runs_config(self):
+        """Where "auto" trains in float32, as the model reads it, the step is traced with the
+        run's own config (no second one); where it trains in bfloat16 the step's says so."""
+        with unittest.mock.patch.object(backend, "bf16_matmuls_pay", return_value=False):
+            self.assertIs(backend.for_training(CFG), CFG)
+        with unittest.mock.patch.object(backend, "bf16_matmuls_pay", return_value=True):
+            self.assertEqual(backend.for_training(CFG).matmul_dtype, "bfloat16")
 
     def test_the_train_chunk_is_traced_with_the_training_resolution(self):
         """One step of make_train_chunk with "auto" equals, bit for bit, the step with this
@@ -316,7 +324,7 @@ class MatmulDtypeTest(parameterized.TestCase):
 
         tx, schedule = optax.adam(1e-2), optax.constant_schedule(1e-2)
         batches_CxBxT1 = _tokens_BxT1()[None]
-        resolved = backend.for_training(CFG).matmul_dtype
+        resolved = backend.matmul_dtype(backend.for_training(CFG))
         other = "float32" if resolved == "bfloat16" else "bfloat16"
         grad_norms = {}
         for name, cfg in (("auto", CFG), (resolved, CFG.replace(matmul_dtype=resolved)),

@@ -26,7 +26,7 @@ def test_side_by_side_prints_the_table_and_the_loss_check(capsys):
     )
     out = capsys.readouterr().out
     # The training step's "auto" on this CPU, and beside it in every run the other dtype.
-    picked = backend.for_training(GPTConfig()).matmul_dtype
+    picked = backend.matmul_dtype(backend.for_training(GPTConfig()))
     other, column = (
         ("float32", "jax default, float32 matmuls")
         if picked == "bfloat16"

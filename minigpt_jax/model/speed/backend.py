@@ -138,8 +138,9 @@ def for_training(cfg: GPTConfig) -> GPTConfig:
     ms/step on an AMD EPYC with AVX512-BF16, its loss curve within seed noise of float32:
     docs/speed.md) and "float32" elsewhere; any other value as it is. The run's config
     keeps "auto" (checkpoints move between machines); each machine's step is the same on
-    every rerun."""
-    if cfg.matmul_dtype == "auto":
+    every rerun. Where "auto" trains in float32, which is what the model reads "auto" as
+    (`matmul_dtype`), the run's config is the step's as it is: no second config."""
+    if cfg.matmul_dtype == "auto" and training_matmul_dtype() != matmul_dtype(cfg):
         cfg = cfg.replace(matmul_dtype=training_matmul_dtype())
     speed_of(cfg)  # made now, once, rather than while the step is traced
     return cfg
