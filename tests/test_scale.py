@@ -399,3 +399,19 @@ def test_the_check_run_is_the_ladder_shape_nearest_n_opt_chosen_once(tmp_path):
     assert point.flops <= 8e8 and point.num_steps == int(8e8 / point.flops_per_token / 64)
     findings.n_opt = fit.Interval(5_000.0, 4_000.0, 6_000.0, 50, 50)  # a refit elsewhere
     assert command._check_point(study, findings, args) == point
+
+
+def test_the_check_run_may_be_a_shape_of_the_grid_off_the_ladder(tmp_path):
+    """With --sizes, a listed shape nearer N_opt than any of the ladder's is the check run's (a
+    study of hand-picked shapes checked on one it never listed missed its own optimum)."""
+    from minigpt_apps.scale import report
+
+    grid = [*GRID[:2], "--sizes", "1x16,1x32,2x32,2x48", *GRID[4:]]
+    study, args = command.check(["--config", TINY, "--out", str(tmp_path / "out"), *grid])
+    (tmp_path / "out").mkdir()
+    findings = report.Findings([], None, None, [], 8e8, 2.0)
+    findings.n_opt = fit.Interval(60_000.0, 40_000.0, 90_000.0, 50, 50)
+    # L2-D48 (off the aspect-16 ladder): 2·(12·48² + 13·48) + 2·48 + 103·48 = 61,584 weights,
+    # against the ladder's L2-D32 28,768 and L3-D48 89,856.
+    point = command._check_point(study, findings, args)
+    assert point.shape == plans.Shape(2, 48, 3) and point.params == 61_584

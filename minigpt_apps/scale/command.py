@@ -25,10 +25,10 @@ Fits: per budget a parabola in ln N (its vertex N_opt(C), D_opt(C)), then N_opt 
 D_opt ∝ C^b; and L(N, D) = E + A/N^α + B/D^β with a Huber loss on log residuals from many
 starts; every parameter and prediction with a 95% percentile-bootstrap interval over runs, or
 "not identified" with the reason. At --predict k × the largest budget: N_opt, D_opt and the
-loss of the nearest ladder shape; --check trains that run and says whether its loss falls in
-the interval. Written into OUT: report.md, results.csv, isoflop.png, frontier.png,
-loss_vs_compute.png. --dry_run prints the grid and an estimated time and writes nothing.
-Exit status 0 when every run has ended, 1 when a signal stopped the study (rerun to resume
+loss of the nearest shape (the ladder's or the grid's own); --check trains that run and says
+whether its loss falls in the interval. Written into OUT: report.md, results.csv, isoflop.png,
+frontier.png, loss_vs_compute.png. --dry_run prints the grid and an estimated time and writes
+nothing. Exit status 0 when every run has ended, 1 when a signal stopped the study (rerun to resume
 it) or when --check trained no run (the prediction not identified), 2 for a refused command.
 """
 
@@ -155,8 +155,9 @@ def grid_lines(study: plans.Study, gflops: float) -> list[str]:
 
 
 def _check_point(study: plans.Study, findings: report.Findings, args) -> plans.Point | None:
-    """The check run: the ladder shape nearest N_opt at the predicted budget, chosen once
-    (OUT/check.json) so a rerun trains the same run whatever a refit says."""
+    """The check run: the shape nearest N_opt at the predicted budget, among the ladder's (up to
+    4× the deepest trained) and the grid's own (--sizes), chosen once (OUT/check.json) so a
+    rerun trains the same run whatever a refit says."""
     if findings.n_opt is None:
         return None
     path = study.out / CHECK_FILE
@@ -167,9 +168,10 @@ def _check_point(study: plans.Study, findings: report.Findings, args) -> plans.P
     else:
         depths = range(1, 4 * max(p.shape.n_layer for p in study.points) + 1)
         ladder = plans.ladder(list(depths), args.aspect, args.head_dim)
+        shapes = list(dict.fromkeys([*ladder, *(p.shape for p in study.points)]))
         target = math.log(findings.n_opt.value)
         shape = min(
-            ladder,
+            shapes,
             key=lambda s: abs(
                 math.log(plans.check_point(study, findings.predict_budget, s).params) - target
             ),

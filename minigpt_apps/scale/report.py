@@ -192,7 +192,7 @@ def markdown(study: Study, findings: Findings, command: list[str]) -> str:
     if findings.check is not None:
         q = findings.check
         lines.append(
-            f"The nearest shape of the ladder: {q.shape.name} (N = {q.params:,}), "
+            f"The nearest shape (the ladder's or the grid's): {q.shape.name} (N = {q.params:,}), "
             f"{q.tokens:,} tokens in {q.num_steps} steps ({q.flops:.3g} FLOPs)."
         )
     if findings.check_loss is not None:
