@@ -3,13 +3,15 @@
 predicted and checked.
 
     python -m experiments.scaling                       # the grid and its estimated time only
-    python -m experiments.scaling --run --workers 2     # train it (about 21 min on 2 idle cores)
+    python -m experiments.scaling --run --workers 2     # train it (see experiments/README.md §15)
 
 It is `minigpt-jax scale` with the arguments below (STUDY); --run drops --dry_run and adds
 --check, and any other argument passes through (e.g. --out, --workers, --gflops). The study:
-4 budgets × the ladder L = 1..6 (width 16·L, heads of 16: 5 thousand to 0.7 million weights),
-each run at least 50 and at most 40,000 steps of 16 × 64 tokens (so the smallest model drops out
-of the largest budget), dropout off, a cosine schedule as long as each run.
+3 budgets (1e12, 3e12, 9e12 FLOPs) × 11 shapes L×D, heads of 16, 10 thousand to 0.4 million
+weights, spaced about ×1.3 to ×2 in N around the minima a first grid found (every depth 1..5 at
+width 16·L, and the shapes between them); each run at least 50 and at most 40,000 steps of
+16 × 64 tokens (so the smallest models drop out of the largest budget), dropout off, a cosine
+schedule as long as each run. The check trains the predicted size at 2× the largest budget.
 
 The corpus is the standard library's .py files of the Python that runs this, in sorted order
 (`stdlib_corpus`, about 31 million characters for 3.11: its sha256 is in each run's data
@@ -34,9 +36,8 @@ STUDY = [
     "--set", "data.corpus=text",
     "--set", f"data.path={CORPUS}",
     "--set", "model.dropout=0.0",
-    "--budgets", "5e11,1.5e12,4.5e12,1.35e13",
-    "--depths", "1,2,3,4,5,6",
-    "--aspect", "16",
+    "--budgets", "1e12,3e12,9e12",
+    "--sizes", "1x16,2x16,1x32,2x32,3x32,2x48,3x48,4x48,3x64,4x64,5x80",
     "--head_dim", "16",
     "--min_steps", "50",
     "--max_steps", "40000",
