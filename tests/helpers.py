@@ -65,6 +65,14 @@ def crash_config(corpus_file, **overrides):
     return tiny_config(corpus_file, **{**CRASH_SETTINGS, **overrides})
 
 
+def trained_tiny(workdir: Path, corpus_file, steps: int) -> Path:
+    """`workdir` with tiny_config trained `steps` steps in process, evaluated and saved at the
+    last one."""
+    config = tiny_config(corpus_file, num_steps=steps, eval_every=steps, checkpoint_every=steps)
+    train_and_evaluate(config, workdir, progress=False)
+    return workdir
+
+
 def resume(workdir, corpus_file, **overrides):
     """crash_config trained in process in `workdir` (resuming what is there)."""
     return train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)

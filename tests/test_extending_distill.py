@@ -11,13 +11,12 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import THREE_TINY_STEPS, cli_in, extending_files, tiny_config
+from helpers import THREE_TINY_STEPS, cli_in, extending_files, trained_tiny
 
 from minigpt_jax import GPTConfig, load_model
 from minigpt_jax.model.gpt import GPT, init_params
 from minigpt_jax.model.loss_terms import parse_terms
 from minigpt_jax.settings.groups import Loss
-from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.step import loss_fn
 
 WEIGHT = 0.5  # my_distill.distill's default weight
@@ -26,10 +25,7 @@ WEIGHT = 0.5  # my_distill.distill's default weight
 @pytest.fixture(scope="module")
 def teacher_dir(corpus_file, tmp_path_factory):
     """The teacher: configs/tiny.py trained 4 steps on the suite's corpus."""
-    workdir = tmp_path_factory.mktemp("teacher")
-    config = tiny_config(corpus_file, num_steps=4, eval_every=4, checkpoint_every=4)
-    train_and_evaluate(config, workdir, progress=False)
-    return workdir
+    return trained_tiny(tmp_path_factory.mktemp("teacher"), corpus_file, steps=4)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from helpers import (
     snapshot,
     tiny_config,
     train_args,
+    trained_tiny,
     trajectory,
 )
 
@@ -373,10 +374,7 @@ def test_a_workdir_that_is_a_file_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_run(corpus_file, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("small_run")
-    config = tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
-    train_and_evaluate(config, workdir, progress=False)
-    return workdir
+    return trained_tiny(tmp_path_factory.mktemp("small_run"), corpus_file, steps=2)
 
 
 def test_export_disk_full_is_one_line_and_leaves_nothing(small_run, tmp_path):
