@@ -24,9 +24,6 @@ from minigpt_jax.model.config import CAUSAL, NO_SCORE, STANDARD, GPTConfig
 from minigpt_jax.model.layers import INIT_STDDEV, dense_options, residual_init, rms_normalize
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_queries
-from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.model.speed.backend import speed_of
-from minigpt_jax.settings.registry import REGISTRIES
 
 Array = chex.Array
 ATTENTION = ("attention",)  # the tag of every parameter of the attention (param_meta)
@@ -179,7 +176,7 @@ class MultiHeadAttention(nn.Module):
 
     `cfg.attention_mask` picks the mask, `cfg.attention_score` the score function (with the
     query and key positions: the cache's for the KV-cache path) and
-    `speed.kernels.choose_kernel` the kernel (once per config: `speed_of(cfg).kernels`). The
+    `speed.kernels.choose_kernel` the kernel (once per config: `cfg.parts.speed.kernels`). The
     explicit path sows the attention weights (B, H, T, S) into the 'intermediates' collection
     as `attention_weights`; see `model.forward_with_attention`, which asks for it.
 
@@ -206,7 +203,7 @@ class MultiHeadAttention(nn.Module):
         q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = project_qkv(cfg, x_BxTxD)
         if cfg.qk_norm:
             q_BxTxHxK, k_BxTxGxK = rms_normalize(q_BxTxHxK), rms_normalize(k_BxTxGxK)
-        rotary = POSITION_ENCODINGS[cfg.pos_encoding].rotary
+        rotary = cfg.parts.position.rotary
         if rotary is not None:
             q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, cfg)
             k_BxTxGxK = rotary(k_BxTxGxK, positions_BxT, cfg)
@@ -231,7 +228,9 @@ class MultiHeadAttention(nn.Module):
         # scores -> softmax -> mix, through the kernel chosen for this kind of call; the
         # explicit path sows its weights (B, H, T, S) as `attention_weights` and drops them out.
         weight_dropout = not deterministic and cfg.dropout > 0
-        kernel = speed_of(cfg).kernels[weight_dropout, cache is not None, mask is None or triangle]
+        kernel = cfg.parts.speed.kernels[
+            weight_dropout, cache is not None, mask is None or triangle
+        ]
         score = None  # the raw scores' entry, bound to the positions (none by default)
         if cfg.attention_score != NO_SCORE:
             entry_score = score_fn(cfg)
@@ -288,7 +287,7 @@ def entry_mask(
     query and key positions (`segments_BxT`: packed documents); with a `cache` (its key
     positions, `k_positions_BxS`) only its filled slots are seen, and a sample continues one
     document, document 0."""
-    mask_entry = REGISTRIES["model.attention_mask"][cfg.attention_mask]
+    mask_entry = cfg.parts.mask
     documents = () if segments_BxT is None else (segments_BxT, segments_BxT)
     if cache is not None and mask_entry.documents:
         documents = (jnp.zeros_like(positions_BxT), jnp.zeros_like(k_positions_BxS))

@@ -19,7 +19,6 @@ named here (`Builtin`) and imported only when picked.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +28,8 @@ import jax
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
-from minigpt_jax.model.attention_masks import ATTENTION_MASKS
-from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.layers import INIT_STDDEV, NORMS, activation_fn, dense_options, residual_init
+from minigpt_jax.model.config import GPTConfig, takes_carry
+from minigpt_jax.model.layers import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.settings.registry import Builtin, ContractError, Registry, expect_shape
 
@@ -44,7 +42,7 @@ MLP_TAGS = ("mlp",)  # the tag of every parameter of the MLPs (param_meta)
 
 def norm(cfg: GPTConfig, name: str) -> nn.Module:
     """cfg.norm's layer (layers.NORMS): LayerNorm by default."""
-    return NORMS[cfg.norm](cfg, name)
+    return cfg.parts.norm(cfg, name)
 
 
 # The init of a D -> F kernel, whose F the mesh's tensor axis splits.
@@ -101,7 +99,7 @@ class MLP(nn.Module):
             name="fc",
             **dense_options(cfg),
         )(x_BxTxD)
-        h_BxTxF = activation_fn(cfg)(h_BxTxF)
+        h_BxTxF = cfg.parts.activation(h_BxTxF)
         out_BxTxD = out_proj(cfg, gpt2=True)(h_BxTxF)
         return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
@@ -175,15 +173,9 @@ class Block(nn.Module):
             segments_BxT=segments_BxT,
         )
         x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
-        mlp = MLPS[cfg.mlp](cfg, name="mlp")
+        mlp = cfg.parts.mlp(cfg, name="mlp")
         h_BxTxD = mlp(norm(cfg, "ln_2")(x_BxTxD), deterministic=deterministic)
         return x_BxTxD + h_BxTxD, cache
-
-
-def takes_carry(entry: type[nn.Module]) -> bool:
-    """Whether a block entry passes state between layers: its call takes `carry=` (what the
-    block before it returned; None for the first) and returns (x_BxTxD, cache, carry)."""
-    return "carry" in inspect.signature(entry.__call__).parameters
 
 
 def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
@@ -192,7 +184,7 @@ def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
     a mask that packs documents it takes `segments_BxT=` too."""
     x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
     positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
-    documents = ATTENTION_MASKS[cfg.attention_mask].documents
+    documents = cfg.parts.mask.documents
     carries = takes_carry(entry)
 
     def init(x, p):

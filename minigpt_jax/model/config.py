@@ -7,12 +7,20 @@ config holds is declared in `settings`, and how a config file is loaded is `conf
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
 from minigpt_jax.settings.groups import AUTO, MODEL, SPEED, Group, check_values, setting
-from minigpt_jax.settings.registry import REGISTRIES, Registry, RegistryError, RegistryRef
+from minigpt_jax.settings.registry import (
+    REGISTRIES,
+    Registry,
+    RegistryError,
+    RegistryRef,
+    resolve_builtin,
+)
 
 # Fixed sets of names, checked by their registries like every other choice (no module:attr).
 # The model's other registries live beside their entries (positions, attention_masks, layers,
@@ -27,6 +35,37 @@ NO_SCORE = "none"
 # registries' dispatch.
 CAUSAL = "causal"
 STANDARD = "standard"
+# What the "auto" speed settings mean on this backend: the speed room's door, which imports this
+# module, so it is named here rather than imported (model/speed/backend.py).
+SPEED_CHOICES = "minigpt_jax.model.speed.backend:speed_of"
+
+
+def takes_carry(entry: type) -> bool:
+    """Whether a block entry passes state between layers: its call takes `carry=` (what the
+    block before it returned; None for the first) and returns (x_BxTxD, cache, carry)."""
+    return "carry" in inspect.signature(entry.__call__).parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+    """The entries a config picks, each looked up in its registry once (`GPTConfig.parts`):
+    what the model's modules call, so a trace of the model reads no registry.
+
+    block: the block class (model.block); carries: whether it passes state between layers (its
+    call takes `carry=`); mlp, norm: their entries; activation: the MLP's activation function
+    (gelu in cfg.gelu_approximate's form); position: the position scheme (model.pos_encoding);
+    mask: the attention mask's entry; speed: the speed settings as this backend runs them
+    (`model.speed.backend.SpeedChoices`).
+    """
+
+    block: Any
+    carries: bool
+    mlp: Any
+    norm: Any
+    activation: Any
+    position: Any
+    mask: Any
+    speed: Any
 
 
 class KernelChoices:
@@ -353,10 +392,30 @@ class GPTConfig(Group):
                 f"use attention='auto', which falls back to XLA."
             )
 
+    @functools.cached_property
+    def parts(self) -> ModelParts:
+        """The entries this config picks and its speed choices, resolved on first use and kept
+        with the config (a training step's config has them before it is traced:
+        `speed.backend.for_training`)."""
+        block = REGISTRIES["model.block"][self.block]
+        gelu_form = "gelu_tanh" if self.gelu_approximate else "gelu"
+        return ModelParts(
+            block=block,
+            carries=takes_carry(block),
+            mlp=REGISTRIES["model.mlp"][self.mlp],
+            norm=REGISTRIES["model.norm"][self.norm],
+            activation=REGISTRIES["model.activation"][
+                gelu_form if self.activation == "gelu" else self.activation
+            ],
+            position=REGISTRIES["model.pos_encoding"][self.pos_encoding],
+            mask=REGISTRIES["model.attention_mask"][self.attention_mask],
+            speed=resolve_builtin(SPEED_CHOICES)(self),
+        )
+
     def __getstate__(self) -> dict[str, Any]:
-        """A pickle leaves the speed choices out: another process (another backend) makes its
-        own (`model.speed.backend.speed_of`)."""
-        return {k: v for k, v in super().__getstate__().items() if k != "_speed"}
+        """A pickle leaves the resolved parts and speed choices out: another process (another
+        backend) makes its own (`parts`, `model.speed.backend.speed_of`)."""
+        return {k: v for k, v in super().__getstate__().items() if k not in ("_speed", "parts")}
 
     def replace(self, **changes: Any) -> GPTConfig:
         """A copy with `changes`: fields, or settings the picked entries declare

@@ -11,7 +11,6 @@ from minigpt_jax.model.config import STANDARD, GPTConfig
 from minigpt_jax.model.layers import INIT_STDDEV
 from minigpt_jax.model.param_meta import declare
 from minigpt_jax.model.parametrization import scale_readout
-from minigpt_jax.model.positions import POSITION_ENCODINGS
 
 Array = chex.Array
 
@@ -85,7 +84,7 @@ class Embeddings(nn.Module):
                 init, ("tensor", None), decay=True, gpt2="wte.weight", tags=("embedding",)
             ),
         )
-        if POSITION_ENCODINGS[cfg.pos_encoding].learned:
+        if cfg.parts.position.learned:
             self.pos = nn.Embed(
                 cfg.block_size,
                 cfg.n_embd,
@@ -104,7 +103,7 @@ class Embeddings(nn.Module):
         Ids must lie in [0, V): see `check_token_ids`.
         """
         cfg = self.cfg
-        scheme = POSITION_ENCODINGS[cfg.pos_encoding]
+        scheme = cfg.parts.position
         chex.assert_rank(tokens_BxT, 2)
         chex.assert_type(tokens_BxT, int)
         length = tokens_BxT.shape[1]

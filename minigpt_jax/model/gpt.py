@@ -31,8 +31,7 @@ import jax.numpy as jnp
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache
-from minigpt_jax.model.attention_masks import ATTENTION_MASKS
-from minigpt_jax.model.blocks import BLOCKS, norm, takes_carry
+from minigpt_jax.model.blocks import norm
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import Embeddings, check_token_ids, read_out
 from minigpt_jax.model.layers import INIT_STDDEV
@@ -47,8 +46,6 @@ from minigpt_jax.model.loss_terms import (
 )
 from minigpt_jax.model.param_meta import ParamMeta, declare
 from minigpt_jax.model.parametrization import scale_init
-from minigpt_jax.model.positions import POSITION_ENCODINGS
-from minigpt_jax.model.speed.backend import speed_of
 from minigpt_jax.model.step_variable import STEP_COLLECTION, STEP_LEAF
 
 Array = chex.Array
@@ -95,11 +92,10 @@ class GPT(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.embed = Embeddings(cfg)
-        block = BLOCKS[cfg.block]
-        self.carries = takes_carry(block)  # its blocks pass state between layers (`carry=`)
+        block = cfg.parts.block
         if cfg.remat != "none":
             # Argument 3 counts the module: (self, x, positions, deterministic).
-            block = nn.remat(block, static_argnums=(3,), policy=speed_of(cfg).remat_policy)
+            block = nn.remat(block, static_argnums=(3,), policy=cfg.parts.speed.remat_policy)
         self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.n_layer)]
         self.ln_f = norm(cfg, "ln_f")
         if not cfg.tie_embeddings:
@@ -118,10 +114,10 @@ class GPT(nn.Module):
         come from the end-of-text ids (`document_layout`)."""
         cfg = self.cfg
         segments = {}
-        if cache is None and packs_documents(cfg):
+        if cache is None and cfg.parts.mask.documents:
             segments_BxT, document_positions_BxT = document_layout(tokens_BxT, cfg)
             segments = {"segments_BxT": segments_BxT}
-            if POSITION_ENCODINGS[cfg.pos_encoding].per_document:
+            if cfg.parts.position.per_document:
                 positions_BxT = document_positions_BxT
         if cache is not None:
             chex.assert_shape(positions_BxT, tokens_BxT.shape)
@@ -134,7 +130,7 @@ class GPT(nn.Module):
             positions_BxT = jnp.arange(tokens_BxT.shape[1])[None, :]
         new_cache, carry = [], None
         for i, block in enumerate(self.blocks):
-            carried = {"carry": carry} if self.carries else {}
+            carried = {"carry": carry} if cfg.parts.carries else {}
             with naming_remat_leaks(cfg) if cfg.remat != "none" else contextlib.nullcontext():
                 x_BxTxD, layer_cache, *carry_out = block(
                     x_BxTxD,
@@ -144,7 +140,7 @@ class GPT(nn.Module):
                     **segments,
                     **carried,
                 )
-            carry = carry_out[0] if self.carries else None
+            carry = carry_out[0] if cfg.parts.carries else None
             new_cache.append(layer_cache)
             # Each block's mean square output, for terms of the model's internals
             # (loss_terms.activation_l2); kept only when applied with mutable 'intermediates'.
@@ -238,7 +234,7 @@ def _dropout_rngs(cfg: GPTConfig, train: bool, rng: Array | None) -> dict:
 
 def packs_documents(cfg: GPTConfig) -> bool:
     """Whether cfg's attention mask packs documents (`AttentionMask(documents=True)`)."""
-    return ATTENTION_MASKS[cfg.attention_mask].documents
+    return cfg.parts.mask.documents
 
 
 def document_layout(tokens_BxT: Array, cfg: GPTConfig) -> tuple[Array, Array]:
@@ -261,7 +257,7 @@ def target_weights(tokens_BxT1: Array, cfg: GPTConfig) -> Array:
     target across a document boundary (its input is an end-of-text) when cfg packs documents.
     Means and sums of the losses weigh each target by it."""
     inputs_BxT = tokens_BxT1[:, :-1]
-    if not packs_documents(cfg):
+    if not cfg.parts.mask.documents:
         return jnp.ones(inputs_BxT.shape, jnp.float32)
     return (inputs_BxT != cfg.vocab_size - 1).astype(jnp.float32)
 
@@ -487,6 +483,6 @@ def flops_per_token(cfg: GPTConfig) -> int:
     work only: the vocabulary padding's multiplies are not counted.
     """
     n = count_params(cfg)
-    if POSITION_ENCODINGS[cfg.pos_encoding].learned:
+    if cfg.parts.position.learned:
         n -= cfg.block_size * cfg.n_embd
     return 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size

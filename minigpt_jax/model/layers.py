@@ -3,7 +3,7 @@ activations (the registries `NORMS` and `ACTIVATIONS`).
 
 Dense layers are flax's, differentiated by autodiff; where a faster contraction of the same
 math stands in (a hand-written VJP, bfloat16 operands: `GPTConfig.dense_grad`, `matmul_dtype`),
-it comes from the speed room in one call, `speed_of(cfg).dot_general` (model/speed/dense.py).
+it comes from the speed room in one read, `cfg.parts.speed.dot_general` (model/speed/dense.py).
 
 A norm entry is one function `(cfg, name) -> flax module` that normalises the last axis (D);
 an activation entry is one function `x -> x`, applied elementwise to the MLP's hidden units.
@@ -12,7 +12,7 @@ own (e.g. `--config.model.activation=jax.nn:silu`).
 
 LayerNorm is flax's likewise; where a faster layer of the same math and
 parameters stands in (a hand-written VJP: `GPTConfig.norm_grad`), it comes from the speed room
-in one call, `speed_of(cfg)` (minigpt_jax/model/speed/).
+in one read, `cfg.parts.speed` (minigpt_jax/model/speed/).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.speed.backend import speed_of
 from minigpt_jax.settings.registry import ContractError, Registry, expect_shape
 
 Array = chex.Array
@@ -44,7 +43,7 @@ def dense_options(cfg: GPTConfig) -> dict:
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.weight_dtype,
-        dot_general=speed_of(cfg).dot_general,
+        dot_general=cfg.parts.speed.dot_general,
     )
 
 
@@ -63,7 +62,7 @@ NORM_EPS = 1e-5
 def layer_norm(cfg: GPTConfig, name: str) -> nn.Module:
     """(x - mean) / sqrt(var + eps) * scale + bias over D (Ba et al. 2016; GPT-2): flax's
     nn.LayerNorm, or the speed room's layer of the same parameters and math."""
-    return speed_of(cfg).layer_norm(
+    return cfg.parts.speed.layer_norm(
         epsilon=NORM_EPS,
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
@@ -133,5 +132,4 @@ def _activation_contract(fn: Callable[[Any], Any], cfg: GPTConfig) -> None:
 
 def activation_fn(cfg: GPTConfig) -> Callable[[Any], Any]:
     """cfg's MLP activation; "gelu" follows cfg.gelu_approximate (GPT-2's tanh form)."""
-    name = "gelu_tanh" if cfg.activation == "gelu" and cfg.gelu_approximate else cfg.activation
-    return ACTIVATIONS[name]
+    return cfg.parts.activation

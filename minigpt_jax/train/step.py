@@ -22,7 +22,6 @@ from minigpt_jax.model.gpt import (
     init_params,
     next_token_loss_terms,
     next_token_losses,
-    packs_documents,
     target_weights,
 )
 from minigpt_jax.model.loss_terms import CROSS_ENTROPY, PickedTerm
@@ -74,7 +73,7 @@ def loss_fn(
     mean of the cross-entropy and of each term by name when there are terms (none without).
     With packed documents a target across a boundary is left out of every mean
     (`target_weights`). `step` (optimizer steps taken) is what a term's `TermContext` reads."""
-    if terms or packs_documents(cfg):
+    if terms or cfg.parts.mask.documents:
         return _loss_with_terms(
             params, batch_BxT1, cfg, train=train, rng=rng, terms=terms, step=step
         )

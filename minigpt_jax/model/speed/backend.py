@@ -3,9 +3,10 @@ per CPU) once per model config: the one door from the reference core to the spee
 
 A `GPTConfig` keeps "auto" (it is saved with checkpoints and must load on any backend); what
 "auto" means on `jax.default_backend()` is decided here, once per config, on its first use
-(`speed_of(cfg)`, a `SpeedChoices`: after JAX's backends are up, never saved), and the
-model's layers take what it holds: the Dense layers' `dot_general`, the LayerNorm class, the
-attention kernel of each kind of call. With every speed setting plain (dense_grad and norm_grad
+(`speed_of(cfg)`, a `SpeedChoices`: after JAX's backends are up, never saved, kept in
+`cfg.parts.speed` with the config's other resolved entries), and the model's layers take what
+it holds: the Dense layers' `dot_general`, the LayerNorm class, the attention kernel of each
+kind of call. With every speed setting plain (dense_grad and norm_grad
 "autodiff", matmul_dtype "float32", attention "explicit") those are flax's and the plain
 softmax path. Each choice is the same math as the plain path within float
 tolerance (tests/test_backend.py checks values and gradients), but for bfloat16 matmul
@@ -142,7 +143,7 @@ def for_training(cfg: GPTConfig) -> GPTConfig:
     (`matmul_dtype`), the run's config is the step's as it is: no second config."""
     if cfg.matmul_dtype == "auto" and training_matmul_dtype() != matmul_dtype(cfg):
         cfg = cfg.replace(matmul_dtype=training_matmul_dtype())
-    speed_of(cfg)  # made now, once, rather than while the step is traced
+    cfg.parts  # noqa: B018 (its entries and speed choices made now, not while the step is traced)
     return cfg
 
 
