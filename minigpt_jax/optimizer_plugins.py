@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -29,15 +29,22 @@ import optax
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.param_meta import decay_mask
 from minigpt_jax.optimizer_wrappers import EvalParamsFn
-from minigpt_jax.settings.groups import Optim, defaults
+from minigpt_jax.settings.groups import Group, Optim, defaults
 from minigpt_jax.settings.registry import ContractError, RegistryError, expect_shape
 
 ScheduleFn = Callable[[Any, int], optax.Schedule]
 
 
+def setting_values(optim: Optim) -> Mapping[str, Any]:
+    """optim's settings by name, flat as a config file holds them (the picked entries' own
+    too): a typed group's `flat_values()`, or as it is the ConfigDict group a script passes
+    (`make_optimizer(config.optim, ...)`)."""
+    return optim.flat_values() if isinstance(optim, Group) else optim
+
+
 def optim_setting(optim: Optim, name: str) -> Any:
     """optim's `name`, or its declared default where a partial optim group leaves it out."""
-    return optim.get(name, defaults(Optim)[name])
+    return setting_values(optim).get(name, defaults(Optim)[name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +94,7 @@ def factory_kwargs(fn: Callable, optim: Optim, learning_rate: optax.Schedule) ->
     mask / weight_decay_mask <- `decay_mask`, any other parameter <- the optim setting of its
     name (an entry-owned one too); the rest keep their defaults. Raises ContractError naming
     every required parameter that nothing fills, and how to supply it."""
-    kwargs, missing = {}, []
+    kwargs, missing, values = {}, [], setting_values(optim)
     for name, parameter in inspect.signature(fn).parameters.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
@@ -95,8 +102,8 @@ def factory_kwargs(fn: Callable, optim: Optim, learning_rate: optax.Schedule) ->
             kwargs[name] = learning_rate
         elif name in MASK_ARGUMENTS:
             kwargs[name] = decay_mask
-        elif name in optim and name not in NOT_FACTORY_ARGUMENTS:
-            kwargs[name] = optim[name]
+        elif name in values and name not in NOT_FACTORY_ARGUMENTS:
+            kwargs[name] = values[name]
         elif parameter.default is parameter.empty or parameter.kind == parameter.POSITIONAL_ONLY:
             if parameter.default is parameter.empty:
                 missing.append(name)

@@ -41,16 +41,21 @@ def test_entry_owned_settings_join_their_group_and_reach_the_entry_as_options():
     config.model.pos_encoding = "rope"  # declares rope_theta
     experiment = build_experiment(config)
     assert options_of(experiment.hooks, SamplesOptions) == SamplesOptions(sample_every=7)
-    assert experiment.hooks["sample_tokens"] == 64  # as an entry written for a ConfigDict reads
+    # The group's settings by name, the picked entries' own too, as one explicit mapping.
+    values = experiment.hooks.flat_values()
+    assert values["sample_tokens"] == 64 and values["names"] == "samples"
     assert experiment.hooks.entry_settings == (
         ("sample_every", 7),
         ("sample_prompt", "\n"),
         ("sample_tokens", 64),
     )
     assert options_of(experiment.model, RopeOptions) == RopeOptions(rope_theta=10000.0)
-    # `name in group` as on a ConfigDict group (an optax factory's arguments are looked up so)
-    assert "sample_every" in experiment.hooks and "names" in experiment.hooks
-    assert "beta3" not in experiment.optim and 0 not in experiment.optim
+    assert "beta3" not in experiment.optim.flat_values()
+    # A typed group is no dict: its settings are attributes, options_of or flat_values.
+    with pytest.raises(TypeError):
+        experiment.hooks["sample_tokens"]  # noqa: B018
+    with pytest.raises(TypeError):
+        "names" in experiment.hooks  # noqa: B015
     assert experiment.to_dict()["hooks"] == {
         "names": "samples",
         "sample_every": 7,

@@ -280,28 +280,6 @@ class Group:
                 values.setdefault(field.name, getattr(made, field.name))
         return values
 
-    def __contains__(self, name: object) -> bool:
-        """Whether the group holds a setting `name` (declared, or an entry's own)."""
-        return isinstance(name, str) and name in self.flat_values()
-
-    def __getitem__(self, name: str) -> Any:
-        """`group[name]`, the flat view a ConfigDict gives: a declared setting, or a picked
-        entry's own (an optax factory's arguments are filled so, by name)."""
-        values = self.flat_values()
-        if name in values:
-            return values[name]
-        try:
-            return getattr(self, name)  # a value derived once (GPTConfig.head_dim)
-        except AttributeError as error:
-            raise KeyError(name) from error
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """`group.get(name, default)`, as on the group's ConfigDict."""
-        try:
-            return self[name]
-        except KeyError:
-            return default
-
     def to_dict(self) -> dict[str, Any]:
         """{name: value} of the declared settings, then the entries' own: the group as a run
         config (and a checkpoint's record of it) holds it."""
