@@ -16,6 +16,7 @@ import numpy as np
 from configs import shakespeare_char
 from minigpt_jax.train.loop import RunSummary, train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.typed_config import build_experiment
 
 # Validation passes per run: enough points for a curve, cheap next to the training steps.
 EVALS_PER_RUN = 10
@@ -86,7 +87,7 @@ def train_fresh(config: Any, workdir: Path, name: str) -> RunSummary:
 
 def train(config: Any, workdir: Path, name: str) -> RunSummary:
     """train_and_evaluate without a progress bar, then one summary line."""
-    summary = train_and_evaluate(config, workdir, progress=False)
+    summary = train_and_evaluate(build_experiment(config), workdir, progress=False)
     print(
         f"trained {name}: {summary.step} steps in {summary.wall_time_s:.0f} s "
         f"({summary.median_step_ms:.0f} ms/step), val loss {summary.val_loss:.4f}"

@@ -4,7 +4,7 @@ The public API, each name loaded from its module on first use (so that importing
 `minigpt_jax.model.config` say, does not import orbax or the training loop):
 
     from minigpt_jax import GPTConfig, init_params, forward, generate, load_gpt2, save_gpt2
-    from minigpt_jax import train_and_evaluate
+    from minigpt_jax import build_experiment, train_and_evaluate
 """
 
 import importlib
@@ -35,6 +35,8 @@ _PUBLIC = {
     "save_gpt2": "minigpt_jax.gpt2",
     "load_model": "minigpt_jax.model_files",
     "train_and_evaluate": "minigpt_jax.train.loop",
+    "Experiment": "minigpt_jax.typed_config",
+    "build_experiment": "minigpt_jax.typed_config",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -128,16 +128,20 @@ _STRIDE = flags.DEFINE_integer(
 
 def _train() -> None:
     from minigpt_jax.runtime import compile_cache
+    from minigpt_jax.runtime.signals import raising_while_starting
     from minigpt_jax.sharding import exit_when_a_process_is_lost, initialize_distributed
     from minigpt_jax.train.loop import train_and_evaluate
+    from minigpt_jax.typed_config import build_experiment
 
     if _CONFIG.value is None:
         raise app.UsageError("train needs --config, e.g. --config configs/default.py.")
     compile_cache.enable()
     initialize_distributed()  # multi-host runs only: see minigpt_jax/sharding.py
+    with raising_while_starting("importing the config's plug-ins and checking it"):
+        experiment = build_experiment(_CONFIG.value)  # complete, checked and typed, once
     with exit_when_a_process_is_lost(_WORKDIR.value):
         summary = train_and_evaluate(
-            _CONFIG.value,
+            experiment,
             _WORKDIR.value,
             progress=_PROGRESS.value,
             allow_resume_changes=_ALLOW_RESUME_CHANGES.value,

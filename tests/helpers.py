@@ -14,6 +14,7 @@ from pydoc_data.topics import topics
 from configs import tiny
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.typed_config import build_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 # The pages of docs/extending/, one a seam; their ```python blocks that open with `# name.py` are
@@ -69,13 +70,15 @@ def trained_tiny(workdir: Path, corpus_file, steps: int) -> Path:
     """`workdir` with tiny_config trained `steps` steps in process, evaluated and saved at the
     last one."""
     config = tiny_config(corpus_file, num_steps=steps, eval_every=steps, checkpoint_every=steps)
-    train_and_evaluate(config, workdir, progress=False)
+    train_and_evaluate(build_experiment(config), workdir, progress=False)
     return workdir
 
 
 def resume(workdir, corpus_file, **overrides):
     """crash_config trained in process in `workdir` (resuming what is there)."""
-    return train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
+    return train_and_evaluate(
+        build_experiment(crash_config(corpus_file, **overrides)), workdir, progress=False
+    )
 
 
 def train_args(workdir, corpus_file, *extra) -> list[str]:

@@ -28,6 +28,7 @@ from minigpt_jax.runtime import compile_cache  # noqa: E402
 from minigpt_jax.train.loop import train_and_evaluate  # noqa: E402
 from minigpt_jax.train.metrics import read_metrics  # noqa: E402
 from minigpt_jax.train.step import make_init_state, make_train_chunk  # noqa: E402
+from minigpt_jax.typed_config import build_experiment  # noqa: E402
 
 MESHES = {
     "single": (1, 1, 1),
@@ -95,7 +96,9 @@ def end_to_end(result):
         config.mesh = mesh_config(sizes)
         workdir = tempfile.mkdtemp()
         for stop in stops:
-            summary = train_and_evaluate(config, workdir, progress=False, stop_at=stop)
+            summary = train_and_evaluate(
+                build_experiment(config), workdir, progress=False, stop_at=stop
+            )
         losses[name] = [r["train_loss"] for r in read_metrics(workdir) if "train_loss" in r]
         result[f"e2e_{name}_val_loss"] = summary.val_loss
         result[f"e2e_{name}_resumed_from"] = summary.resumed_from

@@ -108,12 +108,13 @@ def trained_workdir(corpus_file, tmp_path_factory):
     """A tiny model trained for 20 steps on the text corpus, for sampling."""
     from configs import tiny
     from minigpt_jax.train.loop import train_and_evaluate
+    from minigpt_jax.typed_config import build_experiment
 
     config = tiny.get_config()
     config.num_steps = 20
     config.data.corpus, config.data.path = "text", str(corpus_file)
     workdir = tmp_path_factory.mktemp("trained")
-    train_and_evaluate(config, workdir, progress=False)
+    train_and_evaluate(build_experiment(config), workdir, progress=False)
     return workdir
 
 

@@ -42,6 +42,7 @@ from minigpt_jax.runtime.locks import RunDirectoryInUse, RunLock
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume
+from minigpt_jax.typed_config import build_experiment
 
 # The full suite only (`python -m pytest -q`): runs killed and signalled in subprocesses.
 pytestmark = pytest.mark.slow
@@ -533,7 +534,7 @@ def test_diverged_run_saves_nothing_non_finite(corpus_file, tmp_path):
     workdir = tmp_path / "run"
     config = crash_config(corpus_file, **{"optim.lr": 99.0, "optim.warmup_steps": 0})
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
-        train_and_evaluate(config, workdir, progress=False)
+        train_and_evaluate(build_experiment(config), workdir, progress=False)
     saved = steps(workdir / "checkpoints") if workdir.exists() else []
     if saved:
         assert f"last good checkpoint, step {saved[-1]}" in str(error.value)
@@ -565,14 +566,20 @@ def test_a_shards_input_edited_with_its_size_and_mtime_kept_is_found(corpus_file
     shutil.copy(corpus_file, corpus)
     workdir = tmp_path / "run"
     overrides = {"data.format": "shards", "data.shard_tokens": 3000}
-    train_and_evaluate(crash_config(corpus, num_steps=8, **overrides), workdir, progress=False)
+    train_and_evaluate(
+        build_experiment(crash_config(corpus, num_steps=8, **overrides)), workdir, progress=False
+    )
     stat = corpus.stat()
     text = corpus.read_bytes()
     corpus.write_bytes(text.replace(b"the", b"THE"))  # the same size
     os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (corpus.stat().st_size, corpus.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     with pytest.raises(ValueError, match=r"was trained on other data \(the token stream of"):
-        train_and_evaluate(crash_config(corpus, num_steps=12, **overrides), workdir, progress=False)
+        train_and_evaluate(
+            build_experiment(crash_config(corpus, num_steps=12, **overrides)),
+            workdir,
+            progress=False,
+        )
 
 
 def test_another_model_is_refused_naming_the_keys(reference, copy_of, corpus_file):
@@ -586,7 +593,7 @@ def test_trajectory_change_needs_explicit_permission(reference, copy_of, corpus_
     with pytest.raises(ValueError, match=r"config\.optim\.lr: 0\.003 -> 0\.001"):
         resume(copy_of, corpus_file, **{"optim.lr": 1e-3, "num_steps": 44})
     summary = train_and_evaluate(
-        crash_config(corpus_file, seed=7, num_steps=44),
+        build_experiment(crash_config(corpus_file, seed=7, num_steps=44)),
         copy_of,
         progress=False,
         allow_resume_changes=True,
@@ -630,11 +637,15 @@ def test_refused_configs_create_nothing(corpus_file, tmp_path, overrides, messag
     on them)."""
     workdir = tmp_path / "run"
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
-        train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
+        train_and_evaluate(
+            build_experiment(crash_config(corpus_file, **overrides)), workdir, progress=False
+        )
     assert not workdir.exists()
     workdir.mkdir()  # an empty directory stays empty
     with pytest.raises((ValueError, OSError), match=re.escape(message)):
-        train_and_evaluate(crash_config(corpus_file, **overrides), workdir, progress=False)
+        train_and_evaluate(
+            build_experiment(crash_config(corpus_file, **overrides)), workdir, progress=False
+        )
     assert list(workdir.iterdir()) == []
 
 
@@ -649,7 +660,7 @@ def test_shard_tokens_that_make_too_many_files_are_refused_first(tmp_path):
     workdir = tmp_path / "run"
     config = crash_config(corpus, **{"data.format": "shards", "data.shard_tokens": 1024})
     with pytest.raises(ValueError, match="the bound is 10,000 files: raise data.shard_tokens to"):
-        train_and_evaluate(config, workdir, progress=False)
+        train_and_evaluate(build_experiment(config), workdir, progress=False)
     assert not workdir.exists()
 
 
@@ -866,7 +877,9 @@ def test_disk_full_while_saving_best_is_reported_once(corpus_file, tmp_path, mon
     monkeypatch.setattr(Checkpointer, "save_best", no_space)
     caplog.set_level(logging.ERROR)
     with pytest.raises(OSError, match="no space left") as raised:
-        train_and_evaluate(crash_config(corpus_file), tmp_path / "run", progress=False)
+        train_and_evaluate(
+            build_experiment(crash_config(corpus_file)), tmp_path / "run", progress=False
+        )
     assert raised.value.errno == errno.ENOSPC
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 

@@ -17,6 +17,7 @@ import pytest
 from configs import tiny
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.typed_config import build_experiment
 
 # The full suite only (`python -m pytest -q`): an old run resumed.
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def test_a_run_of_f4f1dd3_resumes_to_that_codes_figures(tmp_path, monkeypatch):
     config.num_steps, config.eval_every, config.checkpoint_every = 20, 10, 10
     config.keep_checkpoints = 1
     config.data.corpus, config.data.path = "text", "corpus.txt"
-    summary = train_and_evaluate(config, "run", progress=False)
+    summary = train_and_evaluate(build_experiment(config), "run", progress=False)
     assert summary.resumed_from == 10 and summary.step == 20
     reference = _without_speed(
         [json.loads(line) for line in (FIXTURE / "reference_metrics.jsonl").open()]

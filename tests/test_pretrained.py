@@ -18,6 +18,7 @@ from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, load_gpt2_tokeni
 from minigpt_jax.model.gpt import forward, forward_with_cache, init_cache
 from minigpt_jax.sampling.api import generate
 from minigpt_jax.train.evaluation import perplexity, sliding_windows
+from minigpt_jax.typed_config import build_experiment
 
 # The full suite only (`python -m pytest -q`): GPT-2 round trips against transformers.
 pytestmark = pytest.mark.slow
@@ -509,18 +510,18 @@ def test_init_from_starts_training_at_the_checkpoint(hf_dir, loaded, tmp_path):
     corpus.write_text(TEXT)
     config = _finetune_config(hf_dir, corpus)
     config.optim.lr = config.optim.min_lr = config.optim.weight_decay = 0.0
-    train_and_evaluate(config, tmp_path / "run", progress=False)
+    train_and_evaluate(build_experiment(config), tmp_path / "run", progress=False)
     run = model_files.load_model(tmp_path / "run")
     assert run.tokenizer.to_json() == loaded.tokenizer.to_json()
     expected = model_files.params_for(loaded, run.cfg)
     jax.tree_util.tree_map(np.testing.assert_array_equal, run.params, expected)
 
     config.init_from = str(tmp_path / "run")
-    train_and_evaluate(config, tmp_path / "run2", progress=False)
+    train_and_evaluate(build_experiment(config), tmp_path / "run2", progress=False)
     again = model_files.load_model(tmp_path / "run2")
     jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, expected)
 
     config.init_from = str(hf_dir)
     config.model.n_embd, config.model.n_head = 64, 4
     with pytest.raises(ValueError, match="n_embd: checkpoint 32, config 64"):
-        train_and_evaluate(config, tmp_path / "run3", progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path / "run3", progress=False)

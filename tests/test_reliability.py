@@ -35,6 +35,7 @@ from minigpt_apps.lab import serving
 from minigpt_jax.runtime import checkpoint
 from minigpt_jax.runtime.checkpoint import check_digest, load_params, write_digest
 from minigpt_jax.train.loop import train_and_evaluate
+from minigpt_jax.typed_config import build_experiment
 
 # The full suite only (`python -m pytest -q`): commands in subprocesses, signalled and refused.
 pytestmark = pytest.mark.slow
@@ -320,7 +321,7 @@ def test_warmup_longer_than_the_run_warns(corpus_file, tmp_path, caplog):
     config = tiny_config(corpus_file, num_steps=2, eval_every=2, checkpoint_every=2)
     config.optim.warmup_steps = 100000
     with caplog.at_level(logging.WARNING):
-        train_and_evaluate(config, tmp_path / "run", progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path / "run", progress=False)
     assert (
         "optim.warmup_steps=100000 is above num_steps=2: the learning rate never leaves its "
         "warmup and peaks at 0.002% of optim.lr" in caplog.text
@@ -349,7 +350,7 @@ def test_out_of_vocabulary_ids_in_the_data_are_named(corpus_file, tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loop.Trainer, "train_chunk", overwriting_chunk)
         with pytest.raises(ValueError) as raised:
-            train_and_evaluate(config, workdir, progress=False)
+            train_and_evaluate(build_experiment(config), workdir, progress=False)
     assert str(raised.value).startswith(
         "the batch of step 4 holds token id 60,000, outside the model's vocabulary [0, "
     )

@@ -14,6 +14,7 @@ from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.resume import check_resume_data
+from minigpt_jax.typed_config import build_experiment
 
 # The full suite only (`python -m pytest -q`): whole runs resumed on other data.
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def _config(corpus: Path, data_format: str, num_steps: int):
 
 def _train(corpus, data_format, workdir, num_steps, **kwargs):
     config = _config(corpus, data_format, num_steps)
-    return train_and_evaluate(config, workdir, progress=False, **kwargs)
+    return train_and_evaluate(build_experiment(config), workdir, progress=False, **kwargs)
 
 
 def _shard_inodes(workdir: Path) -> dict[str, int]:
@@ -113,14 +114,18 @@ def test_a_resume_checks_its_settings_and_memory_once(corpus_file, tmp_path, mon
     from minigpt_jax.train import setup
 
     workdir = tmp_path / "run"
-    train_and_evaluate(tiny_config(corpus_file, num_steps=2, eval_every=2), workdir)
+    train_and_evaluate(
+        build_experiment(tiny_config(corpus_file, num_steps=2, eval_every=2)), workdir
+    )
     calls = {"_check_resume": [], "_check_memory": []}
     for name, seen in calls.items():
         real = getattr(setup, name)
         monkeypatch.setattr(
             setup, name, lambda *args, real=real, seen=seen: seen.append(args) or real(*args)
         )
-    train_and_evaluate(tiny_config(corpus_file, num_steps=4, eval_every=2), workdir)
+    train_and_evaluate(
+        build_experiment(tiny_config(corpus_file, num_steps=4, eval_every=2)), workdir
+    )
     assert read_metrics(workdir)[-1]["step"] == 4
     (resume_args,) = calls["_check_resume"]
     (memory_args,) = calls["_check_memory"]

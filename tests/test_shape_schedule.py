@@ -39,7 +39,7 @@ TRAIN_KEYS = ("train_loss", "grad_norm", "lr")
 
 def _train(corpus_file, workdir, stop_at=None, **overrides):
     config = tiny_config(corpus_file, **{**STEPS, **overrides})
-    return train_and_evaluate(config, workdir, progress=False, stop_at=stop_at)
+    return train_and_evaluate(build_experiment(config), workdir, progress=False, stop_at=stop_at)
 
 
 def _train_records(workdir, upto_step):

@@ -23,6 +23,7 @@ from minigpt_jax.data.sources import DOCUMENT_SEPARATOR, find_sources, load_text
 from minigpt_jax.data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, load_tokenizer
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.typed_config import build_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 _TEXT = pydoc_text(None)
@@ -299,9 +300,15 @@ def _run_config(corpus_dir, **overrides):
 
 @pytest.mark.slow
 def test_run_on_shards_resumes_bit_exactly(corpus_dir, tmp_path):
-    full = train_and_evaluate(_run_config(corpus_dir), tmp_path / "full", progress=False)
-    train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False, stop_at=10)
-    resumed = train_and_evaluate(_run_config(corpus_dir), tmp_path / "resumed", progress=False)
+    full = train_and_evaluate(
+        build_experiment(_run_config(corpus_dir)), tmp_path / "full", progress=False
+    )
+    train_and_evaluate(
+        build_experiment(_run_config(corpus_dir)), tmp_path / "resumed", progress=False, stop_at=10
+    )
+    resumed = train_and_evaluate(
+        build_experiment(_run_config(corpus_dir)), tmp_path / "resumed", progress=False
+    )
     assert resumed.resumed_from == 10
     assert (tmp_path / "full" / "shards" / layout.MANIFEST_FILENAME).exists()
     losses = [
@@ -317,7 +324,7 @@ def test_memory_format_workdir_is_refused_by_a_shards_run(corpus_dir, tmp_path):
     config = _run_config(corpus_dir)
     CharTokenizer.from_text(_TEXT).save(tmp_path / "tokenizer.json")
     with pytest.raises(ValueError, match="no end-of-text id.*fresh workdir"):
-        train_and_evaluate(config, tmp_path, progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path, progress=False)
 
 
 def test_prepare_command_writes_the_shards(corpus_dir, tmp_path):

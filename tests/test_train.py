@@ -20,13 +20,16 @@ from minigpt_jax.runtime.checkpoint import load_params
 from minigpt_jax.train.loop import train_and_evaluate
 from minigpt_jax.train.metrics import read_metrics
 from minigpt_jax.train.step import accumulated_value_and_grad, init_state, loss_fn, make_train_chunk
+from minigpt_jax.typed_config import build_experiment
 
 
 @pytest.fixture(scope="module")
 def full_run(corpus_file, tmp_path_factory):
     """The tiny config trained 40 steps in one go."""
     workdir = tmp_path_factory.mktemp("full")
-    summary = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False)
+    summary = train_and_evaluate(
+        build_experiment(tiny_config(corpus_file)), workdir, progress=False
+    )
     return workdir, summary
 
 
@@ -34,8 +37,10 @@ def full_run(corpus_file, tmp_path_factory):
 def resumed_run(corpus_file, tmp_path_factory):
     """The same config trained 20 steps, stopped, then resumed to 40 by rerunning."""
     workdir = tmp_path_factory.mktemp("resumed")
-    first = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False, stop_at=20)
-    second = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False)
+    first = train_and_evaluate(
+        build_experiment(tiny_config(corpus_file)), workdir, progress=False, stop_at=20
+    )
+    second = train_and_evaluate(build_experiment(tiny_config(corpus_file)), workdir, progress=False)
     return workdir, first, second
 
 
@@ -101,7 +106,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus_file, f
         match=r"set checkpoint 40 aside .* again from step 20: diverging again, .*Both "
         r"checkpoints are kept .* resume from step 40 \(move it aside to resume from step 20\)",
     ):
-        train_and_evaluate(config, workdir, progress=False, allow_resume_changes=True)
+        train_and_evaluate(
+            build_experiment(config), workdir, progress=False, allow_resume_changes=True
+        )
     params, _ = load_params(workdir)
     chex.assert_trees_all_equal(params, good_params)
 
@@ -138,14 +145,14 @@ def test_config_key_typo_lists_the_valid_keys(corpus_file, tmp_path):
     config = tiny_config(corpus_file)
     config.model.n_layr = 3
     with pytest.raises(ValueError, match=r"config.model.n_layr \(did you mean 'n_layer'\?\)"):
-        train_and_evaluate(config, tmp_path, progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path, progress=False)
 
 
 def test_missing_corpus_says_where_to_put_it(corpus_file, tmp_path, monkeypatch):
     monkeypatch.setenv("MINIGPT_JAX_DATA", str(tmp_path / "empty"))
     config = tiny_config(corpus_file, **{"data.corpus": "shakespeare", "data.path": None})
     with pytest.raises(FileNotFoundError, match="MINIGPT_JAX_DATA"):
-        train_and_evaluate(config, tmp_path / "run", progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path / "run", progress=False)
 
 
 @pytest.mark.parametrize(
@@ -160,13 +167,13 @@ def test_missing_corpus_says_where_to_put_it(corpus_file, tmp_path, monkeypatch)
 def test_bad_schedule_values_are_named(corpus_file, tmp_path, key, value, message):
     config = tiny_config(corpus_file, **{"steps_per_call": 2, key: value})
     with pytest.raises(ValueError, match=message):
-        train_and_evaluate(config, tmp_path, progress=False)
+        train_and_evaluate(build_experiment(config), tmp_path, progress=False)
 
 
 def test_multi_step_calls_match_single_steps(corpus_file, full_run, tmp_path):
     """steps_per_call=4 (lax.scan over 4 batches) trains the very same model."""
     summary = train_and_evaluate(
-        tiny_config(corpus_file, steps_per_call=4), tmp_path, progress=False
+        build_experiment(tiny_config(corpus_file, steps_per_call=4)), tmp_path, progress=False
     )
     assert summary.step == 40
     np.testing.assert_allclose(
@@ -213,7 +220,7 @@ def test_gpt_config_round_trips_through_checkpoint_meta(full_run):
 def test_bfloat16_compute_trains_with_float32_params(corpus_file, tmp_path):
     """Mixed precision: bf16 activations, float32 params, logits and loss; the loss falls."""
     config = tiny_config(corpus_file, **{"model.dtype": "bfloat16"})
-    summary = train_and_evaluate(config, tmp_path, progress=False)
+    summary = train_and_evaluate(build_experiment(config), tmp_path, progress=False)
     losses = _train_losses(tmp_path)
     assert np.mean(losses[-5:]) < losses[0] - 0.8, losses
     assert summary.val_loss < losses[0] - 0.8
@@ -239,7 +246,9 @@ def test_a_resumed_run_builds_its_model_config_once(corpus_file, full_run, tmp_p
         "_gpt_config",
         lambda c, vocab_size: model_builds.append(vocab_size) or gpt_config(c, vocab_size),
     )
-    summary = train_and_evaluate(tiny_config(corpus_file), workdir, progress=False)
+    summary = train_and_evaluate(
+        build_experiment(tiny_config(corpus_file)), workdir, progress=False
+    )
     assert summary.resumed_from == 40
     assert len(completions) == 1
     assert model_builds == [1]

@@ -78,6 +78,17 @@ def test_the_experiment_is_frozen_and_built_once():
     hash(experiment.model)  # what jit sees as a static argument
 
 
+def test_training_takes_the_typed_experiment_only(tmp_path):
+    """A ConfigDict handed to train_and_evaluate is refused, naming what builds the experiment;
+    nothing is written."""
+    from minigpt_jax.train.loop import train_and_evaluate
+
+    with pytest.raises(TypeError, match=r"takes the typed experiment, got ConfigDict: .*"
+                       r"build_experiment\(config\)"):  # fmt: skip
+        train_and_evaluate(default_config(), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_value_is_refused_at_the_edge_naming_the_key():
     config = default_config()
     config.optim.lr = -1.0

@@ -22,6 +22,7 @@ from minigpt_apps.sweep import space as spaces
 from minigpt_apps.sweep import trial as trials
 from minigpt_jax.runtime.run_dir import RunDir
 from minigpt_jax.runtime.signals import StopRequest
+from minigpt_jax.typed_config import build_experiment
 
 Say = Callable[[str], None]
 
@@ -158,7 +159,7 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
         ):
             try:
                 summary = train_and_evaluate(
-                    load_config_file(str(config_file)), run_dir, progress=False
+                    build_experiment(load_config_file(str(config_file))), run_dir, progress=False
                 )
             except Exception as error:  # the run's own failure: recorded, the others go on
                 line = _first_line(error)

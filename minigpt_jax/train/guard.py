@@ -29,11 +29,9 @@ from minigpt_jax.runtime.signals import StopBeforeTraining, TrainingStop
 from minigpt_jax.settings.registry import user_modules
 from minigpt_jax.settings.shape_schedule import ShapeSchedule
 from minigpt_jax.train.setup import Run, set_up
-from minigpt_jax.typed_config import Experiment, build_experiment
+from minigpt_jax.typed_config import Experiment
 
 if TYPE_CHECKING:
-    from ml_collections import ConfigDict
-
     from minigpt_jax.train.metrics import RunLogger
 
 Array = chex.Array
@@ -54,7 +52,7 @@ class RunGuard:
 
     def set_up(
         self,
-        config: Experiment | ConfigDict,
+        config: Experiment,
         *,
         stop_at: int | None,
         progress: bool,
@@ -62,9 +60,6 @@ class RunGuard:
     ) -> tuple[Run, int]:
         """(the run of `config`, the step it stops at); each setup phase names itself to `stop`,
         so a signal during one raises StopBeforeTraining (train.loop.train_and_evaluate)."""
-        # The config's plug-ins are imported here (a slow import is a phase of its own).
-        self.stop.setup_phase("importing the config's plug-ins and checking it", None)
-        config = build_experiment(config)  # complete, checked and typed, once
         last_step = _last_step(config, stop_at)
         warn_if_all_warmup(config)
         run = set_up(

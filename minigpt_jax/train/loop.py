@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 
@@ -32,14 +32,11 @@ from minigpt_jax.train.summary import (
 )
 from minigpt_jax.typed_config import Experiment
 
-if TYPE_CHECKING:
-    from ml_collections import ConfigDict
-
 Array = chex.Array
 
 
 def train_and_evaluate(
-    config: Experiment | ConfigDict,
+    config: Experiment,
     workdir: str | Path,
     *,
     progress: bool = True,
@@ -47,7 +44,8 @@ def train_and_evaluate(
     allow_resume_changes: bool = False,
 ) -> RunSummary:
     """Trains `config` in `workdir`, resuming from its latest checkpoint. `config` is the typed
-    experiment (typed_config.build_experiment), or a run config (ConfigDict) it is built from.
+    experiment: `typed_config.build_experiment(run_config)` builds it from a config file's
+    ConfigDict (a TypeError says so for anything else).
 
     A fresh run starts from config.init_from when set: a Hugging Face GPT-2 directory or another
     run's workdir, whose tokenizer it takes; config.model must match that model's shape, but a
@@ -65,6 +63,11 @@ def train_and_evaluate(
     checkpoint and return; a non-finite loss, val loss or parameter raises FloatingPointError
     and leaves the last good checkpoint in place (nothing non-finite is ever saved).
     """
+    if not isinstance(config, Experiment):
+        raise TypeError(
+            f"train_and_evaluate takes the typed experiment, got {type(config).__name__}: build "
+            "it from the run config with minigpt_jax.typed_config.build_experiment(config)."
+        )
     wall_start, workdir = time.perf_counter(), Path(workdir)
     with guard.guarded(workdir) as run_guard:  # signals, run.lock, cleanup, files closed
         try:
