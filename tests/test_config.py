@@ -141,3 +141,39 @@ class RunConfigTest(chex.TestCase):
         config.model.n_embed = 64
         with self.assertRaisesRegex(ValueError, r"config.model.n_embed \(did you mean 'n_embd'"):
             gpt_config_from(config, vocab_size=65)
+
+
+def test_the_picked_entries_are_resolved_once_kept_and_never_pickled():
+    """GPTConfig.parts holds the registries' own entries for the config's picks (gelu in the
+    tanh form when gelu_approximate) and the backend's speed choices, made on first use and
+    kept; a pickle leaves them out, and the copy resolves the same ones."""
+    import pickle
+
+    from minigpt_jax.model.attention_masks import ATTENTION_MASKS
+    from minigpt_jax.model.blocks import BLOCKS, MLPS
+    from minigpt_jax.model.layers import ACTIVATIONS, NORMS
+    from minigpt_jax.model.positions import POSITION_ENCODINGS
+    from minigpt_jax.model.speed.backend import for_training, speed_of
+
+    cfg = GPTConfig(
+        block="parallel",
+        mlp="swiglu",
+        norm="rmsnorm",
+        gelu_approximate=True,
+        pos_encoding="rope",
+        attention_mask="document",
+    )
+    assert "parts" not in cfg.__dict__
+    parts = cfg.parts
+    assert cfg.parts is parts
+    assert parts.block is BLOCKS["parallel"] and not parts.carries
+    assert parts.mlp is MLPS["swiglu"] and parts.norm is NORMS["rmsnorm"]
+    assert parts.activation is ACTIVATIONS["gelu_tanh"]
+    assert parts.position is POSITION_ENCODINGS["rope"]
+    assert parts.mask is ATTENTION_MASKS["document"] and parts.mask.documents
+    assert parts.speed is speed_of(cfg)
+    copy = pickle.loads(pickle.dumps(cfg))
+    assert copy == cfg and "parts" not in copy.__dict__ and "_speed" not in copy.__dict__
+    assert copy.parts.block is parts.block and copy.parts.activation is parts.activation
+    step_cfg = for_training(GPTConfig(matmul_dtype="float32"))
+    assert "parts" in step_cfg.__dict__  # made before the step is traced
