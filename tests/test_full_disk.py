@@ -16,6 +16,7 @@ from helpers import steps, tiny_config, train_args
 from minigpt_jax.runtime.checkpoint import DIGEST_FILENAME
 from minigpt_jax.train import guard
 from minigpt_jax.train.metrics import read_metrics
+from minigpt_jax.typed_config import build_experiment
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +145,10 @@ def test_a_log_failing_to_close_after_a_failure_keeps_a_fresh_runs_checkpoint(
     with pytest.raises(OSError) as raised:
         with guard.guarded(workdir) as run_guard:
             run, _ = run_guard.set_up(
-                tiny_config(corpus_file), stop_at=None, progress=False, allow_resume_changes=False
+                build_experiment(tiny_config(corpus_file)),
+                stop_at=None,
+                progress=False,
+                allow_resume_changes=False,
             )
             run.state, _ = run.train_chunk(run.state, run.train_batches(0))  # step 1, trained
             run.checkpointer.save(run.state, run.meta)

@@ -158,9 +158,10 @@ def run_here(comparison: Comparison, jobs: list[tuple[Arm, int]], stop: CompareS
             contextlib.redirect_stderr(log),
         ):
             try:
-                summary = train_and_evaluate(
-                    build_experiment(load_config_file(str(config_file))), run_dir, progress=False
-                )
+                experiment = build_experiment(load_config_file(str(config_file)))
+                if stop.requested():  # a signal while its plug-ins were imported: train nothing
+                    return
+                summary = train_and_evaluate(experiment, run_dir, progress=False)
             except Exception as error:  # the run's own failure: recorded, the others go on
                 line = _first_line(error)
                 print(f"{type(error).__name__}: {line}", file=log)

@@ -49,7 +49,8 @@ def takes_carry(entry: type) -> bool:
 @dataclasses.dataclass(frozen=True)
 class ModelParts:
     """The entries a config picks, each looked up in its registry once (`GPTConfig.parts`):
-    what the model's modules call, so a trace of the model reads no registry.
+    what the model's modules call, so the default model's trace reads no registry (a score, μP
+    or loss terms still read theirs).
 
     block: the block class (model.block); carries: whether it passes state between layers (its
     call takes `carry=`); mlp, norm: their entries; activation: the MLP's activation function
@@ -396,21 +397,25 @@ class GPTConfig(Group):
     def parts(self) -> ModelParts:
         """The entries this config picks and its speed choices, resolved on first use and kept
         with the config (a training step's config has them before it is traced:
-        `speed.backend.for_training`)."""
-        block = REGISTRIES["model.block"][self.block]
-        gelu_form = "gelu_tanh" if self.gelu_approximate else "gelu"
-        return ModelParts(
-            block=block,
-            carries=takes_carry(block),
-            mlp=REGISTRIES["model.mlp"][self.mlp],
-            norm=REGISTRIES["model.norm"][self.norm],
-            activation=REGISTRIES["model.activation"][
-                gelu_form if self.activation == "gelu" else self.activation
-            ],
-            position=REGISTRIES["model.pos_encoding"][self.pos_encoding],
-            mask=REGISTRIES["model.attention_mask"][self.attention_mask],
-            speed=resolve_builtin(SPEED_CHOICES)(self),
-        )
+        `speed.backend.for_training`). An AttributeError while they are resolved is raised as a
+        RuntimeError: as itself, Group.__getattr__ would answer it "no attribute 'parts'"."""
+        try:
+            block = REGISTRIES["model.block"][self.block]
+            gelu_form = "gelu_tanh" if self.gelu_approximate else "gelu"
+            return ModelParts(
+                block=block,
+                carries=takes_carry(block),
+                mlp=REGISTRIES["model.mlp"][self.mlp],
+                norm=REGISTRIES["model.norm"][self.norm],
+                activation=REGISTRIES["model.activation"][
+                    gelu_form if self.activation == "gelu" else self.activation
+                ],
+                position=REGISTRIES["model.pos_encoding"][self.pos_encoding],
+                mask=REGISTRIES["model.attention_mask"][self.attention_mask],
+                speed=resolve_builtin(SPEED_CHOICES)(self),
+            )
+        except AttributeError as error:
+            raise RuntimeError(f"resolving GPTConfig.parts failed: {error!r}") from error
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickle leaves the resolved parts and speed choices out: another process (another
