@@ -28,6 +28,7 @@ import jax
 
 from minigpt_jax.model import param_meta
 from minigpt_jax.model.attention import KVCache, MultiHeadAttention
+from minigpt_jax.model.attention_masks import ATTENTION_MASKS
 from minigpt_jax.model.config import GPTConfig, takes_carry
 from minigpt_jax.model.layers import INIT_STDDEV, dense_options, residual_init
 from minigpt_jax.model.param_meta import declare
@@ -184,7 +185,7 @@ def _block_contract(entry: type[nn.Module], cfg: GPTConfig) -> None:
     a mask that packs documents it takes `segments_BxT=` too."""
     x_BxTxD = jax.ShapeDtypeStruct((2, 3, cfg.n_embd), cfg.compute_dtype)
     positions_BxT = jax.ShapeDtypeStruct((2, 3), jax.numpy.int32)
-    documents = cfg.parts.mask.documents
+    documents = ATTENTION_MASKS[cfg.attention_mask].documents
     carries = takes_carry(entry)
 
     def init(x, p):

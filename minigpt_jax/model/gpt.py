@@ -232,11 +232,6 @@ def _dropout_rngs(cfg: GPTConfig, train: bool, rng: Array | None) -> dict:
     return {"dropout": rng} if train and rng is not None else {}
 
 
-def packs_documents(cfg: GPTConfig) -> bool:
-    """Whether cfg's attention mask packs documents (`AttentionMask(documents=True)`)."""
-    return cfg.parts.mask.documents
-
-
 def document_layout(tokens_BxT: Array, cfg: GPTConfig) -> tuple[Array, Array]:
     """(segments_BxT, positions_BxT) of documents packed into rows: a token's document is the
     count of end-of-text ids before it (the tokenizer's last id, V - 1: every tokenizer puts it

@@ -12,7 +12,7 @@ import numpy as np
 
 from minigpt_jax.model.config import GPTConfig
 from minigpt_jax.model.embeddings import check_token_ids
-from minigpt_jax.model.gpt import Params, packs_documents
+from minigpt_jax.model.gpt import Params
 from minigpt_jax.model.positions import POSITION_ENCODINGS
 from minigpt_jax.sampling.loop import CHUNK_SECONDS, NewTokens, decoded_batches
 from minigpt_jax.sampling.options import SampleSettings, settings_of
@@ -137,7 +137,7 @@ def _warn_if_crossing_documents(prompts: list[np.ndarray], cfg: GPTConfig) -> No
     """Warns (one line) when a model trained on packed documents is given a prompt holding an
     end-of-text id: the KV cache continues one document, so the tokens after it would attend
     across the boundary, which training never showed the model."""
-    if not packs_documents(cfg):
+    if not cfg.parts.mask.documents:
         return
     eot = cfg.vocab_size - 1
     crossing = [i for i, prompt in enumerate(prompts) if np.any(prompt == eot)]

@@ -26,7 +26,6 @@ from minigpt_jax.data import dataset as data
 from minigpt_jax.data.formats import dataset_from
 from minigpt_jax.finetune import fitted_params, new_parameters
 from minigpt_jax.model.config import GPTConfig
-from minigpt_jax.model.gpt import packs_documents
 from minigpt_jax.model.leaks import remat_leak
 from minigpt_jax.model.loss_terms import PickedTerm, parse_terms, term_name
 from minigpt_jax.model.speed.kernels import choose_kernel
@@ -127,7 +126,7 @@ def set_up(
             progress=progress,
             before_writing=before_writing,
             check_data=data_check if latest is not None else None,
-            documents=packs_documents(config.model),
+            documents=config.model.parts.mask.documents,
         )
         cfg = _model_of(config, plan, dataset, pretrained)
         shardings = state_shardings(cfg, plan.optimizer.tx, plan.mesh)
@@ -359,7 +358,7 @@ def _compile(run: Run, optimizer: OptimizerParts, last_step: int) -> None:
 def _check_documents(cfg: GPTConfig, tokenizer: Any) -> None:
     """A mask that packs documents reads the end-of-text id as V - 1 (model.gpt.document_layout):
     refuses a tokenizer whose end-of-text id is another, or that has none."""
-    if packs_documents(cfg) and tokenizer.eot_id != cfg.vocab_size - 1:
+    if cfg.parts.mask.documents and tokenizer.eot_id != cfg.vocab_size - 1:
         raise ValueError(
             f"model.attention_mask={cfg.attention_mask!r} packs documents at the end-of-text "
             f"id, the vocabulary's last ({cfg.vocab_size - 1}), but the tokenizer's is "
